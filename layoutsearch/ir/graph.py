@@ -1,0 +1,157 @@
+"""The validated graph: tensors, ops, and the DAG between them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+
+from layoutsearch.errors import GraphError
+from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.ops import Op
+from layoutsearch.ir.tensor import SOURCE_ROLES, Tensor
+
+
+class Graph:
+    """An immutable, validated DAG of named-dim ops.
+
+    Construction checks everything a consumer relies on: each dim name has one
+    size, every tensor an op reads exists and is either fed in (role input,
+    parameter or optimizer_state) or produced by exactly one op, op semantics
+    (see each op's ``check``), and the absence of cycles.
+
+    ``ops`` are kept in a topological order (the builder's order when valid).
+    ``loss`` names the scalar loss of a forward graph; ``meta`` holds the
+    model's configuration (free-form, JSON-serializable).
+    """
+
+    def __init__(self, name: str, tensors: Iterable[Tensor], ops: Iterable[Op],
+                 loss: str | None = None, meta: Mapping[str, Any] | None = None) -> None:
+        self.name = name
+        self.tensors: dict[str, Tensor] = {}
+        for t in tensors:
+            if t.name in self.tensors:
+                raise GraphError(f"tensor {t.name!r} is defined twice")
+            self.tensors[t.name] = t
+        self.loss = loss
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.dims = self._check_dims()
+        op_list = list(ops)
+        self._producer: dict[str, Op] = {}
+        names: set[str] = set()
+        for op in op_list:
+            if op.name in names:
+                raise GraphError(f"op name {op.name!r} is used twice")
+            names.add(op.name)
+            for t in (*op.inputs, op.output):
+                if t not in self.tensors:
+                    raise GraphError(f"{op.kind} op {op.name!r} uses unknown tensor {t!r}")
+            if op.output in self._producer:
+                raise GraphError(f"tensor {op.output!r} is produced by two ops: "
+                                 f"{self._producer[op.output].name!r} and {op.name!r}")
+            if self.tensors[op.output].role in SOURCE_ROLES:
+                raise GraphError(f"op {op.name!r} writes {op.output!r}, which has role "
+                                 f"{self.tensors[op.output].role!r} and must be fed in, not produced")
+            self._producer[op.output] = op
+            op.check(self.tensors)
+        for t in self.tensors.values():
+            if t.role not in SOURCE_ROLES and t.name not in self._producer:
+                raise GraphError(f"tensor {t.name!r} (role {t.role}) is produced by no op")
+            if t.updates is not None and t.updates not in self.tensors:
+                raise GraphError(f"tensor {t.name!r} updates unknown tensor {t.updates!r}")
+        if loss is not None:
+            if loss not in self.tensors:
+                raise GraphError(f"loss tensor {loss!r} does not exist")
+            if self.tensors[loss].dims:
+                raise GraphError(f"loss tensor {loss!r} must be a scalar, has dims {list(self.tensors[loss].dim_names)}")
+        self.ops: tuple[Op, ...] = tuple(self._topological(op_list))
+        self._op_by_name = {op.name: op for op in self.ops}
+
+    # -- construction helpers
+    def _check_dims(self) -> dict[str, int]:
+        sizes: dict[str, tuple[int, str]] = {}
+        for t in self.tensors.values():
+            for d in t.dims:
+                if d.name in sizes and sizes[d.name][0] != d.size:
+                    size, other = sizes[d.name]
+                    raise GraphError(f"dim {d.name!r} has two sizes: {size} in tensor {other!r} "
+                                     f"and {d.size} in tensor {t.name!r}")
+                sizes.setdefault(d.name, (d.size, t.name))
+        return {n: s for n, (s, _) in sizes.items()}
+
+    def _topological(self, ops: list[Op]) -> list[Op]:
+        g = nx.DiGraph()
+        index = {op.name: i for i, op in enumerate(ops)}
+        g.add_nodes_from(index)
+        for op in ops:
+            for t in op.inputs:
+                if t in self._producer:
+                    g.add_edge(self._producer[t].name, op.name)
+        try:
+            order = list(nx.lexicographical_topological_sort(g, key=index.__getitem__))
+        except nx.NetworkXUnfeasible:
+            cycle = nx.find_cycle(g)
+            raise GraphError("graph has a cycle: " + " -> ".join(a for a, _ in cycle) + f" -> {cycle[0][0]}") from None
+        by_name = {op.name: op for op in ops}
+        return [by_name[n] for n in order]
+
+    # -- queries
+    def dim(self, name: str) -> Dim:
+        """The dim called ``name``; GraphError naming the known dims otherwise."""
+        if name not in self.dims:
+            raise GraphError(f"unknown dim {name!r} (graph {self.name!r} has: {', '.join(sorted(self.dims))})")
+        return Dim(name, self.dims[name])
+
+    def op(self, name: str) -> Op:
+        return self._op_by_name[name]
+
+    def producer(self, tensor: str) -> Op | None:
+        """The op writing ``tensor``, or None for a fed-in tensor."""
+        return self._producer.get(tensor)
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[Op, ...]]:
+        """Tensor name -> the ops reading it, in topological order."""
+        out: dict[str, list[Op]] = {t: [] for t in self.tensors}
+        for op in self.ops:
+            for t in dict.fromkeys(op.inputs):
+                out[t].append(op)
+        return {t: tuple(v) for t, v in out.items()}
+
+    @cached_property
+    def nx_graph(self) -> nx.DiGraph:
+        """The op DAG (nodes: op names; edge attribute ``tensors``: the names flowing)."""
+        g = nx.DiGraph()
+        for op in self.ops:
+            g.add_node(op.name)
+        for op in self.ops:
+            for t in op.inputs:
+                p = self._producer.get(t)
+                if p is not None:
+                    g.add_edge(p.name, op.name)
+                    g.edges[p.name, op.name].setdefault("tensors", []).append(t)
+        return g
+
+    def tensors_with_role(self, *roles: str) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.role in roles]
+
+    @property
+    def parameters(self) -> list[Tensor]:
+        return self.tensors_with_role("parameter")
+
+    @property
+    def inputs(self) -> list[Tensor]:
+        return self.tensors_with_role("input")
+
+    def __repr__(self) -> str:
+        return f"Graph({self.name!r}, {len(self.tensors)} tensors, {len(self.ops)} ops)"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return (self.name, self.tensors, self.ops, self.loss, self.meta) == (
+            other.name, other.tensors, other.ops, other.loss, other.meta)
+
+    __hash__ = None  # type: ignore[assignment]

@@ -1,0 +1,387 @@
+"""Ops of the named-dimension IR.
+
+Every op reads tensors by name and writes one output tensor. Shapes are named,
+so broadcasting, contraction and reduction are all decided by dim names
+(Mesh-TensorFlow semantics). Forward ops are written by model builders; the
+``*Grad``/``ScatterAdd`` ops and the optimizer's elementwise functions appear
+in the training graph derived by :mod:`layoutsearch.ir.training`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from layoutsearch.errors import GraphError
+from layoutsearch.ir.tensor import Tensor
+
+PHASES = ("forward", "backward", "optimizer")
+
+
+@dataclass(frozen=True)
+class ElementwiseFn:
+    """An elementwise function: its arity and the attributes it takes."""
+
+    name: str
+    arity: int
+    attrs: tuple[str, ...] = ()
+
+
+def _fns(*specs: tuple[str, int, tuple[str, ...]]) -> dict[str, ElementwiseFn]:
+    return {n: ElementwiseFn(n, a, at) for n, a, at in specs}
+
+
+ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
+    # unary
+    ("identity", 1, ()), ("neg", 1, ()), ("scale", 1, ("factor",)), ("square", 1, ()),
+    ("relu", 1, ()), ("gelu", 1, ()), ("silu", 1, ()), ("tanh", 1, ()), ("sigmoid", 1, ()),
+    ("exp", 1, ()), ("log", 1, ()), ("sqrt", 1, ()), ("rsqrt", 1, ()),
+    # binary
+    ("add", 2, ()), ("sub", 2, ()), ("mul", 2, ()), ("div", 2, ()), ("eq", 2, ()),
+    # gradients of unary functions: fn_grad(x, dy) = fn'(x) * dy
+    ("square_grad", 2, ()), ("relu_grad", 2, ()), ("gelu_grad", 2, ()), ("silu_grad", 2, ()),
+    ("tanh_grad", 2, ()), ("sigmoid_grad", 2, ()), ("exp_grad", 2, ()), ("log_grad", 2, ()),
+    ("sqrt_grad", 2, ()), ("rsqrt_grad", 2, ()),
+    # gradient of a / b with respect to b: div_rhs_grad(a, b, dy) = -dy * a / b**2
+    ("div_rhs_grad", 3, ()),
+    # optimizers
+    ("sgd", 2, ("lr",)),                     # sgd(p, g) = p - lr * g
+    ("adam_m", 2, ("b1",)),                  # adam_m(m, g) = b1 * m + (1 - b1) * g
+    ("adam_v", 2, ("b2",)),                  # adam_v(v, g) = b2 * v + (1 - b2) * g**2
+    ("adam_update", 3, ("lr", "b1", "b2", "eps", "step")),  # adam_update(p, m_new, v_new)
+)
+"""Every elementwise function the IR knows, by name."""
+
+UNARY_GRAD: dict[str, str] = {
+    f: f"{f}_grad" for f in ("square", "relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt")
+}
+"""Unary function -> the binary function ``grad(x, dy)`` of its derivative."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Op:
+    """Base of all ops: a name, input tensor names, one output tensor name.
+
+    ``phase`` says which part of the training step the op belongs to;
+    ``block`` names the repeated block (e.g. ``"layer.3"``) the op is part of,
+    so solvers can tie identical layers.
+    """
+
+    kind: ClassVar[str] = ""
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    phase: str = "forward"
+    block: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.phase not in PHASES:
+            raise GraphError(f"op {self.name!r}: unknown phase {self.phase!r} (known: {', '.join(PHASES)})")
+
+    # -- shape helpers shared by every consumer (cost model, backend, solvers)
+    def iteration_dims(self, tensors: Mapping[str, Tensor]) -> tuple[str, ...]:
+        """Names of all dims the op iterates over (inputs and output), in first-seen order."""
+        seen: dict[str, None] = {}
+        for t in (*self.inputs, self.output):
+            for n in tensors[t].dim_names:
+                seen.setdefault(n, None)
+        return tuple(seen)
+
+    def reduced_dims(self, tensors: Mapping[str, Tensor]) -> tuple[str, ...]:
+        """Dims of the iteration space absent from the output (contracted or reduced)."""
+        out = set(tensors[self.output].dim_names)
+        return tuple(d for d in self.iteration_dims(tensors) if d not in out)
+
+    def attrs(self) -> dict[str, Any]:
+        """The op-specific attributes (everything but name/inputs/output/phase/block)."""
+        base = {"name", "inputs", "output", "phase", "block"}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        """Raise GraphError if the op's tensors do not fit its semantics."""
+        self._expect_arity(len(self.inputs))
+
+    # -- helpers for check()
+    def _fail(self, msg: str) -> GraphError:
+        return GraphError(f"{self.kind} op {self.name!r}: {msg}")
+
+    def _expect_arity(self, n: int) -> None:
+        if len(self.inputs) != n:
+            raise self._fail(f"expects {n} inputs, got {len(self.inputs)}")
+
+    def _dims(self, tensors: Mapping[str, Tensor], t: str) -> set[str]:
+        return set(tensors[t].dim_names)
+
+    def _expect_float(self, tensors: Mapping[str, Tensor], *names: str) -> None:
+        for t in names:
+            if not tensors[t].is_float:
+                raise self._fail(f"tensor {t!r} must be floating point, got {tensors[t].dtype}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Einsum(Op):
+    """Mesh-TF einsum: output dims are given; dims of the inputs missing from
+    the output are contracted (summed); dims shared by inputs and output are
+    batch dims; dims of one input only that reach the output are outer dims."""
+
+    kind: ClassVar[str] = "einsum"
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        if not 1 <= len(self.inputs) <= 3:
+            raise self._fail(f"expects 1 to 3 inputs, got {len(self.inputs)}")
+        self._expect_float(tensors, *self.inputs, self.output)
+        ins = set().union(*(self._dims(tensors, t) for t in self.inputs))
+        extra = self._dims(tensors, self.output) - ins
+        if extra:
+            raise self._fail(f"output dims {sorted(extra)} appear in no input")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Elementwise(Op):
+    """Elementwise ``fn`` over its inputs, broadcasting by dim name.
+
+    The output's dims must contain every input's dims (extra output dims
+    broadcast, so ``identity`` with more output dims is a broadcast)."""
+
+    kind: ClassVar[str] = "elementwise"
+    fn: str
+    params: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        params = self.params.items() if isinstance(self.params, Mapping) else self.params
+        object.__setattr__(self, "params", tuple(sorted((str(k), float(v)) for k, v in params)))
+
+    @property
+    def param(self) -> dict[str, float]:
+        return dict(self.params)
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        spec = ELEMENTWISE_FNS.get(self.fn)
+        if spec is None:
+            raise self._fail(f"unknown elementwise function {self.fn!r}")
+        self._expect_arity(spec.arity)
+        self._expect_float(tensors, *self.inputs, self.output)
+        if set(self.param) != set(spec.attrs):
+            raise self._fail(f"function {self.fn!r} takes attributes {list(spec.attrs)}, got {sorted(self.param)}")
+        out = self._dims(tensors, self.output)
+        for t in self.inputs:
+            missing = self._dims(tensors, t) - out
+            if missing:
+                raise self._fail(f"input {t!r} has dims {sorted(missing)} missing from the output")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reduce(Op):
+    """Reduce (``sum``, ``mean`` or ``max``) over the input dims absent from the output."""
+
+    kind: ClassVar[str] = "reduce"
+    fn: str = "sum"
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(1)
+        if self.fn not in ("sum", "mean", "max"):
+            raise self._fail(f"unknown reduction {self.fn!r} (known: sum, mean, max)")
+        self._expect_float(tensors, self.inputs[0], self.output)
+        extra = self._dims(tensors, self.output) - self._dims(tensors, self.inputs[0])
+        if extra:
+            raise self._fail(f"output dims {sorted(extra)} are not input dims")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _OverDim(Op):
+    """An op normalizing over one named dim; output has the input's dims."""
+
+    dim: str
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        super().check(tensors)
+        self._expect_float(tensors, *self.inputs, self.output)
+        x = self._dims(tensors, self.inputs[0])
+        if self.dim not in x:
+            raise self._fail(f"dim {self.dim!r} is not a dim of input {self.inputs[0]!r}")
+        for t in (*self.inputs, self.output):
+            if self._dims(tensors, t) != x:
+                raise self._fail(f"tensor {t!r} must have the dims of {self.inputs[0]!r}: {sorted(x)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Softmax(_OverDim):
+    """Softmax over ``dim``."""
+
+    kind: ClassVar[str] = "softmax"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftmaxGrad(_OverDim):
+    """Gradient of softmax: inputs (y, dy) -> dx = y * (dy - sum_dim(dy * y))."""
+
+    kind: ClassVar[str] = "softmax_grad"
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(2)
+        super().check(tensors)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerNorm(_OverDim):
+    """Normalize to zero mean and unit variance over ``dim`` (scale and bias
+    are separate elementwise ops)."""
+
+    kind: ClassVar[str] = "layer_norm"
+    eps: float = 1e-5
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerNormGrad(_OverDim):
+    """Gradient of LayerNorm: inputs (x, dy) -> dx."""
+
+    kind: ClassVar[str] = "layer_norm_grad"
+    eps: float = 1e-5
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(2)
+        super().check(tensors)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Reshape(Op):
+    """Split, merge or rename dims (and transpose, since dims are named).
+
+    ``groups`` pairs input dim names with the output dim names replacing them,
+    e.g. ``((("d_model",), ("heads", "d_kv")),)`` splits ``d_model`` (the first
+    output dim is the major one). Dims in no group pass through unchanged."""
+
+    kind: ClassVar[str] = "reshape"
+    groups: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "groups", tuple((tuple(a), tuple(b)) for a, b in self.groups))
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(1)
+        x, y = tensors[self.inputs[0]], tensors[self.output]
+        xd, yd = {d.name: d.size for d in x.dims}, {d.name: d.size for d in y.dims}
+        consumed: set[str] = set()
+        produced: set[str] = set()
+        for src, dst in self.groups:
+            for n in src:
+                if n not in xd:
+                    raise self._fail(f"group dim {n!r} is not a dim of input {x.name!r}")
+            for n in dst:
+                if n not in yd:
+                    raise self._fail(f"group dim {n!r} is not a dim of output {y.name!r}")
+            s_in = s_out = 1
+            for n in src:
+                s_in *= xd[n]
+            for n in dst:
+                s_out *= yd[n]
+            if s_in != s_out:
+                raise self._fail(f"group {list(src)} -> {list(dst)} changes the size ({s_in} vs {s_out})")
+            consumed.update(src)
+            produced.update(dst)
+        if set(xd) - consumed != set(yd) - produced:
+            raise self._fail(
+                f"dims outside the groups must pass through: input keeps {sorted(set(xd) - consumed)}, "
+                f"output keeps {sorted(set(yd) - produced)}")
+        if x.dtype != y.dtype:
+            raise self._fail("reshape cannot change the dtype")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gather(Op):
+    """Embedding lookup: inputs (table, ids) -> table rows picked along ``dim``.
+
+    Output dims = ids dims + table dims without ``dim``."""
+
+    kind: ClassVar[str] = "gather"
+    dim: str
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(2)
+        table, ids = tensors[self.inputs[0]], tensors[self.inputs[1]]
+        if self.dim not in table.dim_names:
+            raise self._fail(f"dim {self.dim!r} is not a dim of table {table.name!r}")
+        if ids.is_float:
+            raise self._fail(f"ids {ids.name!r} must be int32")
+        want = set(ids.dim_names) | (set(table.dim_names) - {self.dim})
+        if self._dims(tensors, self.output) != want:
+            raise self._fail(f"output must have dims {sorted(want)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScatterAdd(Op):
+    """Gradient of Gather: inputs (ids, dy) -> d_table, summing dy rows into ``dim``."""
+
+    kind: ClassVar[str] = "scatter_add"
+    dim: str
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(2)
+        ids, dy, out = (tensors[self.inputs[0]], tensors[self.inputs[1]], tensors[self.output])
+        if ids.is_float:
+            raise self._fail(f"ids {ids.name!r} must be int32")
+        if self.dim not in out.dim_names:
+            raise self._fail(f"dim {self.dim!r} is not a dim of output {out.name!r}")
+        want = set(ids.dim_names) | (set(out.dim_names) - {self.dim})
+        if set(dy.dim_names) != want:
+            raise self._fail(f"dy must have dims {sorted(want)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossEntropy(Op):
+    """Softmax cross-entropy per example: inputs (logits, labels) -> loss.
+
+    ``labels`` are int32 class indices along ``dim``; loss has the logits'
+    dims without ``dim`` (the labels' dims)."""
+
+    kind: ClassVar[str] = "cross_entropy"
+    dim: str
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(2)
+        logits, labels = tensors[self.inputs[0]], tensors[self.inputs[1]]
+        self._expect_float(tensors, logits.name, self.output)
+        if labels.is_float:
+            raise self._fail(f"labels {labels.name!r} must be int32")
+        if self.dim not in logits.dim_names:
+            raise self._fail(f"dim {self.dim!r} is not a dim of logits {logits.name!r}")
+        want = set(logits.dim_names) - {self.dim}
+        if set(labels.dim_names) != want or self._dims(tensors, self.output) != want:
+            raise self._fail(f"labels and output must have dims {sorted(want)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrossEntropyGrad(Op):
+    """Gradient of CrossEntropy: inputs (logits, labels, dloss) -> dlogits
+    = (softmax(logits) - onehot(labels)) * dloss."""
+
+    kind: ClassVar[str] = "cross_entropy_grad"
+    dim: str
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(3)
+        logits, labels, dloss = (tensors[t] for t in self.inputs)
+        if labels.is_float:
+            raise self._fail(f"labels {labels.name!r} must be int32")
+        want = set(logits.dim_names) - {self.dim}
+        if set(dloss.dim_names) != want or self._dims(tensors, self.output) != set(logits.dim_names):
+            raise self._fail("dloss must have the labels' dims and the output the logits' dims")
+
+
+OP_KINDS: dict[str, type[Op]] = {
+    cls.kind: cls
+    for cls in (Einsum, Elementwise, Reduce, Softmax, SoftmaxGrad, LayerNorm, LayerNormGrad,
+                Reshape, Gather, ScatterAdd, CrossEntropy, CrossEntropyGrad)
+}
+"""Op classes by their ``kind`` string (as written in graph files)."""
+
+__all__ = [
+    "ELEMENTWISE_FNS", "OP_KINDS", "PHASES", "UNARY_GRAD", "CrossEntropy", "CrossEntropyGrad", "Einsum",
+    "Elementwise", "ElementwiseFn", "Gather", "LayerNorm", "LayerNormGrad", "Op", "Reduce", "Reshape",
+    "ScatterAdd", "Softmax", "SoftmaxGrad",
+]

@@ -1,0 +1,13 @@
+"""Test setup: 8 simulated CPU devices, set before JAX's backend starts."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_enable_x64", False)
+
+assert len(jax.devices()) == 8, "tests need 8 simulated CPU devices"
