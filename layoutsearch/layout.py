@@ -1,0 +1,215 @@
+"""Layouts: which named dims are split over which mesh axes.
+
+A layout maps, per tensor, dim names to a tuple of mesh axes (major first;
+one dim may span several axes, one axis splits at most one dim of a tensor).
+It is built from
+
+* global rules, Mesh-TF "computation layout" style: ``batch:data,d_ff:model``,
+  several axes ``batch:data+fsdp``, no split ``d_model:`` or ``d_model:-``.
+  Rules apply with Flax ``logical_axis_rules`` precedence: the dims of a
+  tensor are taken in rule order, and a rule whose axes are already used by
+  an earlier dim of the same tensor does not apply there (the dim falls to
+  its next rule, or stays unsplit). A dim may have several rules (fallbacks).
+* per-tensor entries (``Layout.with_tensor``), which take precedence and are
+  checked strictly: an axis splitting two dims of the tensor is an error.
+
+Dim names must exist in the graph, axes in the mesh, and every split must
+divide the dim evenly (JAX refuses uneven splits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from layoutsearch.errors import LayoutError
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.tensor import Tensor
+from layoutsearch.mesh import Mesh
+
+Axes = tuple[str, ...]
+"""Mesh axes splitting one dim, major first (empty: not split)."""
+
+DimLayout = dict[str, Axes]
+"""Dim name -> the mesh axes splitting it (only split dims appear)."""
+
+SpecEntry = None | str | tuple[str, ...]
+"""One entry of a PartitionSpec: None, one axis name, or several (major first)."""
+
+
+def parse_rules(text: str) -> tuple[tuple[str, Axes], ...]:
+    """Parse ``batch:data,d_ff:model,embed:data+fsdp`` into ordered (dim, axes) rules."""
+    rules: list[tuple[str, Axes]] = []
+    if not text or not text.strip():
+        return ()
+    for part in text.split(","):
+        if ":" not in part and "=" not in part:
+            raise LayoutError(f"bad layout rule {part.strip()!r}: write 'dim:axis' or 'dim:axis1+axis2'")
+        dim, _, axes = part.replace("=", ":", 1).partition(":")
+        dim, axes = dim.strip(), axes.strip()
+        if not dim.isidentifier():
+            raise LayoutError(f"bad dim name {dim!r} in layout rule {part.strip()!r}")
+        names = () if axes in ("", "-", "none", "None") else tuple(a.strip() for a in axes.split("+"))
+        for a in names:
+            if not a.isidentifier():
+                raise LayoutError(f"bad mesh axis {a!r} in layout rule {part.strip()!r}")
+        if len(set(names)) != len(names):
+            raise LayoutError(f"layout rule {part.strip()!r} repeats a mesh axis")
+        rules.append((dim, names))
+    return tuple(rules)
+
+
+def format_rules(rules: Iterable[tuple[str, Axes]]) -> str:
+    """The inverse of :func:`parse_rules`."""
+    return ",".join(f"{d}:{'+'.join(a) if a else '-'}" for d, a in rules)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout on a mesh: global rules plus per-tensor entries.
+
+    Use :meth:`check` against a graph before trusting per-device shapes; the
+    solvers and the CLI always do.
+    """
+
+    mesh: Mesh
+    rules: tuple[tuple[str, Axes], ...] = ()
+    tensors: tuple[tuple[str, tuple[tuple[str, Axes], ...]], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rules", tuple((d, tuple(a)) for d, a in self.rules))
+        for dim, axes in self.rules:
+            for a in axes:
+                self._check_axis(a, f"rule {dim}:{'+'.join(axes)}")
+        for name, entries in self.tensors:
+            used: dict[str, str] = {}
+            for dim, axes in entries:
+                for a in axes:
+                    self._check_axis(a, f"tensor {name!r}")
+                    if a in used:
+                        raise LayoutError(f"tensor {name!r}: mesh axis {a!r} splits two dims "
+                                          f"({used[a]!r} and {dim!r}); one axis splits at most one dim")
+                    used[a] = dim
+
+    def _check_axis(self, axis: str, where: str) -> None:
+        if axis not in self.mesh.names:
+            raise LayoutError(f"{where}: unknown mesh axis {axis!r} (mesh {self.mesh} has: {', '.join(self.mesh.names)})")
+
+    # -- construction
+    @classmethod
+    def from_rules(cls, mesh: Mesh | str, rules: str | Iterable[tuple[str, Iterable[str]]] | Mapping[str, Any]) -> Layout:
+        """A layout from global rules: a string, (dim, axes) pairs, or {dim: axes}."""
+        m = Mesh.of(mesh)
+        if isinstance(rules, str):
+            parsed = parse_rules(rules)
+        else:
+            items = rules.items() if isinstance(rules, Mapping) else rules
+            parsed = tuple((d, _axes(a)) for d, a in items)
+        return cls(m, parsed)
+
+    @classmethod
+    def replicated(cls, mesh: Mesh | str) -> Layout:
+        return cls(Mesh.of(mesh))
+
+    def with_tensor(self, tensor: str, dims: Mapping[str, Any]) -> Layout:
+        """A copy where ``tensor`` is laid out exactly as ``dims`` says (dim -> axes); other dims unsplit."""
+        entries = tuple((d, _axes(a)) for d, a in dims.items() if _axes(a))
+        rest = tuple((n, e) for n, e in self.tensors if n != tensor)
+        return Layout(self.mesh, self.rules, rest + ((tensor, entries),))
+
+    # -- queries
+    def dim_layout(self, tensor: Tensor) -> DimLayout:
+        """Dim name -> mesh axes for ``tensor`` (split dims only)."""
+        for name, entries in self.tensors:
+            if name == tensor.name:
+                present = set(tensor.dim_names)
+                return {d: a for d, a in entries if d in present and a}
+        out: DimLayout = {}
+        used: set[str] = set()
+        present = set(tensor.dim_names)
+        for dim, axes in self.rules:
+            if dim not in present or dim in out or not axes:
+                continue
+            if used.isdisjoint(axes):
+                out[dim] = axes
+                used.update(axes)
+        return {d: out[d] for d in tensor.dim_names if d in out}
+
+    def spec(self, tensor: Tensor) -> tuple[SpecEntry, ...]:
+        """PartitionSpec entries of ``tensor``, one per dim in order (no JAX needed)."""
+        lay = self.dim_layout(tensor)
+        out: list[SpecEntry] = []
+        for d in tensor.dim_names:
+            axes = lay.get(d, ())
+            out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+        return tuple(out)
+
+    def partition_spec(self, tensor: Tensor) -> Any:
+        """``jax.sharding.PartitionSpec`` of ``tensor``."""
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*self.spec(tensor))
+
+    def shard_factor(self, tensor: Tensor, dim: str) -> int:
+        """How many pieces ``dim`` of ``tensor`` is split into."""
+        return self.mesh.group_size(self.dim_layout(tensor).get(dim, ()))
+
+    def local_shape(self, tensor: Tensor) -> tuple[int, ...]:
+        """Per-device shape of ``tensor`` (assumes :meth:`check` passed)."""
+        lay = self.dim_layout(tensor)
+        return tuple(d.size // self.mesh.group_size(lay.get(d.name, ())) for d in tensor.dims)
+
+    def local_bytes(self, tensor: Tensor) -> int:
+        """Per-device bytes of ``tensor``."""
+        return math.prod(self.local_shape(tensor)) * tensor.itemsize
+
+    def replication(self, tensor: Tensor) -> int:
+        """How many devices hold each element of ``tensor`` (mesh size / shards)."""
+        used = {a for axes in self.dim_layout(tensor).values() for a in axes}
+        return self.mesh.group_size([a for a in self.mesh.names if a not in used])
+
+    def check(self, graph: Graph) -> Layout:
+        """Raise LayoutError if the layout does not fit ``graph``; return self."""
+        for dim, axes in self.rules:
+            if dim not in graph.dims:
+                raise LayoutError(f"layout rule {dim}:{'+'.join(axes) or '-'} names dim {dim!r}, which model "
+                                  f"{graph.name!r} lacks (dims: {', '.join(sorted(graph.dims))})")
+        for name, entries in self.tensors:
+            if name not in graph.tensors:
+                raise LayoutError(f"layout names tensor {name!r}, which model {graph.name!r} lacks")
+            t = graph.tensors[name]
+            for d, _ in entries:
+                if d not in t.dim_names:
+                    raise LayoutError(f"layout of tensor {name!r} names dim {d!r}; the tensor has {list(t.dim_names)}")
+        for t in graph.tensors.values():
+            for d, axes in self.dim_layout(t).items():
+                n = self.mesh.group_size(axes)
+                size = graph.dims[d]
+                if size % n:
+                    raise LayoutError(f"dim {d!r} of size {size} cannot be split {n} ways over "
+                                      f"{'+'.join(axes)} (tensor {t.name!r}): not divisible")
+        return self
+
+    def describe(self) -> str:
+        """The rules as a Mesh-TF layout string."""
+        return format_rules(self.rules)
+
+    def to_dict(self, graph: Graph | None = None) -> dict[str, Any]:
+        """JSON-ready: the mesh, the rules, and (given a graph) every tensor's PartitionSpec."""
+        d: dict[str, Any] = {"mesh": str(self.mesh), "rules": {k: list(v) for k, v in self.rules if v}}
+        if self.tensors:
+            d["overrides"] = {n: {k: list(v) for k, v in e} for n, e in self.tensors}
+        if graph is not None:
+            d["tensors"] = {t.name: [list(s) if isinstance(s, tuple) else s for s in self.spec(t)]
+                            for t in graph.tensors.values()}
+        return d
+
+
+def _axes(a: Any) -> Axes:
+    if a is None:
+        return ()
+    if isinstance(a, str):
+        return tuple(x for x in a.split("+") if x)
+    return tuple(a)

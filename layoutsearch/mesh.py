@@ -1,0 +1,242 @@
+"""Device meshes (ordered named axes) and hardware presets.
+
+A mesh is parsed from ``data:2,model:4`` (or ``data=2,model=4``); axes are
+ordered major to minor, as in ``jax.make_mesh``. Hardware presets give peak
+FLOP/s, HBM size and bandwidth, and two kinds of links: fast (NVLink /
+NVSwitch inside a node, ICI inside a TPU slice) and slow (InfiniBand / DCN
+between nodes or slices). Each mesh axis uses one of them: by default the
+minor axes whose product fits in one node take the fast links, the others the
+slow ones; ``axis_links`` overrides this per axis. Every figure is
+overridable (``Hardware.replace`` or ``--hw key=value`` in the CLI).
+
+Figures are vendor peak numbers (dense bf16) from ``shared/HARDWARE.md``; the
+``source`` field of each preset cites them. Efficiency factors (achieved
+fraction of peak) are separate fields so that a measured number can replace
+them without touching the peaks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from layoutsearch.errors import HardwareError, MeshError
+
+_AXIS = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:=]\s*([0-9]+)\s*$")
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """An ordered set of named mesh axes with sizes (major first)."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        names = [a for a, _ in self.axes]
+        if len(set(names)) != len(names):
+            raise MeshError(f"mesh repeats an axis: {names}")
+        for a, s in self.axes:
+            if not isinstance(s, int) or isinstance(s, bool) or s < 1:
+                raise MeshError(f"mesh axis {a!r} has invalid size {s!r}: must be a positive integer")
+
+    @classmethod
+    def parse(cls, text: str) -> Mesh:
+        """Parse ``data:2,model:4`` (or ``data=2,model=4``)."""
+        if not isinstance(text, str) or not text.strip():
+            raise MeshError("empty mesh: write axes like 'data:2,model:4'")
+        axes = []
+        for part in text.split(","):
+            m = _AXIS.match(part)
+            if not m:
+                raise MeshError(f"bad mesh axis {part.strip()!r} in {text!r}: write axes like 'data:2,model:4'")
+            axes.append((m.group(1), int(m.group(2))))
+        return cls(tuple(axes))
+
+    @classmethod
+    def of(cls, obj: Mesh | str | Mapping[str, int]) -> Mesh:
+        """A Mesh from a Mesh, a mesh string or a {axis: size} mapping."""
+        if isinstance(obj, Mesh):
+            return obj
+        if isinstance(obj, str):
+            return cls.parse(obj)
+        return cls(tuple((str(k), v) for k, v in obj.items()))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a for a, _ in self.axes)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(self.axes)
+
+    @property
+    def size(self) -> int:
+        """Number of devices."""
+        return math.prod(s for _, s in self.axes)
+
+    def axis_size(self, axis: str) -> int:
+        try:
+            return self.shape[axis]
+        except KeyError:
+            raise MeshError(f"unknown mesh axis {axis!r} (mesh has: {', '.join(self.names)})") from None
+
+    def group_size(self, axes: tuple[str, ...] | list[str]) -> int:
+        """Product of the sizes of ``axes`` (1 for none)."""
+        return math.prod(self.axis_size(a) for a in axes)
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self.axes)
+
+    def __str__(self) -> str:
+        return ",".join(f"{a}:{s}" for a, s in self.axes)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of interconnect as seen by one device.
+
+    ``bandwidth``: bytes/s per device per direction (what a ring collective
+    can use); ``latency``: seconds per collective step (the alpha of the
+    alpha-beta model); ``efficiency``: achieved fraction of ``bandwidth``.
+    """
+
+    bandwidth: float
+    latency: float
+    efficiency: float = 1.0
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Figures of one accelerator and its interconnect (all overridable).
+
+    ``devices_per_node``: how many devices the fast links join (a GPU node or
+    a TPU slice); mesh axes inside that extent use ``fast_link``, the others
+    ``slow_link``. ``matmul_efficiency`` / ``memory_efficiency``: achieved
+    fractions of peak FLOP/s and of HBM bandwidth.
+    """
+
+    name: str
+    peak_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    fast_link: Link
+    slow_link: Link
+    devices_per_node: int
+    matmul_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    source: str = ""
+    axis_links: tuple[tuple[str, str], ...] = field(default=())
+
+    def replace(self, **changes: Any) -> Hardware:
+        """A copy with some figures changed, e.g. ``hw.replace(peak_flops=300e12)``.
+
+        Link figures are set with ``fast_link_bandwidth=...``, ``slow_link_latency=...``
+        and the like; ``axis_links={"data": "slow"}`` pins axes to a link kind."""
+        direct: dict[str, Any] = {}
+        links = {"fast_link": self.fast_link, "slow_link": self.slow_link}
+        for key, value in changes.items():
+            link = next((k for k in links if key.startswith(k + "_")), None)
+            if link is not None:
+                sub = key[len(link) + 1:]
+                if sub not in {f.name for f in dataclasses.fields(Link)}:
+                    raise HardwareError(f"unknown hardware figure {key!r}")
+                links[link] = dataclasses.replace(links[link], **{sub: float(value)})
+            elif key == "axis_links":
+                for kind in dict(value).values():
+                    if kind not in ("fast", "slow"):
+                        raise HardwareError(f"axis link kind must be 'fast' or 'slow', got {kind!r}")
+                direct[key] = tuple(dict(value).items())
+            elif key in {f.name for f in dataclasses.fields(self)} and key != "source":
+                direct[key] = type(getattr(self, key))(value)
+            else:
+                raise HardwareError(f"unknown hardware figure {key!r} (known: {', '.join(_figure_names())})")
+        return dataclasses.replace(self, **direct, **links)
+
+    def links_for(self, mesh: Mesh) -> dict[str, Link]:
+        """The link each mesh axis uses (see the class docstring)."""
+        pinned = dict(self.axis_links)
+        for a in pinned:
+            mesh.axis_size(a)
+        out: dict[str, Link] = {}
+        extent = 1
+        for axis, size in reversed(mesh.axes):  # minor axes first
+            extent *= size
+            kind = pinned.get(axis, "fast" if extent <= self.devices_per_node else "slow")
+            out[axis] = self.fast_link if kind == "fast" else self.slow_link
+        return {a: out[a] for a in mesh.names}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _figure_names() -> list[str]:
+    names = [f.name for f in dataclasses.fields(Hardware) if f.name not in ("fast_link", "slow_link", "source")]
+    for link in ("fast_link", "slow_link"):
+        names += [f"{link}_{f.name}" for f in dataclasses.fields(Link)]
+    return names
+
+
+GB = 1e9
+GiB = 2**30
+TB = 1e12
+
+# Achieved fractions of peak, used unless overridden. Matmul: large bf16 GEMMs
+# reach ~70-80% of peak on A100/H100 (NVIDIA's published cuBLAS results) and
+# MFU of well-tuned TPU training is ~50-60% (PaLM: 46-58%), so 0.75 for the
+# kernel alone. HBM: STREAM-like kernels reach ~85-90% of peak. Links: NCCL
+# bus bandwidth reaches ~80% of NVLink peak and ~90% of InfiniBand line rate.
+_MM, _MEM = 0.75, 0.85
+
+_NV = "NVIDIA datasheets (V100 SXM2, A100 SXM 80GB, H100 SXM, H200 SXM): dense bf16/fp16 tensor-core peak"
+_TPU = "Google Cloud TPU system architecture pages: per-chip bf16 peak, HBM, ICI/DCN bandwidth"
+
+PRESETS: dict[str, Hardware] = {
+    "v100": Hardware("v100", 125 * TB, 32 * GB, 900 * GB, Link(150 * GB, 5e-6, 0.8), Link(12.5 * GB, 10e-6, 0.9),
+                     8, _MM, _MEM, _NV + "; NVLink 300 GB/s bidir, IB EDR 100 Gb/s per GPU"),
+    "a100": Hardware("a100", 312 * TB, 80 * GB, 2039 * GB, Link(300 * GB, 5e-6, 0.8), Link(25 * GB, 10e-6, 0.9),
+                     8, _MM, _MEM, _NV + "; NVLink3 600 GB/s bidir, 8x200 Gb/s HDR per node"),
+    "h100": Hardware("h100", 989 * TB, 80 * GB, 3350 * GB, Link(450 * GB, 5e-6, 0.8), Link(50 * GB, 10e-6, 0.9),
+                     8, _MM, _MEM, _NV + "; NVLink4 900 GB/s bidir, 8x400 Gb/s NDR per node"),
+    "h200": Hardware("h200", 989 * TB, 141 * GB, 4800 * GB, Link(450 * GB, 5e-6, 0.8), Link(50 * GB, 10e-6, 0.9),
+                     8, _MM, _MEM, _NV + "; NVLink4 900 GB/s bidir, 400 Gb/s per GPU"),
+    # TPU ICI: per-axis figure is the bandwidth a ring along one torus dimension
+    # gets (both directions of that dimension's links). DCN: per chip.
+    "tpu-v2": Hardware("tpu-v2", 45 * TB, 16 * GiB, 600 * GB, Link(62.5 * GB, 2e-6, 0.9), Link(3 * GB, 20e-6, 0.9),
+                       256, _MM, _MEM, _TPU + "; 2-D torus, 256-chip pod"),
+    "tpu-v3": Hardware("tpu-v3", 123 * TB, 32 * GiB, 900 * GB, Link(82 * GB, 2e-6, 0.9), Link(3 * GB, 20e-6, 0.9),
+                       1024, _MM, _MEM, _TPU + "; 2-D torus, up to 1024 chips"),
+    "tpu-v4": Hardware("tpu-v4", 275 * TB, 32 * GiB, 1200 * GB, Link(100 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
+                       4096, _MM, _MEM, _TPU + "; 3-D torus, 6 ICI links of 50 GB/s, up to 4096 chips"),
+    "tpu-v5e": Hardware("tpu-v5e", 197 * TB, 16 * GB, 819 * GB, Link(100 * GB, 2e-6, 0.9), Link(3.1 * GB, 20e-6, 0.9),
+                        256, _MM, _MEM, _TPU + "; 2-D torus ICI 1600 Gb/s per chip, 2x100 Gb/s DCN per 8-chip host"),
+    "tpu-v5p": Hardware("tpu-v5p", 459 * TB, 95 * GB, 2765 * GB, Link(200 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
+                        8960, _MM, _MEM, _TPU + "; 3-D torus ICI 4800 Gb/s per chip, 50 Gb/s DCN per chip"),
+    # Simulated CPU devices (tests): nominal figures, only for relative costs.
+    "cpu-sim": Hardware("cpu-sim", 100e9, 24 * GiB, 20 * GB, Link(10 * GB, 1e-6), Link(1 * GB, 10e-6),
+                        8, 1.0, 1.0, "nominal figures for simulated CPU devices"),
+}
+"""Hardware presets by name."""
+
+_ALIASES = {"tpu-v5litepod": "tpu-v5e", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v4": "tpu-v4", "v3": "tpu-v3",
+            "v2": "tpu-v2", "h100-sxm": "h100", "a100-80gb": "a100", "cpu": "cpu-sim"}
+
+
+def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
+    """A hardware preset by name (case-insensitive), with figures overridden."""
+    if isinstance(name, Hardware):
+        hw = name
+    else:
+        key = name.strip().lower()
+        key = _ALIASES.get(key, key)
+        if key not in PRESETS:
+            raise HardwareError(f"unknown hardware {name!r} (presets: {', '.join(PRESETS)})")
+        hw = PRESETS[key]
+    return hw.replace(**overrides) if overrides else hw
