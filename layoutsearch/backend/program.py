@@ -1,0 +1,262 @@
+"""Turn an IR graph into a JAX function.
+
+Each tensor is a ``jax.Array`` whose axes follow the tensor's dims in order.
+Ops are evaluated in the graph's topological order; a ``constrain`` hook is
+called on every produced tensor (the sharding module uses it to apply
+``with_sharding_constraint`` from a layout). The same interpreter runs the
+forward graph and the derived training graph (backward and optimizer ops).
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.tensor import Tensor
+
+Arrays = dict[str, jax.Array]
+Constrain = Callable[[str, jax.Array], jax.Array]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32}
+
+
+def jax_dtype(tensor: Tensor) -> Any:
+    return _DTYPES[tensor.dtype]
+
+
+def align(x: jax.Array, dims: Sequence[str], out: Sequence[str]) -> jax.Array:
+    """Transpose ``x`` (axes named ``dims``) to the order of ``out`` and insert
+    size-1 axes for dims of ``out`` it lacks, so it broadcasts against ``out``."""
+    present = [d for d in out if d in dims]
+    x = jnp.transpose(x, [list(dims).index(d) for d in present])
+    shape = [x.shape[present.index(d)] if d in present else 1 for d in out]
+    return x.reshape(shape)
+
+
+def _unary(f: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    return lambda x, **_: f(x)
+
+
+def _gelu(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
+
+
+_UNARY: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "identity": lambda x: x, "neg": jnp.negative, "square": jnp.square, "relu": jax.nn.relu, "gelu": _gelu,
+    "silu": jax.nn.silu, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "exp": jnp.exp, "log": jnp.log,
+    "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt,
+}
+
+
+def _jvp_grad(f: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
+    """fn_grad(x, dy) = f'(x) * dy, by forward-mode differentiation of f."""
+    return lambda x, dy, **_: jax.jvp(f, (x,), (dy,))[1]
+
+
+def _adam_update(p: jax.Array, m: jax.Array, v: jax.Array, *, lr: float, b1: float, b2: float, eps: float,
+                 step: float) -> jax.Array:
+    mhat = m / (1.0 - b1**step)
+    vhat = v / (1.0 - b2**step)
+    return p - lr * mhat / (jnp.sqrt(vhat) + eps)
+
+
+ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {
+    **{n: _unary(f) for n, f in _UNARY.items()},
+    **{g: _jvp_grad(_UNARY[f]) for f, g in O.UNARY_GRAD.items()},
+    "scale": lambda x, *, factor: x * factor,
+    "fill": lambda x, *, value: jnp.full_like(x, value),
+    "add": lambda a, b, **_: a + b, "sub": lambda a, b, **_: a - b, "mul": lambda a, b, **_: a * b,
+    "div": lambda a, b, **_: a / b, "eq": lambda a, b, **_: (a == b).astype(jnp.result_type(a)),
+    "div_rhs_grad": lambda a, b, dy, **_: -dy * a / (b * b),
+    "sgd": lambda p, g, *, lr: p - lr * g,
+    "adam_m": lambda m, g, *, b1: b1 * m + (1.0 - b1) * g,
+    "adam_v": lambda v, g, *, b2: b2 * v + (1.0 - b2) * g * g,
+    "adam_update": _adam_update,
+}
+"""JAX implementation of every elementwise function of the IR."""
+
+
+class _Interpreter:
+    def __init__(self, graph: Graph, env: Arrays, constrain: Constrain | None) -> None:
+        self.g = graph
+        self.env = env
+        self.constrain = constrain
+
+    def dims(self, name: str) -> tuple[str, ...]:
+        return self.g.tensors[name].dim_names
+
+    def arg(self, name: str, out: Sequence[str] | None = None) -> jax.Array:
+        x = self.env[name]
+        return x if out is None else align(x, self.dims(name), out)
+
+    def run(self) -> Arrays:
+        for op in self.g.ops:
+            y = getattr(self, "_" + op.kind)(op)
+            t = self.g.tensors[op.output]
+            want = tuple(d.size for d in t.dims)
+            if y.shape != want:
+                y = jnp.broadcast_to(y, want)
+            y = y.astype(jax_dtype(t))
+            self.env[op.output] = self.constrain(op.output, y) if self.constrain else y
+        return self.env
+
+    # -- one method per op kind
+    def _einsum(self, op: O.Einsum) -> jax.Array:
+        letters = {d: string.ascii_letters[i] for i, d in enumerate(op.iteration_dims(self.g.tensors))}
+        sub = ",".join("".join(letters[d] for d in self.dims(t)) for t in op.inputs)
+        sub += "->" + "".join(letters[d] for d in self.dims(op.output))
+        return jnp.einsum(sub, *(self.env[t] for t in op.inputs), precision=jax.lax.Precision.HIGHEST)
+
+    def _elementwise(self, op: O.Elementwise) -> jax.Array:
+        out = self.dims(op.output)
+        return ELEMENTWISE_IMPL[op.fn](*(self.arg(t, out) for t in op.inputs), **op.param)
+
+    def _reduce(self, op: O.Reduce) -> jax.Array:
+        x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
+        out = self.dims(op.output)
+        axes = tuple(i for i, d in enumerate(xd) if d not in out)
+        y = {"sum": jnp.sum, "mean": jnp.mean, "max": jnp.max}[op.fn](x, axis=axes)
+        return align(y, [d for d in xd if d in out], out)
+
+    def _axis(self, op: O.Op) -> int:
+        return self.dims(op.output).index(op.dim)  # type: ignore[attr-defined]
+
+    def _softmax(self, op: O.Softmax) -> jax.Array:
+        return jax.nn.softmax(self.arg(op.inputs[0], self.dims(op.output)), axis=self._axis(op))
+
+    def _softmax_grad(self, op: O.SoftmaxGrad) -> jax.Array:
+        out, ax = self.dims(op.output), self._axis(op)
+        y, dy = (self.arg(t, out) for t in op.inputs)
+        return y * (dy - jnp.sum(dy * y, axis=ax, keepdims=True))
+
+    def _normalized(self, x: jax.Array, ax: int, eps: float) -> tuple[jax.Array, jax.Array]:
+        mu = jnp.mean(x, axis=ax, keepdims=True)
+        rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True) + eps)
+        return (x - mu) * rstd, rstd
+
+    def _layer_norm(self, op: O.LayerNorm) -> jax.Array:
+        return self._normalized(self.arg(op.inputs[0], self.dims(op.output)), self._axis(op), op.eps)[0]
+
+    def _layer_norm_grad(self, op: O.LayerNormGrad) -> jax.Array:
+        out, ax = self.dims(op.output), self._axis(op)
+        x, dy = (self.arg(t, out) for t in op.inputs)
+        xhat, rstd = self._normalized(x, ax, op.eps)
+        mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)  # noqa: E731
+        return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+
+    def _reshape(self, op: O.Reshape) -> jax.Array:
+        x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
+        out = self.dims(op.output)
+        items: list[tuple[tuple[str, ...], tuple[str, ...]]] = list(op.groups)
+        grouped = {d for src, _ in op.groups for d in src}
+        items += [((d,), (d,)) for d in xd if d not in grouped]
+        items.sort(key=lambda it: min(out.index(d) for d in it[1]))
+        order = [xd.index(d) for src, _ in items for d in src]
+        sizes = self.g.dims
+        mid = [d for _, dst in items for d in dst]
+        y = jnp.transpose(x, order).reshape([sizes[d] for d in mid])
+        return jnp.transpose(y, [mid.index(d) for d in out])
+
+    def _gather(self, op: O.Gather) -> jax.Array:
+        table, ids = op.inputs
+        td = self.dims(table)
+        ax = td.index(op.dim)
+        y = jnp.take(self.env[table], self.env[ids], axis=ax)
+        yd = [*td[:ax], *self.dims(ids), *td[ax + 1:]]
+        return align(y, yd, self.dims(op.output))
+
+    def _scatter_add(self, op: O.ScatterAdd) -> jax.Array:
+        ids, dy = op.inputs
+        out = self.dims(op.output)
+        other = [d for d in out if d != op.dim]
+        idd = self.dims(ids)
+        n = math.prod(self.g.dims[d] for d in idd)
+        flat_dy = self.arg(dy, [*idd, *other]).reshape([n, *(self.g.dims[d] for d in other)])
+        zeros = jnp.zeros([self.g.dims[op.dim], *(self.g.dims[d] for d in other)], flat_dy.dtype)
+        y = zeros.at[self.env[ids].reshape(n)].add(flat_dy)
+        return align(y, [op.dim, *other], out)
+
+    def _log_probs(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:
+        ld = list(self.dims(logits))
+        order = [d for d in ld if d != dim] + [dim]
+        return jax.nn.log_softmax(self.arg(logits, order), axis=-1), order[:-1]
+
+    def _cross_entropy(self, op: O.CrossEntropy) -> jax.Array:
+        logits, labels = op.inputs
+        logp, rest = self._log_probs(logits, op.dim)
+        lab = self.arg(labels, rest)
+        nll = -jnp.take_along_axis(logp, lab[..., None], axis=-1)[..., 0]
+        return align(nll, rest, self.dims(op.output))
+
+    def _cross_entropy_grad(self, op: O.CrossEntropyGrad) -> jax.Array:
+        logits, labels, dloss = op.inputs
+        logp, rest = self._log_probs(logits, op.dim)
+        onehot = jax.nn.one_hot(self.arg(labels, rest), logp.shape[-1], dtype=logp.dtype)
+        g = (jnp.exp(logp) - onehot) * self.arg(dloss, rest)[..., None]
+        return align(g, [*rest, op.dim], self.dims(op.output))
+
+
+def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain | None = None) -> Arrays:
+    """Evaluate every op of ``graph``; returns every tensor (fed and produced) by name.
+
+    ``feeds`` must hold every input, parameter and optimizer-state tensor."""
+    missing = [t.name for t in graph.tensors_with_role("input", "parameter", "optimizer_state") if t.name not in feeds]
+    if missing:
+        raise KeyError(f"missing feeds for {missing}")
+    env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
+    return _Interpreter(graph, env, constrain).run()
+
+
+def forward_fn(graph: Graph) -> Callable[[Mapping[str, jax.Array], Mapping[str, jax.Array]], jax.Array]:
+    """``f(params, inputs) -> loss``: the forward graph as a differentiable function."""
+    if graph.loss is None:
+        raise ValueError(f"graph {graph.name!r} has no loss")
+
+    def f(params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]) -> jax.Array:
+        return run_graph(graph, {**params, **inputs})[graph.loss]
+
+    return f
+
+
+def init_params(graph: Graph, seed: int = 0) -> Arrays:
+    """Deterministic parameters (scaled normal, fan-in from the first dim) and
+    zero optimizer state, from ``seed``; the same seed gives the same values
+    on any device count."""
+    out: Arrays = {}
+    rng = np.random.default_rng(seed)
+    for t in graph.tensors.values():
+        if t.role == "parameter":
+            fan_in = t.dims[0].size if len(t.dims) > 1 else 1
+            v = rng.standard_normal([d.size for d in t.dims], dtype=np.float32) / np.sqrt(fan_in)
+            out[t.name] = jnp.asarray(v, dtype=jax_dtype(t))
+        elif t.role == "optimizer_state":
+            out[t.name] = jnp.zeros([d.size for d in t.dims], jax_dtype(t))
+    return out
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> Arrays:
+    """Deterministic data inputs: normal floats; int ids in range of the dim
+    they index (the ``dim`` of the Gather/CrossEntropy op reading them)."""
+    rng = np.random.default_rng(seed + 1)
+    bound: dict[str, int] = {}
+    for op in graph.ops:
+        if isinstance(op, (O.Gather, O.CrossEntropy, O.CrossEntropyGrad)):
+            bound[op.inputs[1]] = graph.dims[op.dim]
+        elif isinstance(op, O.ScatterAdd):
+            bound[op.inputs[0]] = graph.dims[op.dim]
+    out: Arrays = {}
+    for t in graph.inputs:
+        shape = [d.size for d in t.dims]
+        if t.is_float:
+            out[t.name] = jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=jax_dtype(t))
+        else:
+            out[t.name] = jnp.asarray(rng.integers(0, bound.get(t.name, 2), size=shape), dtype=jnp.int32)
+    return out
