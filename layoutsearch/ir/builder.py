@@ -98,11 +98,12 @@ class GraphBuilder:
         self._names.add(full)
         return full
 
+    def _auto_name(self, base: str) -> str:
+        self._counter += 1
+        return f"{base}_{self._counter}"
+
     def _auto(self, kind: str, name: str | None) -> str:
-        if name is None:
-            self._counter += 1
-            name = f"{kind}_{self._counter}"
-        return self._scoped(name)
+        return self._scoped(name if name is not None else self._auto_name(kind))
 
     def _tensor(self, name: str, dims: Shape, dtype: str | None, role: str) -> Ref:
         self._tensors.append(Tensor(name, dims, dtype or self.dtype, role))
@@ -110,11 +111,13 @@ class GraphBuilder:
 
     def input(self, name: str, dims: Sequence[DimLike], dtype: str | None = None) -> Ref:
         """A fed-in data tensor (features, token ids, labels)."""
-        return self._tensor(self._scoped(name), self._shape(dims), dtype, "input")
+        shape = self._shape(dims)
+        return self._tensor(self._scoped(name), shape, dtype, "input")
 
     def parameter(self, name: str, dims: Sequence[DimLike], dtype: str | None = None) -> Ref:
         """A trainable parameter."""
-        return self._tensor(self._scoped(name), self._shape(dims), dtype, "parameter")
+        shape = self._shape(dims)
+        return self._tensor(self._scoped(name), shape, dtype, "parameter")
 
     @contextlib.contextmanager
     def block(self, name: str) -> Iterator[None]:
@@ -150,7 +153,8 @@ class GraphBuilder:
             shape: Shape = tuple(seen.values())
         else:
             shape = self._shape(out_dims)
-        return self._op(O.Elementwise, inputs, shape, name, fn=fn, params=tuple(params.items()))
+        return self._op(O.Elementwise, inputs, shape, name or self._auto_name(fn), fn=fn,
+                        params=tuple(params.items()))
 
     def unary(self, fn: str, x: Ref, name: str | None = None, **params: float) -> Ref:
         return self.elementwise(fn, [x], name=name, **params)
