@@ -1,0 +1,163 @@
+"""The model zoo: builders of forward graphs by name, with sizes as parameters.
+
+Every builder takes keyword-only sizes (defaults small enough for CPU tests)
+and returns a validated :class:`~layoutsearch.ir.Graph` whose ``loss`` is a
+scalar and whose ``meta`` holds the model name and every size::
+
+    from graphs import build_model, load_model, parse_overrides
+    g = build_model("gpt", preset="gpt3-175b")
+    g = build_model("mtf-ffn", batch=64, io=256, hidden=1024)
+    g = load_model("mtf-transformer", parse_overrides(["layers=4", "d_model=128"]))
+    g = load_model("graphs/json/moe.json")          # a graph file
+
+Integer parameters are sizes (or 0/1 switches such as ``tie_embeddings``);
+``preset`` and ``dtype`` are strings. A parameter whose default is ``None``
+is derived from the others (e.g. GPT's ``d_ff`` = 4 · d_model).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from graphs.gpt import DEFAULTS as _GPT_DEFAULTS
+from graphs.gpt import GPT_PRESETS, gpt
+from graphs.mlp import mlp
+from graphs.moe import moe
+from graphs.mtf_ffn import mtf_ffn
+from graphs.transformer import mtf_transformer
+from layoutsearch.errors import GraphError
+from layoutsearch.ir import Graph, load_graph
+
+JSON_DIR = Path(__file__).parent / "json"
+"""Where the zoo's JSON graph files (each model at default sizes) live."""
+
+STR_PARAMS = frozenset({"preset", "dtype"})
+"""Parameters whose values are strings; every other parameter is an integer."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A zoo entry: its name, builder, one-line description and parameters with their defaults."""
+
+    name: str
+    builder: Callable[..., Graph] = field(repr=False)
+    description: str
+    params: dict[str, Any]
+
+    def build(self, **overrides: Any) -> Graph:
+        return build_model(self.name, **overrides)
+
+
+def _spec(name: str, builder: Callable[..., Graph], params: dict[str, Any] | None = None) -> ModelSpec:
+    doc = inspect.getmodule(builder).__doc__ or ""
+    first = doc.strip().splitlines()[0].split(": ", 1)[-1].rstrip(".") if doc.strip() else name
+    description = first[:1].upper() + first[1:]
+    if params is None:
+        params = {p.name: p.default for p in inspect.signature(builder).parameters.values()}
+    return ModelSpec(name, builder, description, dict(params))
+
+
+MODELS: dict[str, ModelSpec] = {
+    s.name: s for s in (
+        _spec("mtf-ffn", mtf_ffn),
+        _spec("mtf-transformer", mtf_transformer),
+        _spec("gpt", gpt, {"preset": None, **_GPT_DEFAULTS}),
+        _spec("moe", moe),
+        _spec("mlp", mlp),
+    )
+}
+"""Zoo models by name."""
+
+
+def list_models() -> list[ModelSpec]:
+    """Every zoo model, in registry order."""
+    return list(MODELS.values())
+
+
+def _model(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise GraphError(f"unknown model {name!r} (zoo models: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+def _coerce(model: str, key: str, value: Any) -> Any:
+    if key in STR_PARAMS:
+        if value is not None and not isinstance(value, str):
+            raise GraphError(f"model {model!r}: {key} must be a string, got {value!r}")
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            raise GraphError(f"model {model!r}: {key} must be an integer, got {value!r}") from None
+    if value is not None and not isinstance(value, int):
+        raise GraphError(f"model {model!r}: {key} must be an integer, got {value!r}")
+    return value
+
+
+def build_model(name: str, /, **overrides: Any) -> Graph:
+    """Build zoo model ``name`` with its defaults, replacing the parameters given.
+
+    Raises GraphError for an unknown model, an unknown parameter (listing the
+    valid ones), a value of the wrong type or an invalid size.
+    """
+    spec = _model(name)
+    unknown = [k for k in overrides if k not in spec.params]
+    if unknown:
+        raise GraphError(f"model {name!r} has no parameter {', '.join(repr(k) for k in unknown)} "
+                         f"(parameters: {', '.join(spec.params)})")
+    kwargs = {k: _coerce(name, k, v) for k, v in overrides.items()}
+    return spec.builder(**kwargs)
+
+
+def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """Parse ``["batch=32", "preset=gpt3-175b"]`` into ``{"batch": 32, "preset": "gpt3-175b"}``.
+
+    Values are integers, except for the string parameters (:data:`STR_PARAMS`).
+    A malformed item, a non-integer size or a repeated key raises GraphError
+    naming the item.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier() or not value:
+            raise GraphError(f"malformed override {item!r}: expected NAME=VALUE, e.g. batch=32")
+        if key in out:
+            raise GraphError(f"override {item!r}: {key} is given twice")
+        if key in STR_PARAMS:
+            out[key] = value
+            continue
+        try:
+            out[key] = int(value)
+        except ValueError:
+            raise GraphError(f"override {item!r}: {key} must be an integer, got {value!r}") from None
+    return out
+
+
+def load_model(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
+    """A zoo model by name (with ``overrides``) or a JSON graph file by path.
+
+    Overrides apply to zoo models only: giving any with a file raises GraphError.
+    """
+    if spec in MODELS:
+        return build_model(spec, **(overrides or {}))
+    path = Path(spec)
+    if path.suffix == ".json" or path.exists():
+        if overrides:
+            raise GraphError(f"{spec!r} is a graph file; size overrides ({', '.join(overrides)}) apply only to "
+                             f"zoo models ({', '.join(MODELS)})")
+        return load_graph(path)
+    raise GraphError(f"unknown model {spec!r}: not a zoo model ({', '.join(MODELS)}) nor a graph file")
+
+
+__all__ = [
+    "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build_model", "list_models", "load_model",
+    "parse_overrides",
+]
