@@ -24,3 +24,8 @@ class HardwareError(LayoutSearchError):
 
 class LayoutError(LayoutSearchError):
     """An invalid layout: unknown dims/axes, one axis on two dims, indivisible splits."""
+
+
+class CostModelError(LayoutSearchError):
+    """A cost-model query that cannot be answered: unknown collective kind, negative
+    bytes, a link with no bandwidth."""
