@@ -20,7 +20,7 @@ divide the dim evenly (JAX refuses uneven splits).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,16 +126,21 @@ class Layout:
             if name == tensor.name:
                 present = set(tensor.dim_names)
                 return {d: a for d, a in entries if d in present and a}
+        return self.rules_layout(tensor.dim_names)
+
+    def rules_layout(self, dims: Sequence[str]) -> DimLayout:
+        """What the global rules give a set of dims (a tensor's, or an op's
+        iteration space), with Flax precedence; keys follow ``dims`` order."""
         out: DimLayout = {}
         used: set[str] = set()
-        present = set(tensor.dim_names)
+        present = set(dims)
         for dim, axes in self.rules:
             if dim not in present or dim in out or not axes:
                 continue
             if used.isdisjoint(axes):
                 out[dim] = axes
                 used.update(axes)
-        return {d: out[d] for d in tensor.dim_names if d in out}
+        return {d: out[d] for d in dims if d in out}
 
     def spec(self, tensor: Tensor) -> tuple[SpecEntry, ...]:
         """PartitionSpec entries of ``tensor``, one per dim in order (no JAX needed)."""

@@ -208,7 +208,7 @@ def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain
     """Evaluate every op of ``graph``; returns every tensor (fed and produced) by name.
 
     ``feeds`` must hold every input, parameter and optimizer-state tensor."""
-    missing = [t.name for t in graph.tensors_with_role("input", "parameter", "optimizer_state") if t.name not in feeds]
+    missing = [t.name for t in graph.fed if t.name not in feeds]
     if missing:
         raise KeyError(f"missing feeds for {missing}")
     env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
@@ -233,11 +233,11 @@ def init_params(graph: Graph, seed: int = 0) -> Arrays:
     out: Arrays = {}
     rng = np.random.default_rng(seed)
     for t in graph.tensors.values():
-        if t.role == "parameter":
+        if t.role == "parameter" and graph.producer(t.name) is None:
             fan_in = t.dims[0].size if len(t.dims) > 1 else 1
             v = rng.standard_normal([d.size for d in t.dims], dtype=np.float32) / np.sqrt(fan_in)
             out[t.name] = jnp.asarray(v, dtype=jax_dtype(t))
-        elif t.role == "optimizer_state":
+        elif t.role == "optimizer_state" and graph.producer(t.name) is None:
             out[t.name] = jnp.zeros([d.size for d in t.dims], jax_dtype(t))
     return out
 

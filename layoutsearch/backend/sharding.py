@@ -45,7 +45,7 @@ def step_outputs(graph: Graph) -> list[str]:
 
 
 def feed_names(graph: Graph) -> list[str]:
-    return [t.name for t in graph.tensors_with_role("input", "parameter", "optimizer_state")]
+    return [t.name for t in graph.fed]
 
 
 def sharded_step(graph: Graph, layout: Layout, outputs: Sequence[str] | None = None,

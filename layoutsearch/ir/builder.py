@@ -16,6 +16,7 @@ Example (the two fully-connected layers of the Mesh-TF paper)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ class Ref:
 
     name: str
     dims: Shape
+    dtype: str
     builder: GraphBuilder = field(repr=False, compare=False)
 
     @property
@@ -68,7 +70,7 @@ class GraphBuilder:
         self._ops: list[O.Op] = []
         self._names: set[str] = set()
         self._block: str | None = None
-        self._counter = 0
+        self._counters: dict[str | None, int] = {}
 
     # -- dims and sources
     def dim(self, name: str, size: int) -> Dim:
@@ -99,15 +101,17 @@ class GraphBuilder:
         return full
 
     def _auto_name(self, base: str) -> str:
-        self._counter += 1
-        return f"{base}_{self._counter}"
+        """``base_N`` with N counted per block, so repeated blocks get the same names."""
+        n = self._counters[self._block] = self._counters.get(self._block, 0) + 1
+        return f"{base}_{n}"
 
     def _auto(self, kind: str, name: str | None) -> str:
         return self._scoped(name if name is not None else self._auto_name(kind))
 
     def _tensor(self, name: str, dims: Shape, dtype: str | None, role: str) -> Ref:
-        self._tensors.append(Tensor(name, dims, dtype or self.dtype, role))
-        return Ref(name, dims, self)
+        t = Tensor(name, dims, dtype or self.dtype, role)
+        self._tensors.append(t)
+        return Ref(name, dims, t.dtype, self)
 
     def input(self, name: str, dims: Sequence[DimLike], dtype: str | None = None) -> Ref:
         """A fed-in data tensor (features, token ids, labels)."""
@@ -200,7 +204,7 @@ class GraphBuilder:
             at = sum(1 for d in x.dims[:pos] if d.name not in src_n)
             dims[at:at] = dst_d
             named.append((tuple(src_n), tuple(d.name for d in dst_d)))
-        return self._op(O.Reshape, [x], tuple(dims), name, groups=tuple(named), dtype=_dtype(self, x))
+        return self._op(O.Reshape, [x], tuple(dims), name, groups=tuple(named), dtype=x.dtype)
 
     def split(self, x: Ref, dim: DimLike, into: Sequence[DimLike], name: str | None = None) -> Ref:
         return self.reshape(x, [([dim], into)], name)
@@ -224,13 +228,12 @@ class GraphBuilder:
                         name, dim=d)
 
     def build(self, loss: Ref | None = None, meta: dict[str, Any] | None = None) -> Graph:
-        """Validate and return the graph."""
-        return Graph(self.name, self._tensors, self._ops, loss=loss.name if loss else None, meta=meta)
+        """Validate and return the graph; ``loss`` gets the role ``loss``."""
+        tensors = [dataclasses.replace(t, role="loss") if loss is not None and t.name == loss.name else t
+                   for t in self._tensors]
+        return Graph(self.name, tensors, self._ops, loss=loss.name if loss else None, meta=meta)
 
 
 def _name(d: DimLike) -> str:
     return d if isinstance(d, str) else d.name
 
-
-def _dtype(b: GraphBuilder, x: Ref) -> str:
-    return next(t.dtype for t in b._tensors if t.name == x.name)
