@@ -190,11 +190,12 @@ class _Interpreter:
         return jax.nn.log_softmax(self.arg(logits, order), axis=-1), order[:-1]
 
     def _cross_entropy(self, op: O.CrossEntropy) -> jax.Array:
+        # One-hot form (not take_along_axis): with the class dim split over devices
+        # it partitions into local work plus all-reduces, as in Megatron-LM.
         logits, labels = op.inputs
         logp, rest = self._log_probs(logits, op.dim)
-        lab = self.arg(labels, rest)
-        nll = -jnp.take_along_axis(logp, lab[..., None], axis=-1)[..., 0]
-        return align(nll, rest, self.dims(op.output))
+        onehot = jax.nn.one_hot(self.arg(labels, rest), logp.shape[-1], dtype=logp.dtype)
+        return align(-jnp.sum(logp * onehot, axis=-1), rest, self.dims(op.output))
 
     def _cross_entropy_grad(self, op: O.CrossEntropyGrad) -> jax.Array:
         logits, labels, dloss = op.inputs
