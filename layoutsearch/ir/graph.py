@@ -19,7 +19,9 @@ class Graph:
 
     Construction checks everything a consumer relies on: each dim name has one
     size, every tensor an op reads exists and is either fed in (role input,
-    parameter or optimizer_state) or produced by exactly one op, op semantics
+    parameter or optimizer_state) or produced by exactly one op (a produced
+    tensor with a source role is the new value of the tensor it ``updates``,
+    e.g. ``new/w`` for ``w`` in a training graph), op semantics
     (see each op's ``check``), and the absence of cycles.
 
     ``ops`` are kept in a topological order (the builder's order when valid).
@@ -51,16 +53,24 @@ class Graph:
             if op.output in self._producer:
                 raise GraphError(f"tensor {op.output!r} is produced by two ops: "
                                  f"{self._producer[op.output].name!r} and {op.name!r}")
-            if self.tensors[op.output].role in SOURCE_ROLES:
+            if self.tensors[op.output].role in SOURCE_ROLES and self.tensors[op.output].updates is None:
                 raise GraphError(f"op {op.name!r} writes {op.output!r}, which has role "
-                                 f"{self.tensors[op.output].role!r} and must be fed in, not produced")
+                                 f"{self.tensors[op.output].role!r} and must be fed in, not produced "
+                                 "(a new value of a parameter or state names it in `updates`)")
             self._producer[op.output] = op
             op.check(self.tensors)
         for t in self.tensors.values():
             if t.role not in SOURCE_ROLES and t.name not in self._producer:
                 raise GraphError(f"tensor {t.name!r} (role {t.role}) is produced by no op")
-            if t.updates is not None and t.updates not in self.tensors:
-                raise GraphError(f"tensor {t.name!r} updates unknown tensor {t.updates!r}")
+            if t.updates is not None:
+                if t.updates not in self.tensors:
+                    raise GraphError(f"tensor {t.name!r} updates unknown tensor {t.updates!r}")
+                old = self.tensors[t.updates]
+                if t.name not in self._producer or old.name in self._producer:
+                    raise GraphError(f"tensor {t.name!r} updates {old.name!r}: the new value must be produced "
+                                     "by an op and the old one fed in")
+                if (t.dims, t.dtype) != (old.dims, old.dtype):
+                    raise GraphError(f"tensor {t.name!r} updates {old.name!r} but differs in dims or dtype")
         if loss is not None:
             if loss not in self.tensors:
                 raise GraphError(f"loss tensor {loss!r} does not exist")
@@ -138,8 +148,14 @@ class Graph:
         return [t for t in self.tensors.values() if t.role in roles]
 
     @property
+    def fed(self) -> list[Tensor]:
+        """The tensors fed in to run the graph (inputs, parameters, optimizer state; not their new values)."""
+        return [t for t in self.tensors.values() if t.role in SOURCE_ROLES and t.name not in self._producer]
+
+    @property
     def parameters(self) -> list[Tensor]:
-        return self.tensors_with_role("parameter")
+        """The trainable parameters (fed in; their new values ``updates``-ing them are left out)."""
+        return [t for t in self.tensors_with_role("parameter") if t.name not in self._producer]
 
     @property
     def inputs(self) -> list[Tensor]:

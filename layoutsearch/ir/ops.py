@@ -40,6 +40,8 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
     ("exp", 1, ()), ("log", 1, ()), ("sqrt", 1, ()), ("rsqrt", 1, ()),
     # binary
     ("add", 2, ()), ("sub", 2, ()), ("mul", 2, ()), ("div", 2, ()), ("eq", 2, ()),
+    # constant: fill(x) = value everywhere (x gives only dims and ordering; no gradient flows)
+    ("fill", 1, ("value",)),
     # gradients of unary functions: fn_grad(x, dy) = fn'(x) * dy
     ("square_grad", 2, ()), ("relu_grad", 2, ()), ("gelu_grad", 2, ()), ("silu_grad", 2, ()),
     ("tanh_grad", 2, ()), ("sigmoid_grad", 2, ()), ("exp_grad", 2, ()), ("log_grad", 2, ()),
@@ -50,7 +52,9 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
     ("sgd", 2, ("lr",)),                     # sgd(p, g) = p - lr * g
     ("adam_m", 2, ("b1",)),                  # adam_m(m, g) = b1 * m + (1 - b1) * g
     ("adam_v", 2, ("b2",)),                  # adam_v(v, g) = b2 * v + (1 - b2) * g**2
-    ("adam_update", 3, ("lr", "b1", "b2", "eps", "step")),  # adam_update(p, m_new, v_new)
+    # adam_update(p, m_new, v_new) = p - lr * mhat / (sqrt(vhat) + eps),
+    # mhat = m_new / (1 - b1**step), vhat = v_new / (1 - b2**step)
+    ("adam_update", 3, ("lr", "b1", "b2", "eps", "step")),
 )
 """Every elementwise function the IR knows, by name."""
 
