@@ -120,7 +120,9 @@ class Hardware:
     ``devices_per_node``: how many devices the fast links join (a GPU node or
     a TPU slice); mesh axes inside that extent use ``fast_link``, the others
     ``slow_link``. ``matmul_efficiency`` / ``memory_efficiency``: achieved
-    fractions of peak FLOP/s and of HBM bandwidth.
+    fractions of peak FLOP/s and of HBM bandwidth. ``reduce_scatter``: whether
+    the compiler emits reduce-scatter for partial sums whose result stays split
+    (XLA on CPU all-reduces and slices instead).
     """
 
     name: str
@@ -134,6 +136,7 @@ class Hardware:
     memory_efficiency: float = 1.0
     source: str = ""
     axis_links: tuple[tuple[str, str], ...] = field(default=())
+    reduce_scatter: bool = True
 
     def replace(self, **changes: Any) -> Hardware:
         """A copy with some figures changed, e.g. ``hw.replace(peak_flops=300e12)``.
@@ -148,16 +151,19 @@ class Hardware:
                 sub = key[len(link) + 1:]
                 if sub not in {f.name for f in dataclasses.fields(Link)}:
                     raise HardwareError(f"unknown hardware figure {key!r}")
-                links[link] = dataclasses.replace(links[link], **{sub: float(value)})
+                links[link] = dataclasses.replace(links[link], **{sub: _figure(key, value, float)})
             elif key == "axis_links":
                 for kind in dict(value).values():
                     if kind not in ("fast", "slow"):
                         raise HardwareError(f"axis link kind must be 'fast' or 'slow', got {kind!r}")
                 direct[key] = tuple(dict(value).items())
-            elif key in {f.name for f in dataclasses.fields(self)} and key != "source":
-                direct[key] = type(getattr(self, key))(value)
+            elif key in {f.name for f in dataclasses.fields(self)} and key not in ("source", "name"):
+                direct[key] = _figure(key, value, type(getattr(self, key)))
             else:
                 raise HardwareError(f"unknown hardware figure {key!r} (known: {', '.join(_figure_names())})")
+        for link in links.values():
+            if not (link.bandwidth > 0 and link.latency >= 0 and 0 < link.efficiency <= 1):
+                raise HardwareError(f"invalid link figures {link}: bandwidth > 0, latency >= 0, 0 < efficiency <= 1")
         return dataclasses.replace(self, **direct, **links)
 
     def links_for(self, mesh: Mesh) -> dict[str, Link]:
@@ -175,6 +181,27 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _figure(key: str, value: Any, typ: type) -> Any:
+    """Convert an overridden figure to its type; HardwareError if it is not one."""
+    try:
+        if typ is bool:
+            if str(value).lower() not in ("1", "0", "true", "false"):
+                raise ValueError
+            return str(value).lower() in ("1", "true")
+        v = float(value)
+        if typ is int:
+            if v != int(v):
+                raise ValueError
+            v = int(v)
+    except (TypeError, ValueError):
+        raise HardwareError(f"hardware figure {key}={value!r} is not a valid {typ.__name__}") from None
+    if key != "reduce_scatter" and not v > 0:
+        raise HardwareError(f"hardware figure {key}={value!r} must be positive")
+    if key.endswith("efficiency") and v > 1:
+        raise HardwareError(f"hardware figure {key}={value!r}: an efficiency is at most 1")
+    return v
 
 
 def _figure_names() -> list[str]:
@@ -220,8 +247,9 @@ PRESETS: dict[str, Hardware] = {
     "tpu-v5p": Hardware("tpu-v5p", 459 * TB, 95 * GB, 2765 * GB, Link(200 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
                         8960, _MM, _MEM, _TPU + "; 3-D torus ICI 4800 Gb/s per chip, 50 Gb/s DCN per chip"),
     # Simulated CPU devices (tests): nominal figures, only for relative costs.
+    # XLA on CPU finishes partial sums with all-reduce + slice, never reduce-scatter.
     "cpu-sim": Hardware("cpu-sim", 100e9, 24 * GiB, 20 * GB, Link(10 * GB, 1e-6), Link(1 * GB, 10e-6),
-                        8, 1.0, 1.0, "nominal figures for simulated CPU devices"),
+                        8, 1.0, 1.0, "nominal figures for simulated CPU devices", reduce_scatter=False),
 }
 """Hardware presets by name."""
 
