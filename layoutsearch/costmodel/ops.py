@@ -1,0 +1,254 @@
+"""Per-op costs under a layout: FLOPs, HBM traffic and the collectives each op causes.
+
+The rules are Mesh-TensorFlow's, for any op over named dims:
+
+* an op runs over its *iteration space* (the dims of its inputs and output);
+  its *computation layout* says which mesh axes split which of those dims.
+  Work per device = op FLOPs / product of the sizes of the axes used (an axis
+  splitting none of the op's dims replicates the work);
+* each input must arrive laid out as the computation layout restricted to its
+  dims; a tensor stored otherwise is resharded first (all-gather for an axis
+  to drop, all-to-all for an axis that moves to another dim, a free local
+  slice for an axis to add);
+* a reduced dim (contracted by an einsum, summed by a reduction) split over
+  axes P leaves partial sums: all-reduce over P, or reduce-scatter over the
+  axes of P that the output tensor keeps split (FSDP gradients), when the
+  backend emits reduce-scatter (``Hardware.reduce_scatter``);
+* normalizations over a split dim (softmax, layer norm, cross-entropy and
+  their gradients) all-reduce their per-row statistics over the splitting axes;
+* the result, laid out as the computation layout restricted to the output's
+  dims, is resharded if the output tensor is stored otherwise.
+
+The backward pass and the optimizer are ops of the same IR (see
+:mod:`layoutsearch.ir.training`), so data-parallel gradient all-reduces and
+model-parallel activation all-reduces come out of the same rules: this is
+Table 1 of the Mesh-TensorFlow paper, for any graph.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.tensor import Tensor
+from layoutsearch.layout import Axes, DimLayout, Layout
+from layoutsearch.mesh import Mesh
+
+ELEMENTWISE_FLOPS: dict[str, float] = {
+    "identity": 0, "fill": 0, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 1,
+    "sigmoid": 4, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "add": 1, "sub": 1, "mul": 1, "div": 1, "eq": 1,
+    "square_grad": 2, "relu_grad": 2, "gelu_grad": 14, "silu_grad": 8, "tanh_grad": 3, "sigmoid_grad": 6,
+    "exp_grad": 2, "log_grad": 1, "sqrt_grad": 3, "rsqrt_grad": 4, "div_rhs_grad": 4,
+    "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 8,
+}
+"""FLOPs per output element of each elementwise function (transcendentals count as one)."""
+
+# FLOPs per element of the normalized tensor, and the number of per-row
+# statistics all-reduced when the normalized dim is split.
+_NORM_FLOPS = {"softmax": 5, "softmax_grad": 4, "layer_norm": 8, "layer_norm_grad": 14,
+               "cross_entropy": 6, "cross_entropy_grad": 6}
+NORM_ALL_REDUCES = {"softmax": 2, "softmax_grad": 1, "layer_norm": 2, "layer_norm_grad": 4,
+                    "cross_entropy": 3, "cross_entropy_grad": 2}
+"""Per-row statistics all-reduced by a normalization whose dim is split (max and
+sum for softmax; mean and variance for layer norm; ...), matching the backend."""
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One collective an op causes: payload per device per execution (see
+    :mod:`layoutsearch.costmodel.collectives` for the byte conventions)."""
+
+    kind: str
+    axes: Axes
+    bytes: int
+    tensor: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Per-device work of one op under a layout."""
+
+    op: str
+    kind: str
+    phase: str
+    block: str | None
+    flops: float
+    hbm_bytes: float
+    matmul: bool
+    comms: tuple[Comm, ...]
+
+
+def local_bytes(tensor: Tensor, lay: DimLayout, mesh: Mesh) -> int:
+    """Per-device bytes of ``tensor`` laid out as ``lay``."""
+    n = tensor.nbytes
+    for d, axes in lay.items():
+        if d in tensor.dim_names:
+            n //= mesh.group_size(axes)
+    return n
+
+
+def restrict(lay: DimLayout, dims: Sequence[str]) -> DimLayout:
+    """The part of a layout that concerns ``dims``."""
+    return {d: lay[d] for d in dims if lay.get(d)}
+
+
+def op_flops(graph: Graph, op: O.Op) -> float:
+    """Global FLOPs of ``op`` (forward or backward alike; multiply-add = 2)."""
+    t = graph.tensors
+    size = lambda dims: math.prod(graph.dims[d] for d in dims)  # noqa: E731
+    if isinstance(op, O.Einsum):
+        space = size(op.iteration_dims(t))
+        if len(op.inputs) == 1:
+            return float(t[op.inputs[0]].num_elements if op.reduced_dims(t) else 0)
+        return 2.0 * (len(op.inputs) - 1) * space
+    if isinstance(op, O.Elementwise):
+        return ELEMENTWISE_FLOPS[op.fn] * t[op.output].num_elements
+    if isinstance(op, O.Reduce):
+        return float(t[op.inputs[0]].num_elements)
+    if op.kind in _NORM_FLOPS:
+        return _NORM_FLOPS[op.kind] * size(op.iteration_dims(t))
+    if isinstance(op, O.ScatterAdd):
+        return float(t[op.inputs[1]].num_elements)
+    return 0.0  # gather, reshape: data movement only
+
+
+def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: str) -> list[Comm]:
+    """Collectives turning ``tensor`` laid out as ``src`` into ``dst``.
+
+    Axes moving to another dim: one all-to-all (payload: the local bytes);
+    axes dropped: one all-gather (payload: the local bytes after it); axes
+    added: a free local slice."""
+    where_src = {a: d for d, axes in src.items() for a in axes}
+    where_dst = {a: d for d, axes in dst.items() for a in axes}
+    moved = tuple(a for a in mesh.names if a in where_src and a in where_dst and where_src[a] != where_dst[a])
+    dropped = tuple(a for a in mesh.names if a in where_src and a not in where_dst)
+    out: list[Comm] = []
+    cur = dict(src)
+    if moved:
+        out.append(Comm("all-to-all", moved, local_bytes(tensor, cur, mesh), tensor.name,
+                        f"{cause}: {', '.join(f'{a} from {where_src[a]} to {where_dst[a]}' for a in moved)}"))
+        cur = {d: tuple(a for a in axes if a not in moved) for d, axes in cur.items()}
+        for a in moved:
+            cur[where_dst[a]] = (*cur.get(where_dst[a], ()), a)
+    if dropped:
+        cur = {d: tuple(a for a in axes if a not in dropped) for d, axes in cur.items()}
+        out.append(Comm("all-gather", dropped, local_bytes(tensor, cur, mesh), tensor.name,
+                        f"{cause}: {', '.join(f'{where_src[a]} unsplit over {a}' for a in dropped)}"))
+    return out
+
+
+def _partial_sums(out: Tensor, produced: DimLayout, partial: Axes, stored: DimLayout, mesh: Mesh,
+                  reduce_scatter: bool, cause: str) -> tuple[list[Comm], DimLayout]:
+    """Collectives finishing partial sums over ``partial``; returns them and the layout after."""
+    if not partial:
+        return [], produced
+    kept = {a: d for d, axes in stored.items() for a in axes if a in partial and a not in produced.get(d, ())}
+    rs = tuple(a for a in partial if a in kept) if reduce_scatter else ()
+    ar = tuple(a for a in partial if a not in rs)
+    comms: list[Comm] = []
+    after = dict(produced)
+    if rs:
+        comms.append(Comm("reduce-scatter", rs, local_bytes(out, after, mesh), out.name,
+                          f"{cause}; output keeps {', '.join(f'{kept[a]} split over {a}' for a in rs)}"))
+        for a in rs:
+            after[kept[a]] = (*after.get(kept[a], ()), a)
+    if ar:
+        comms.append(Comm("all-reduce", ar, local_bytes(out, after, mesh), out.name, cause))
+    return comms, after
+
+
+def _reshape_layout(op: O.Reshape, src: DimLayout, graph: Graph, mesh: Mesh) -> tuple[DimLayout, DimLayout]:
+    """The layout a reshape produces from ``src`` without communication, and
+    the input layout it needs for that.
+
+    Per group, only the major input dim may stay split: its axes pass to the
+    major output dim when they divide it (a split ``d_model`` -> ``heads`` x
+    ``d_kv`` keeps ``heads`` split); axes on minor input dims, or that do not
+    divide the major output dim, are gathered first."""
+    need = dict(src)
+    out: DimLayout = {}
+    grouped: set[str] = set()
+    for ins, outs in op.groups:
+        grouped.update(ins)
+        for d in ins[1:]:
+            need.pop(d, None)
+        axes = src.get(ins[0], ())
+        if axes and graph.dims[outs[0]] % mesh.group_size(axes) == 0:
+            out[outs[0]] = axes
+        else:
+            need.pop(ins[0], None)
+    for d, axes in src.items():
+        if d not in grouped:
+            out[d] = axes
+    return out, need
+
+
+class OpRules:
+    """Evaluates op costs on one graph and mesh; layouts are given per call."""
+
+    def __init__(self, graph: Graph, mesh: Mesh, reduce_scatter: bool = True) -> None:
+        self.graph = graph
+        self.mesh = mesh
+        self.reduce_scatter = reduce_scatter
+
+    def iteration_layout(self, op: O.Op, layout: Layout) -> DimLayout:
+        """The computation layout the global rules give ``op``."""
+        return layout.rules_layout(op.iteration_dims(self.graph.tensors))
+
+    def cost(self, op: O.Op, iteration: DimLayout, inputs: Sequence[DimLayout], output: DimLayout) -> OpCost:
+        """Cost of ``op`` run with computation layout ``iteration``, its inputs
+        stored as ``inputs`` and its output to be stored as ``output``."""
+        g, mesh = self.graph, self.mesh
+        t = g.tensors
+        out = t[op.output]
+        comms: list[Comm] = []
+        if isinstance(op, O.Reshape):
+            src = inputs[0]
+            produced, need = _reshape_layout(op, src, g, mesh)
+            comms += reshard(t[op.inputs[0]], src, need, mesh, f"reshape {op.name} input")
+            comms += reshard(out, produced, output, mesh, f"{op.output} stored differently")
+            moved = local_bytes(out, produced, mesh)
+            return OpCost(op.name, op.kind, op.phase, op.block, 0.0, 2.0 * moved, False, tuple(comms))
+        space = op.iteration_dims(t)
+        hbm = 0.0
+        for name, stored in zip(op.inputs, inputs, strict=True):
+            want = restrict(iteration, t[name].dim_names)
+            comms += reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
+            hbm += local_bytes(t[name], want, mesh)
+        split = math.prod(mesh.group_size(iteration.get(d, ())) for d in space)
+        flops = op_flops(g, op) / split
+        produced = restrict(iteration, out.dim_names)
+        norm_dim = getattr(op, "dim", None)
+        if op.kind in NORM_ALL_REDUCES and iteration.get(norm_dim):
+            axes = iteration[norm_dim]
+            rows = t[op.inputs[0]]
+            row_bytes = local_bytes(rows, restrict(iteration, rows.dim_names), mesh) // (
+                g.dims[norm_dim] // mesh.group_size(axes))
+            for i in range(NORM_ALL_REDUCES[op.kind]):
+                comms.append(Comm("all-reduce", axes, row_bytes, op.output,
+                                  f"{op.kind} over {norm_dim} split over {'+'.join(axes)} (statistic {i + 1})"))
+        if isinstance(op, (O.Einsum, O.Reduce, O.ScatterAdd, O.Gather)):
+            reduced = [d for d in space if d not in out.dim_names]
+            partial = tuple(a for a in mesh.names if any(a in iteration.get(d, ()) for d in reduced))
+            what = "contracted" if isinstance(op, O.Einsum) else "reduced"
+            cause = f"{op.name}: {what} {', '.join(d for d in reduced if iteration.get(d))} split over " \
+                    f"{'+'.join(partial)}"
+            more, produced = _partial_sums(out, produced, partial, output, mesh, self.reduce_scatter, cause)
+            comms += more
+        comms += reshard(out, produced, output, mesh, f"{op.output} stored as {_fmt(output)}")
+        hbm += local_bytes(out, produced, mesh)
+        return OpCost(op.name, op.kind, op.phase, op.block, flops, hbm, isinstance(op, O.Einsum), tuple(comms))
+
+    def cost_under(self, op: O.Op, layout: Layout) -> OpCost:
+        """Cost of ``op`` when ``layout`` lays out every tensor and computation."""
+        t = self.graph.tensors
+        return self.cost(op, self.iteration_layout(op, layout), [layout.dim_layout(t[i]) for i in op.inputs],
+                         layout.dim_layout(t[op.output]))
+
+
+def _fmt(lay: DimLayout) -> str:
+    return "{" + ",".join(f"{d}:{'+'.join(a)}" for d, a in lay.items()) + "}" if lay else "replicated"
