@@ -149,7 +149,7 @@ class _Interpreter:
         out, ax = self.dims(op.output), self._axis(op)
         x, dy = (self.arg(t, out) for t in op.inputs)
         xhat, rstd = self._normalized(x, ax, op.eps)
-        mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)  # noqa: E731
+        mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)
         return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
 
     def _reshape(self, op: O.Reshape) -> jax.Array:

@@ -99,7 +99,7 @@ def restrict(lay: DimLayout, dims: Sequence[str]) -> DimLayout:
 def op_flops(graph: Graph, op: O.Op) -> float:
     """Global FLOPs of ``op`` (forward or backward alike; multiply-add = 2)."""
     t = graph.tensors
-    size = lambda dims: math.prod(graph.dims[d] for d in dims)  # noqa: E731
+    size = lambda dims: math.prod(graph.dims[d] for d in dims)
     if isinstance(op, O.Einsum):
         space = size(op.iteration_dims(t))
         if len(op.inputs) == 1:
