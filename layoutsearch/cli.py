@@ -1,0 +1,506 @@
+"""The command line: ``layoutsearch <command> ...`` (the root ``cli.py`` runs :func:`main`).
+
+Each command computes one JSON-ready dict; ``--json`` prints that dict, the
+default prints what the command's renderer makes of the same dict (rich
+tables on a terminal, plain text in a pipe). Nothing is printed before the
+dict is complete, so a failing command leaves stdout empty. User errors
+(:class:`~layoutsearch.errors.LayoutSearchError`) print one line and exit 2;
+other errors print one line and exit 1; ``--debug`` adds the traceback.
+
+Adding a command ``foo`` takes three small functions and one registration::
+
+    def _add_foo(sub):                      # arguments
+        p = _command(sub, "foo", _cmd_foo, "one-line help", render=_render_foo)
+        _add_model_args(p)
+        _add_mesh_arg(p)
+
+    def _cmd_foo(args) -> dict:             # the result; the single source of both outputs
+        graph, mesh = _load_graph(args), _mesh(args)
+        return {"model": graph.name, "devices": mesh.size}
+
+    def _render_foo(result, args) -> list:  # optional: strings, rich tables, ...
+        return [f"{result['model']} on {result['devices']} devices"]
+
+and append ``_add_foo`` to :data:`COMMANDS`. Without a renderer the dict is
+shown as a key/value table. Shared argument helpers: :func:`_add_model_args`
+(``MODEL``, ``--set``), :func:`_add_mesh_arg`, :func:`_add_layout_arg`,
+:func:`_add_hardware_args` (``--hardware``, ``--hw``); and their readers
+:func:`_load_graph`, :func:`_mesh`, :func:`_layout`, :func:`_hardware`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from layoutsearch.errors import HardwareError, LayoutSearchError
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
+
+PROG = "layoutsearch"
+
+Result = dict[str, Any]
+"""What a command returns: JSON-ready, printed as is by ``--json``."""
+
+Renderer = Callable[[Result, argparse.Namespace], Iterable[Any]]
+"""Turns a command's result into things to print: strings (printed verbatim) or rich renderables."""
+
+
+# -- shared arguments -----------------------------------------------------------------------------------------------
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """``MODEL`` (zoo name or JSON graph file) and repeatable ``--set KEY=VALUE``."""
+    p.add_argument("model", metavar="MODEL", help="zoo model name (see `layoutsearch models`) or a JSON graph file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model size, e.g. --set batch=32 --set layers=4 (repeatable)")
+
+
+def _add_mesh_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--mesh", required=required, metavar="AXES",
+                   help="device mesh, named axes major first, e.g. data:2,model:4")
+
+
+def _add_layout_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", default="", metavar="RULES",
+                   help="layout rules dim:axis, e.g. batch:data,d_ff:model; several axes batch:data+fsdp; "
+                        "'-' for unsplit (default: everything replicated)")
+
+
+def _add_hardware_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--hardware", default=default, metavar="PRESET",
+                   help=f"hardware preset ({', '.join(PRESETS)})" + (f"; default {default}" if default else ""))
+    p.add_argument("--hw", dest="hw_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a hardware figure, e.g. --hw peak_flops=300e12 --hw fast_link.bandwidth=100e9 "
+                        "--hw axis_links.data=slow (repeatable)")
+
+
+def _split_kv(item: str, what: str, example: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key or not value:
+        raise LayoutSearchError(f"malformed {what} {item!r}: expected KEY=VALUE, e.g. {example}")
+    return key, value
+
+
+def _load_graph(args: argparse.Namespace) -> Graph:
+    """The graph named by ``MODEL`` with the ``--set`` overrides."""
+    from graphs import load_model, parse_overrides
+
+    return load_model(args.model, parse_overrides(args.overrides) or None)
+
+
+def _mesh(args: argparse.Namespace) -> Mesh:
+    return Mesh.parse(args.mesh)
+
+
+def _layout(args: argparse.Namespace, graph: Graph) -> Layout:
+    """The ``--layout`` rules on the ``--mesh``, checked against ``graph``."""
+    return Layout.from_rules(_mesh(args), args.layout).check(graph)
+
+
+def _number(value: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _hardware(args: argparse.Namespace) -> Hardware | None:
+    """The ``--hardware`` preset with the ``--hw`` overrides (None if no preset and no override)."""
+    if args.hardware is None and not args.hw_overrides:
+        return None
+    if args.hardware is None:
+        raise HardwareError("--hw overrides need a preset to apply to: add --hardware NAME")
+    changes: dict[str, Any] = {}
+    links: dict[str, str] = {}
+    for item in args.hw_overrides:
+        key, value = _split_kv(item, "hardware override", "peak_flops=300e12")
+        if key.startswith("axis_links."):
+            links[key.split(".", 1)[1]] = value
+        else:
+            changes[key.replace(".", "_")] = value if key == "name" else _number(value)
+    if links:
+        changes["axis_links"] = links
+    hw = hardware(args.hardware)
+    try:
+        return hw.replace(**changes) if changes else hw
+    except (TypeError, ValueError) as e:
+        raise HardwareError(f"bad hardware override among {', '.join(args.hw_overrides)}: {e}") from None
+
+
+# -- output helpers -------------------------------------------------------------------------------------------------
+
+def _table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Any:
+    """A rich table whose cells are plain text (no markup: names may contain brackets)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    numeric = set()
+    rows = [list(r) for r in rows]
+    for i, _ in enumerate(columns):
+        if rows and all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows):
+            numeric.add(i)
+    t = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(t.columns):
+        if i in numeric:
+            col.justify = "right"
+    for r in rows:
+        t.add_row(*(Text(_cell(c)) for c in r))
+    return t
+
+
+def _cell(value: Any) -> str:
+    if value == {}:
+        return "scalar"
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_cell(v) if not isinstance(v, str) else v for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def _render_generic(result: Result, args: argparse.Namespace) -> list[Any]:
+    return [_table(["key", "value"], ([k, json.dumps(v) if isinstance(v, dict | list) else v]
+                                      for k, v in result.items()))]
+
+
+def _spec_text(spec: Sequence[Any]) -> str:
+    """A PartitionSpec as text: ``P('data', None)``, ``P(('data', 'fsdp'), 'model')``."""
+    parts = ("None" if s is None else repr(s) if isinstance(s, str) else repr(tuple(s)) for s in spec)
+    return "P(" + ", ".join(parts) + ")"
+
+
+# -- models ---------------------------------------------------------------------------------------------------------
+
+def _add_models(sub: Any) -> None:
+    _command(sub, "models", _cmd_models, "list the model zoo with each model's parameters and defaults",
+             render=_render_models)
+
+
+def _cmd_models(args: argparse.Namespace) -> Result:
+    from graphs import list_models
+
+    return {"models": [{"name": m.name, "description": m.description, "params": dict(m.params)}
+                       for m in list_models()]}
+
+
+def _render_models(result: Result, args: argparse.Namespace) -> list[Any]:
+    from graphs import STR_PARAMS
+
+    def value(k: str, v: Any) -> Any:  # None: no preset, or a size derived from the others
+        return v if v is not None else "none" if k in STR_PARAMS else "auto"
+
+    rows = [[m["name"], m["description"], " ".join(f"{k}={value(k, v)}" for k, v in m["params"].items())]
+            for m in result["models"]]
+    return [_table(["model", "description", "parameters (defaults; change with --set KEY=VALUE)"], rows)]
+
+
+# -- graph ----------------------------------------------------------------------------------------------------------
+
+def _add_graph(sub: Any) -> None:
+    p = _command(sub, "graph", _cmd_graph, "summarize a model's graph, or write it as a JSON graph file",
+                 render=_render_graph)
+    _add_model_args(p)
+    p.add_argument("--out", metavar="FILE", help="write the graph as a JSON graph file instead of summarizing it")
+
+
+def _cmd_graph(args: argparse.Namespace) -> Result:
+    from layoutsearch.ir import save_graph
+
+    graph = _load_graph(args)
+    if args.out:
+        try:
+            save_graph(graph, args.out)
+        except OSError as e:
+            raise LayoutSearchError(f"cannot write graph file {args.out!r}: {e.strerror}") from None
+        return {"model": graph.name, "written": args.out, "tensors": len(graph.tensors), "ops": len(graph.ops)}
+    ops: dict[str, int] = {}
+    for op in graph.ops:
+        ops[op.kind] = ops.get(op.kind, 0) + 1
+    params = [{"name": t.name, "shape": {d.name: d.size for d in t.dims}, "dtype": t.dtype,
+               "elements": t.num_elements, "bytes": t.nbytes} for t in graph.parameters]
+    return {
+        "model": graph.name, "dims": dict(graph.dims), "tensors": len(graph.tensors), "ops": len(graph.ops),
+        "ops_by_kind": ops, "inputs": [{"name": t.name, "shape": {d.name: d.size for d in t.dims}, "dtype": t.dtype}
+                                       for t in graph.inputs],
+        "loss": graph.loss, "parameters": params,
+        "parameter_count": sum(p["elements"] for p in params), "parameter_bytes": sum(p["bytes"] for p in params),
+        "meta": graph.meta,
+    }
+
+
+def _render_graph(result: Result, args: argparse.Namespace) -> list[Any]:
+    if "written" in result:
+        return [(f"wrote graph {result['model']!r} ({result['tensors']} tensors, {result['ops']} ops) "
+                 f"to {result['written']}")]
+    return [
+        (f"model {result['model']}: {result['tensors']} tensors, {result['ops']} ops, "
+         f"{result['parameter_count']:,} parameters ({_bytes(result['parameter_bytes'])}), loss {result['loss']}"),
+        _table(["dim", "size"], result["dims"].items(), title="dims"),
+        _table(["op kind", "count"], result["ops_by_kind"].items(), title="ops"),
+        _table(["input", "shape", "dtype"], ([t["name"], t["shape"], t["dtype"]] for t in result["inputs"]),
+               title="inputs"),
+        _table(["parameter", "shape", "dtype", "elements", "bytes"],
+               ([p["name"], p["shape"], p["dtype"], p["elements"], p["bytes"]] for p in result["parameters"]),
+               title="parameters"),
+    ]
+
+
+# -- layout ---------------------------------------------------------------------------------------------------------
+
+_EXPORTS = ("python", "flax", "maxtext")
+
+
+def _add_layout(sub: Any) -> None:
+    p = _command(sub, "layout", _cmd_layout, "check a layout against a model; show every tensor's PartitionSpec "
+                 "and per-device shape, and export it for JAX/Flax/MaxText", render=_render_layout)
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_layout_arg(p)
+    _add_hardware_args(p)
+    p.add_argument("--export", choices=_EXPORTS,
+                   help="print only this export: python (PartitionSpecs), flax (logical_axis_rules), "
+                        "maxtext (config YAML)")
+
+
+def _cmd_layout(args: argparse.Namespace) -> Result:
+    from layoutsearch import export
+
+    graph = _load_graph(args)
+    layout = _layout(args, graph)
+    hw = _hardware(args)
+    mesh = layout.mesh
+    tensors = []
+    by_role: dict[str, int] = {}
+    for t in graph.tensors.values():
+        spec = layout.spec(t)
+        local = layout.local_bytes(t)
+        by_role[t.role] = by_role.get(t.role, 0) + local
+        tensors.append({"name": t.name, "role": t.role, "dtype": t.dtype, "shape": {d.name: d.size for d in t.dims},
+                        "spec": [list(s) if isinstance(s, tuple) else s for s in spec],
+                        "local_shape": list(layout.local_shape(t)), "local_bytes": local,
+                        "replication": layout.replication(t)})
+    result: Result = {
+        "model": graph.name, "mesh": str(mesh), "devices": mesh.size, "layout": layout.describe(),
+        "rules": [[d, list(a)] for d, a in layout.rules], "tensors": tensors,
+        "local_bytes_by_role": by_role,
+        "export": {
+            "flax_logical_axis_rules": [[d, list(a) if isinstance(a, tuple) else a]
+                                        for d, a in export.flax_logical_axis_rules(layout)],
+            "maxtext": export.maxtext_overrides(layout),
+            "python": export.python_snippet(layout, graph),
+        },
+    }
+    if hw is not None:
+        links = hw.links_for(mesh)
+        result["hardware"] = {
+            "name": hw.name, "hbm_bytes": hw.hbm_bytes,
+            "axis_links": {a: {"kind": "fast" if link == hw.fast_link else "slow", "bandwidth": link.bandwidth,
+                               "latency": link.latency} for a, link in links.items()},
+        }
+    return result
+
+
+def _maxtext_yaml(cfg: Result) -> str:
+    # JSON flow values are valid YAML, so each key is one line of YAML.
+    return "".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items())
+
+
+def _render_layout(result: Result, args: argparse.Namespace) -> list[Any]:
+    ex = result["export"]
+    rules = [(d, tuple(a) if isinstance(a, list) else a) for d, a in ex["flax_logical_axis_rules"]]
+    flax = f"logical_axis_rules = {rules!r}"
+    if args.export == "python":
+        return [ex["python"].rstrip("\n")]
+    if args.export == "flax":
+        return [flax]
+    if args.export == "maxtext":
+        return [_maxtext_yaml(ex["maxtext"]).rstrip("\n")]
+    out: list[Any] = [(f"model {result['model']} on mesh {result['mesh']} ({result['devices']} devices), "
+                       f"layout {result['layout'] or '(replicated)'}: valid")]
+    out.append(_table(["tensor", "role", "shape", "PartitionSpec", "per-device shape", "per-device bytes"],
+                      ([t["name"], t["role"], t["shape"], _spec_text(t["spec"]), t["local_shape"], t["local_bytes"]]
+                       for t in result["tensors"])))
+    out.append("per device (sum of slices, not peak memory): " + ", ".join(
+        f"{role} {_bytes(n)}" for role, n in result["local_bytes_by_role"].items()))
+    if "hardware" in result:
+        hw = result["hardware"]
+        out.append(f"hardware {hw['name']} (HBM {_bytes(hw['hbm_bytes'])}); mesh axis links: " + ", ".join(
+            f"{a} {link['kind']} ({link['bandwidth'] / 1e9:g} GB/s)" for a, link in hw["axis_links"].items()))
+    out += ["", "# Flax (nn.logical_axis_rules; logical axis names = the graph's dim names)", flax,
+            "", "# MaxText config overrides (YAML)", _maxtext_yaml(ex["maxtext"]).rstrip("\n"),
+            "", ex["python"].rstrip("\n")]
+    return out
+
+
+# -- hardware -------------------------------------------------------------------------------------------------------
+
+def _add_hardware(sub: Any) -> None:
+    p = _command(sub, "hardware", _cmd_hardware, "list hardware presets, or show one preset's figures",
+                 render=_render_hardware)
+    p.add_argument("name", nargs="?", metavar="PRESET", help="show this preset's figures (with --hw overrides)")
+    p.add_argument("--hw", dest="hw_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a figure, e.g. --hw peak_flops=300e12 (repeatable)")
+    _add_mesh_arg(p, required=False)
+
+
+def _cmd_hardware(args: argparse.Namespace) -> Result:
+    if args.name is None:
+        if args.hw_overrides or args.mesh:
+            raise LayoutSearchError("--hw and --mesh need a preset: layoutsearch hardware PRESET ...")
+        return {"presets": {name: hw.to_dict() for name, hw in PRESETS.items()}}
+    args.hardware = args.name
+    hw = _hardware(args)
+    assert hw is not None
+    result: Result = {"hardware": hw.to_dict()}
+    if args.mesh:
+        mesh = _mesh(args)
+        result["mesh"] = str(mesh)
+        result["axis_links"] = {a: "fast" if link == hw.fast_link else "slow" for a, link in hw.links_for(mesh).items()}
+    return result
+
+
+def _render_hardware(result: Result, args: argparse.Namespace) -> list[Any]:
+    if "presets" in result:
+        rows = [[n, h["peak_flops"] / 1e12, h["hbm_bytes"] / 1e9, h["hbm_bandwidth"] / 1e9,
+                 h["fast_link"]["bandwidth"] / 1e9, h["slow_link"]["bandwidth"] / 1e9, h["devices_per_node"]]
+                for n, h in result["presets"].items()]
+        return [_table(["preset", "peak TFLOP/s", "HBM GB", "HBM GB/s", "fast link GB/s", "slow link GB/s",
+                        "devices per node"], rows)]
+    h = result["hardware"]
+    rows = []
+    for k, v in h.items():
+        if isinstance(v, dict):
+            rows += [[f"{k}.{sub}", sv] for sub, sv in v.items()]
+        else:
+            rows.append([k, v])
+    out: list[Any] = [_table(["figure", "value"], rows)]
+    if "axis_links" in result:
+        out.append(f"mesh {result['mesh']}: " + ", ".join(f"{a} uses the {k} link"
+                                                        for a, k in result["axis_links"].items()))
+    return out
+
+
+# -- registry and entry point ---------------------------------------------------------------------------------------
+
+def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
+             render: Renderer | None = None) -> argparse.ArgumentParser:
+    """Register subcommand ``name``: ``run(args)`` computes the result, ``render`` shows it (default: a table)."""
+    p = sub.add_parser(name, help=help, description=help, parents=[_common_flags(argparse.SUPPRESS)])
+    p.set_defaults(run=run, render=render or _render_generic)
+    return p
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_graph, _add_layout, _add_hardware)
+"""Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
+
+
+def _common_flags(default: Any) -> argparse.ArgumentParser:
+    # Accepted before and after the subcommand; the subcommand's copies default to SUPPRESS so that they do not
+    # overwrite a flag given before the subcommand.
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", default=default, help="print the result as JSON on stdout")
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks of errors")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("layoutsearch")
+    except PackageNotFoundError:
+        ver = "unknown"
+    parser = argparse.ArgumentParser(
+        prog=PROG, parents=[_common_flags(False)],
+        description="Find, prove and run the optimal sharding layout of a neural network on a device mesh.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {ver}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def _emit(result: Result, args: argparse.Namespace) -> None:
+    """Print ``result``: JSON, rich output on a terminal, or plain text (no control codes, no wrapping, no
+    trailing blanks) elsewhere."""
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    tty = sys.stdout.isatty()
+    buf = io.StringIO()
+    console = Console(file=sys.stdout if tty else buf, width=None if tty else 100_000, force_terminal=tty or None,
+                      highlight=False, emoji=False, markup=False)
+    for item in args.render(result, args):
+        if isinstance(item, str):
+            console.print(Text(item), soft_wrap=True)
+        else:
+            console.print(item)
+    if not tty:
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 ok, 1 internal error, 2 usage or input error)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors exit 2, --help and --version exit 0
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    try:
+        result = args.run(args)
+        _emit(result, args)
+        return 0
+    except LayoutSearchError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error; keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as e:  # noqa: BLE001 -- the last resort: one line instead of a traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: internal error: {type(e).__name__}: {_one_line(str(e))} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

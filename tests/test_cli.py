@@ -1,0 +1,200 @@
+"""The command line: outputs, JSON, exit codes and one-line errors."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphs import build_model
+from layoutsearch import cli
+from layoutsearch.export import python_snippet
+from layoutsearch.ir import graph_to_dict, load_graph
+from layoutsearch.layout import Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_models_lists_the_zoo_with_defaults(capsys):
+    code, out, err = run(capsys, "models")
+    assert code == 0 and err == ""
+    for name in ("gpt", "mtf-ffn", "moe", "mlp"):
+        assert name in out
+    assert "batch=" in out
+    assert "\x1b" not in out  # plain text when stdout is not a terminal
+
+
+def test_models_json_has_name_description_and_params(capsys):
+    models = {m["name"]: m for m in run_json(capsys, "models")["models"]}
+    assert models["gpt"]["params"]["layers"] == 2
+    assert models["gpt"]["description"]
+
+
+def test_flags_may_come_before_the_command(capsys):
+    code, out, _ = run(capsys, "--json", "models")
+    assert code == 0 and "models" in json.loads(out)
+
+
+def test_graph_summary_counts_parameters(capsys):
+    doc = run_json(capsys, "graph", "mtf-ffn", "--set", "io=8", "--set", "hidden=16")
+    assert doc["dims"]["io"] == 8 and doc["dims"]["hidden"] == 16
+    assert doc["parameter_count"] == 2 * 8 * 16
+    assert doc["parameter_bytes"] == 4 * 2 * 8 * 16
+    assert doc["ops_by_kind"]["einsum"] == 2
+    assert {p["name"] for p in doc["parameters"]} == {"w", "v"}
+
+
+def test_graph_table_names_dims_and_parameters(capsys):
+    code, out, _ = run(capsys, "graph", "mtf-ffn")
+    assert code == 0
+    assert "hidden" in out and "einsum" in out and "parameters" in out
+
+
+def test_graph_out_writes_a_loadable_graph_file(capsys, tmp_path):
+    path = tmp_path / "gpt.json"
+    code, out, _ = run(capsys, "graph", "gpt", "--set", "layers=1", "--out", str(path))
+    assert code == 0 and str(path) in out
+    assert graph_to_dict(load_graph(path)) == graph_to_dict(build_model("gpt", layers=1))
+    doc = run_json(capsys, "graph", str(path))
+    assert doc["model"] == "gpt"
+
+
+def test_layout_shows_specs_and_per_device_shapes(capsys):
+    doc = run_json(capsys, "layout", "mtf-ffn", "--mesh", "data:2,model:4", "--layout", "batch:data,hidden:model")
+    tensors = {t["name"]: t for t in doc["tensors"]}
+    assert tensors["w"]["spec"] == [None, "model"]
+    assert tensors["w"]["local_shape"] == [32, 16]
+    assert tensors["x"]["spec"] == ["data", None] and tensors["x"]["replication"] == 4
+    assert doc["export"]["flax_logical_axis_rules"] == [["batch", "data"], ["hidden", "model"]]
+    assert doc["export"]["maxtext"]["logical_axis_rules"] == [["batch", ["data"]], ["hidden", ["model"]]]
+
+
+def test_layout_table_includes_the_exports(capsys):
+    code, out, _ = run(capsys, "layout", "mtf-ffn", "--mesh", "data:2,model:4", "--layout", "batch:data+model")
+    assert code == 0
+    assert "P(('data', 'model'), None)" in out
+    assert "logical_axis_rules = [('batch', ('data', 'model'))]" in out
+    assert "partition_specs = {" in out
+
+
+def test_layout_export_python_prints_only_the_snippet(capsys):
+    code, out, _ = run(capsys, "layout", "gpt", "--mesh", "data:2,model:4", "--layout", "batch:data,d_ff:model",
+                       "--export", "python")
+    assert code == 0
+    expected = python_snippet(Layout.from_rules("data:2,model:4", "batch:data,d_ff:model"), build_model("gpt"))
+    assert out == expected
+
+
+def test_layout_with_hardware_names_each_axis_link(capsys):
+    doc = run_json(capsys, "layout", "mtf-ffn", "--mesh", "data:2,model:4", "--hardware", "h100",
+                   "--hw", "axis_links.model=slow", "--hw", "peak_flops=300e12")
+    links = doc["hardware"]["axis_links"]
+    assert links["data"]["kind"] == "fast" and links["model"]["kind"] == "slow"
+
+
+def test_hardware_lists_presets_and_applies_overrides(capsys):
+    assert "h100" in run_json(capsys, "hardware")["presets"]
+    doc = run_json(capsys, "hardware", "h100", "--hw", "peak_flops=300e12", "--hw", "fast_link.bandwidth=1e11")
+    assert doc["hardware"]["peak_flops"] == 300e12
+    assert doc["hardware"]["fast_link"]["bandwidth"] == 1e11
+
+
+def _cycle_file(path: Path) -> Path:
+    doc = {"name": "cyclic", "dims": {"a": 4},
+           "tensors": [{"name": "x", "dims": ["a"], "role": "input"}, {"name": "y", "dims": ["a"]},
+                       {"name": "z", "dims": ["a"]}],
+           "ops": [{"kind": "elementwise", "name": "f", "inputs": ["x", "z"], "output": "y", "fn": "add"},
+                   {"kind": "elementwise", "name": "g", "inputs": ["y"], "output": "z", "fn": "relu"}]}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+USER_ERRORS = {
+    "unknown model": (["graph", "no-such-model"], "no-such-model"),
+    "malformed mesh": (["layout", "gpt", "--mesh", "data2"], "data2"),
+    "unknown hardware": (["layout", "gpt", "--mesh", "data:2", "--hardware", "tpu-v99"], "tpu-v99"),
+    "unknown axis": (["layout", "gpt", "--mesh", "data:2", "--layout", "batch:nosuchaxis"], "nosuchaxis"),
+    "indivisible split": (["layout", "gpt", "--mesh", "data:3", "--layout", "batch:data"], "batch"),
+    "unknown dim": (["layout", "gpt", "--mesh", "data:2", "--layout", "nosuchdim:data"], "nosuchdim"),
+    "malformed --set": (["graph", "gpt", "--set", "layers"], "layers"),
+    "unknown --set key": (["graph", "gpt", "--set", "depth=3"], "depth"),
+    "malformed --hw": (["layout", "gpt", "--mesh", "data:2", "--hardware", "h100", "--hw", "peak_flops=fast"],
+                       "peak_flops"),
+    "unknown figure": (["hardware", "h100", "--hw", "warp_speed=9"], "warp_speed"),
+    "malformed JSON": (["graph", "{tmp}/broken.json"], "broken.json"),
+    "cycle": (["graph", "{tmp}/cycle.json"], "cycle"),
+    "missing graph file": (["graph", "{tmp}/missing.json"], "missing.json"),
+}
+
+
+@pytest.fixture
+def graph_files(tmp_path):
+    (tmp_path / "broken.json").write_text('{"name": "x", "dims": {')
+    _cycle_file(tmp_path / "cycle.json")
+    return tmp_path
+
+
+@pytest.mark.parametrize("case", list(USER_ERRORS))
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_user_errors_exit_2_with_one_line_naming_the_offender(capsys, graph_files, case, json_flag):
+    argv, offender = USER_ERRORS[case]
+    argv = [a.replace("{tmp}", str(graph_files)) for a in argv] + (["--json"] if json_flag else [])
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("layoutsearch: error: ")
+    assert offender in lines[0]
+    assert "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(capsys):
+    code, out, err = run(capsys, "graph", "no-such-model", "--debug")
+    assert code == 2 and out == ""
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("layoutsearch: error: ")
+
+
+def test_unexpected_errors_exit_1_with_a_hint(capsys, monkeypatch):
+    def boom(args):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(cli, "_cmd_models", boom)
+    code, out, err = run(capsys, "models")
+    assert code == 1 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "kaboom" in err and "--debug" in err and "Traceback" not in err
+    code, _, err = run(capsys, "models", "--debug")
+    assert code == 1 and "Traceback" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys, "no-such-command")[0] == 2
+    assert run(capsys, "layout", "gpt")[0] == 2  # --mesh is required
+    assert run(capsys)[0] == 2
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "models" in out
+
+
+def test_root_shim_runs_the_cli():
+    ok = subprocess.run([sys.executable, "cli.py", "models"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=120, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert "gpt" in ok.stdout and "\x1b" not in ok.stdout
+    bad = subprocess.run([sys.executable, "cli.py", "layout", "gpt", "--mesh", "data:x"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "data:x" in bad.stderr
