@@ -40,18 +40,13 @@ def partition_specs(layout: Layout, graph: Graph) -> dict[str, tuple[SpecEntry, 
     return {t.name: layout.spec(t) for t in graph.tensors.values()}
 
 
-def _effective_rules(layout: Layout) -> list[tuple[str, Axes]]:
-    """The layout's rules without the empty ones that Flax would let shadow a later rule."""
+def _rules(layout: Layout) -> tuple[tuple[str, Axes], ...]:
+    """The layout's rules, which apply exactly as Flax applies logical axis rules."""
     if layout.tensors:
         names = ", ".join(repr(n) for n, _ in layout.tensors)
         raise LayoutError(f"layout has per-tensor entries ({names}), which logical axis rules cannot express; "
                           "export it with partition_specs or python_snippet instead")
-    out = []
-    for i, (dim, axes) in enumerate(layout.rules):
-        if not axes and any(d == dim and a for d, a in layout.rules[i + 1:]):
-            continue
-        out.append((dim, axes))
-    return out
+    return layout.rules
 
 
 def _entry(axes: Axes) -> str | tuple[str, ...] | None:
@@ -63,7 +58,7 @@ def flax_logical_axis_rules(layout: Layout) -> list[tuple[str, str | tuple[str, 
 
     Logical axis names are the graph's dim names. Raises LayoutError for a
     layout with per-tensor entries (rules cannot express them)."""
-    return [(dim, _entry(axes)) for dim, axes in _effective_rules(layout)]
+    return [(dim, _entry(axes)) for dim, axes in _rules(layout)]
 
 
 def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str]] | None = None) -> dict[str, Any]:
@@ -77,7 +72,7 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     :data:`MAXTEXT_MESH_AXES`) also get their size as ``ici_<axis>_parallelism``;
     MaxText itself only accepts its own mesh axis names."""
     rules: list[list[Any]] = []
-    for dim, axes in _effective_rules(layout):
+    for dim, axes in _rules(layout):
         names = (dim_names or {}).get(dim, dim)
         for name in [names] if isinstance(names, str) else names:
             rules.append([name, list(axes)])

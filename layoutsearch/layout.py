@@ -9,7 +9,8 @@ It is built from
   Rules apply with Flax ``logical_axis_rules`` precedence: the dims of a
   tensor are taken in rule order, and a rule whose axes are already used by
   an earlier dim of the same tensor does not apply there (the dim falls to
-  its next rule, or stays unsplit). A dim may have several rules (fallbacks).
+  its next rule, or stays unsplit). A dim may have several rules (fallbacks);
+  an unsplit rule (``d:-``) claims the dim, so later rules for it never apply.
 * per-tensor entries (``Layout.with_tensor``), which take precedence and are
   checked strictly: an axis splitting two dims of the tensor is an error.
 
@@ -134,12 +135,16 @@ class Layout:
         out: DimLayout = {}
         used: set[str] = set()
         present = set(dims)
+        decided: set[str] = set()
         for dim, axes in self.rules:
-            if dim not in present or dim in out or not axes:
+            if dim not in present or dim in decided:
                 continue
-            if used.isdisjoint(axes):
+            if not axes:  # an explicit "unsplit" rule claims the dim, as (dim, None) does in Flax
+                decided.add(dim)
+            elif used.isdisjoint(axes):
                 out[dim] = axes
                 used.update(axes)
+                decided.add(dim)
         return {d: out[d] for d in dims if d in out}
 
     def spec(self, tensor: Tensor) -> tuple[SpecEntry, ...]:
@@ -202,8 +207,9 @@ class Layout:
         return format_rules(self.rules)
 
     def to_dict(self, graph: Graph | None = None) -> dict[str, Any]:
-        """JSON-ready: the mesh, the rules, and (given a graph) every tensor's PartitionSpec."""
-        d: dict[str, Any] = {"mesh": str(self.mesh), "rules": {k: list(v) for k, v in self.rules if v}}
+        """JSON-ready: the mesh, the ordered rules as [dim, axes] pairs, and
+        (given a graph) every tensor's PartitionSpec."""
+        d: dict[str, Any] = {"mesh": str(self.mesh), "rules": [[k, list(v)] for k, v in self.rules]}
         if self.tensors:
             d["overrides"] = {n: {k: list(v) for k, v in e} for n, e in self.tensors}
         if graph is not None:

@@ -170,7 +170,8 @@ class Hardware:
         """The link each mesh axis uses (see the class docstring)."""
         pinned = dict(self.axis_links)
         for a in pinned:
-            mesh.axis_size(a)
+            if a not in mesh.names:
+                raise HardwareError(f"axis_links pins axis {a!r}, which mesh {mesh} lacks")
         out: dict[str, Link] = {}
         extent = 1
         for axis, size in reversed(mesh.axes):  # minor axes first

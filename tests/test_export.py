@@ -56,9 +56,10 @@ def test_flax_rules_use_one_axis_a_tuple_of_axes_or_none():
     assert flax_logical_axis_rules(layout) == [("batch", ("data", "model")), ("d_ff", "model"), ("d_model", None)]
 
 
-def test_flax_rules_drop_an_empty_rule_that_would_shadow_a_later_one():
+def test_an_empty_rule_claims_its_dim_as_in_flax():
     layout = Layout.from_rules(MESH, "d_ff:-,batch:data,d_ff:model")
-    assert flax_logical_axis_rules(layout) == [("batch", "data"), ("d_ff", "model")]
+    assert flax_logical_axis_rules(layout) == [("d_ff", None), ("batch", "data"), ("d_ff", "model")]
+    assert "model" not in layout.spec(GPT.tensors["layer.0/ff_in"])
     t = GPT.tensors["layer.0/ff_in"]
     assert flax_logical_to_mesh_axes(list(t.dim_names), flax_logical_axis_rules(layout)) == layout.spec(t)
 
