@@ -1,0 +1,351 @@
+"""GPipe execution of an IR graph: stages over a ``stage`` mesh axis, in one jit.
+
+The graph's repeated blocks ``layer.0 .. layer.{L-1}`` (ops tagged
+``block="layer.i"``, tensors named ``layer.i/<name>``) must be structurally
+identical: the same ops and tensors after the prefix, one activation entering
+and one leaving each block with the same dims, and parameters of their own.
+Stage ``s`` of ``K`` holds layers ``s·L/K .. (s+1)·L/K - 1``; their parameters
+are stacked ``[K, L/K, ...]`` and sharded over ``stage`` on axis 0.
+
+Everything else runs outside the pipeline, inside the same ``shard_map`` body,
+on every device: the *pre* ops (before the first block: embedding) and the
+*post* ops (after the last block: head and loss) are computed by every stage
+on its local batch (their parameters are replicated over ``stage``; the post
+ops' result counts only on the last stage). The batch dim (``batch_dim``) is
+split over the optional data axis; the local batch ``B/D`` is cut into ``M``
+micro-batches of ``B/(D·M)`` examples.
+
+Schedule (GPipe, forward; ``jax.grad`` derives the reversed backward loop):
+``lax.scan`` over ``T = M + K - 1`` steps; at step ``t`` stage ``s`` runs its
+layers on micro-batch ``t - s`` (stage 0 reads it from the input, the others
+from their left neighbour; bubble steps compute on zeros and are discarded)
+and ``ppermute`` s its output to stage ``s + 1``. The last stage's outputs of
+steps ``K-1 .. T-1`` are the M micro-batches in order. With ``remat`` the
+stage function is wrapped in ``jax.checkpoint``: only stage inputs are saved
+per step and the layers are recomputed in the backward loop.
+
+Gradients: parameters are cast to "varying" over the data axis (the stacked
+ones) or over ``stage`` and data (the outer ones) at the top of the body,
+outside the loop, so their transposes (the gradient all-reduces, ``psum``)
+run once on the gradients accumulated over all micro-batches rather than
+once per loop iteration. Compiled-program collectives per device (``b`` =
+bytes of one micro-batch activation per device, ``P_s`` / ``P_o`` = bytes of a
+stage's stacked / the outer parameters): ``2·(M+K-1)`` collective-permutes of
+``b`` over ``stage`` (forward and backward loops); one all-reduce of ``P_s``
+over the data axis; one all-reduce of ``P_o`` over ``stage`` and data; scalar
+all-reduces for the loss (see ``tests/test_pipeline_exec.py``).
+
+Other mesh axes (tensor parallelism inside a stage) are not supported: the
+mesh may only have the ``stage`` axis and an optional data axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from layoutsearch.backend.program import Arrays, run_graph
+from layoutsearch.errors import GraphError, LayoutError
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.tensor import Tensor
+
+IN = "__in__"
+"""Name of the activation entering a block, in the template layer graph."""
+
+
+@dataclass(frozen=True)
+class PipelineParts:
+    """A forward graph cut for pipelining (batch dims already resized).
+
+    ``pre`` computes ``entry`` (the activation entering ``layer.0``) from the
+    inputs on a local batch; ``layer`` is one block with template names (its
+    input is :data:`IN`, its output ``layer_out``) on a micro-batch; ``post``
+    computes the loss from ``exit`` (the activation leaving the last block).
+    ``layer_params`` are the template parameter names, ``outer_params`` the
+    parameters of ``pre`` and ``post``.
+    """
+
+    pre: Graph
+    layer: Graph
+    post: Graph
+    entry: str
+    exit: str
+    layer_out: str
+    layers: int
+    layer_params: tuple[str, ...]
+    outer_params: tuple[str, ...]
+
+
+def _block_index(op: O.Op, prefix: str) -> int | None:
+    m = re.fullmatch(rf"{re.escape(prefix)}\.(\d+)", (op.block or "").split("/")[0])
+    return int(m.group(1)) if m else None
+
+
+def _subgraph(graph: Graph, name: str, ops: list[O.Op], rename: Mapping[str, str], batch_dim: str, batch: int,
+              loss: str | None = None) -> Graph:
+    """The graph of ``ops`` (tensors renamed, ``batch_dim`` resized to ``batch``); tensors read but not
+    produced by ``ops`` become fed inputs (parameters stay parameters)."""
+    produced = {op.output for op in ops}
+    used = dict.fromkeys(t for op in ops for t in (*op.inputs, op.output))
+    tensors = []
+    for t in (graph.tensors[n] for n in used):
+        dims = tuple(Dim(d.name, batch) if d.name == batch_dim else d for d in t.dims)
+        role = t.role if t.name in produced or t.role == "parameter" else "input"
+        role = "loss" if t.name == loss else ("activation" if role == "loss" else role)
+        tensors.append(Tensor(rename.get(t.name, t.name), dims, t.dtype, role))
+    new_ops = [dataclasses.replace(op, name=rename.get(op.name, op.name), output=rename.get(op.output, op.output),
+                                   inputs=tuple(rename.get(t, t) for t in op.inputs), block=None) for op in ops]
+    return Graph(name, tensors, new_ops, loss=rename.get(loss, loss) if loss else None)
+
+
+def _check_batch_local(graph: Graph, ops: list[O.Op], batch_dim: str, allowed: str | None, where: str) -> None:
+    """Every op reading a batch-carrying tensor keeps the batch dim (examples stay independent)."""
+    for op in ops:
+        if op.output != allowed and any(batch_dim in graph.tensors[t].dim_names for t in op.inputs) \
+                and batch_dim not in graph.tensors[op.output].dim_names:
+            raise GraphError(f"{where}: op {op.name!r} mixes examples (drops dim {batch_dim!r}); "
+                             "pipelining splits the batch into micro-batches and needs examples independent")
+
+
+def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, batch_dim: str = "batch",
+                block_prefix: str = "layer") -> PipelineParts:
+    """Cut ``graph`` into pre / one template layer / post; GraphError says what does not fit."""
+    if graph.loss is None:
+        raise GraphError(f"graph {graph.name!r} has no loss to pipeline")
+    B = graph.dim(batch_dim).size
+    if B % (data * microbatches):
+        raise GraphError(f"batch {B} is not divisible by data {data} x microbatches {microbatches}")
+    blocks: dict[int, list[O.Op]] = {}
+    for op in graph.ops:
+        if (i := _block_index(op, block_prefix)) is not None:
+            blocks.setdefault(i, []).append(op)
+    L = len(blocks)
+    if L == 0 or sorted(blocks) != list(range(L)):
+        raise GraphError(f"graph {graph.name!r} needs blocks {block_prefix}.0 .. {block_prefix}.N-1, "
+                         f"found {sorted(blocks)}")
+    if L % stages:
+        raise GraphError(f"{L} layers do not split into {stages} equal stages; choose stages dividing {L}")
+    in_block = {op.name for ops in blocks.values() for op in ops}
+    templates, entries, exits, canon = [], [], [], []
+    for i in range(L):
+        ops, pre = blocks[i], f"{block_prefix}.{i}/"
+        produced = {op.output for op in ops}
+        external = list(dict.fromkeys(t for op in ops for t in op.inputs if t not in produced))
+        acts = [t for t in external if graph.tensors[t].role != "parameter"]
+        foreign = [t for t in external if graph.tensors[t].role == "parameter" and not t.startswith(pre)]
+        outs = [t for t in produced if t == graph.loss or any(c.name not in {o.name for o in ops}
+                                                             for c in graph.consumers[t])]
+        if len(acts) != 1 or len(outs) != 1 or foreign:
+            raise GraphError(f"block {pre[:-1]} must read one activation and its own parameters and produce "
+                             f"one activation; it reads {acts + foreign} and produces {outs}")
+        if i and acts[0] != exits[-1]:
+            raise GraphError(f"block {pre[:-1]} reads {acts[0]!r}, not the output of the previous block")
+        entries.append(acts[0])
+        exits.append(outs[0])
+        rename = {n: n.removeprefix(pre) for n in [*produced, *external, *(op.name for op in ops)]}
+        rename[acts[0]] = IN
+        g = _subgraph(graph, f"{graph.name}/layer", ops, rename, batch_dim, B // (data * microbatches))
+        templates.append(g)
+        canon.append(([dataclasses.replace(op, block=None) for op in g.ops], g.tensors, rename[outs[0]]))
+    for i in range(1, L):
+        if canon[i] != canon[0]:
+            raise GraphError(f"block {block_prefix}.{i} differs from {block_prefix}.0 (ops, shapes or names); "
+                             "pipelining needs identical layers")
+    layer = templates[0]
+    act_in, act_out = layer.tensors[IN], layer.tensors[canon[0][2]]
+    if act_in.dims != act_out.dims or act_in.dtype != act_out.dtype or batch_dim not in act_in.dim_names:
+        raise GraphError(f"the activation entering a block {act_in.dims} and leaving it {act_out.dims} must have "
+                         f"the same dims, including {batch_dim!r}")
+    _check_batch_local(graph, [op for ops in blocks.values() for op in ops], batch_dim, None, "layers")
+    downstream = set()
+    for op in graph.ops:
+        if op.name in in_block or any(t in downstream or t == exits[-1] for t in op.inputs):
+            downstream.add(op.output)
+    pre_ops = [op for op in graph.ops if op.name not in in_block and op.output not in downstream]
+    post_ops = [op for op in graph.ops if op.name not in in_block and op.output in downstream]
+    _check_batch_local(graph, pre_ops + post_ops, batch_dim, graph.loss, "ops outside the layers")
+    local = B // data
+    pre_g = _subgraph(graph, f"{graph.name}/pre", pre_ops, {}, batch_dim, local)
+    post_g = _subgraph(graph, f"{graph.name}/post", post_ops, {}, batch_dim, local, loss=graph.loss)
+    outer = tuple(dict.fromkeys(t.name for g in (pre_g, post_g) for t in g.parameters))
+    return PipelineParts(pre_g, layer, post_g, entries[0], exits[-1], canon[0][2], L,
+                         tuple(t.name for t in layer.parameters), outer)
+
+
+class Pipeline:
+    """A GPipe training step for ``graph`` on a mesh ``{stage: K, data: D}`` (data optional).
+
+    ``step(stacked, outer, inputs) -> (loss, (d_stacked, d_outer))`` is the jitted
+    core on laid-out arrays (see :meth:`shardings`); :meth:`loss_and_grads` takes
+    and returns the graph's own parameter names.
+    """
+
+    def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], microbatches: int, remat: bool = True,
+                 batch_dim: str = "batch", stage_axis: str = "stage", data_axis: str = "data",
+                 block_prefix: str = "layer", devices: list[jax.Device] | None = None) -> None:
+        extra = set(mesh_shape) - {stage_axis, data_axis}
+        if stage_axis not in mesh_shape or extra:
+            raise LayoutError(f"pipeline mesh needs axis {stage_axis!r} and optionally {data_axis!r}; "
+                              f"got {dict(mesh_shape)} (other axes are not supported)")
+        self.graph, self.remat, self.batch_dim = graph, remat, batch_dim
+        self.stage_axis, self.data_axis = stage_axis, data_axis
+        self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
+        self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
+        self.block_prefix = block_prefix
+        devs = list(devices if devices is not None else jax.devices())
+        n = int(np.prod(list(mesh_shape.values())))
+        if len(devs) < n:
+            raise LayoutError(f"mesh {dict(mesh_shape)} needs {n} devices, JAX has {len(devs)}")
+        names = tuple(mesh_shape)
+        self.mesh = jax.sharding.Mesh(np.array(devs[:n], dtype=object).reshape(list(mesh_shape.values())), names,
+                                      axis_types=(AxisType.Auto,) * len(names))
+        self.step = jax.jit(jax.value_and_grad(self._sharded_loss, argnums=(0, 1)))
+
+    # -- layouts
+    def _input_spec(self, name: str) -> P:
+        dims = self.graph.tensors[name].dim_names
+        return P(*[self.data_axis if d == self.batch_dim and self.D > 1 else None for d in dims])
+
+    def specs(self) -> tuple[dict[str, P], dict[str, P], dict[str, P]]:
+        """PartitionSpecs of (stacked layer parameters, outer parameters, inputs)."""
+        p = self.parts
+        inputs = [t.name for t in self.graph.inputs]
+        return ({k: P(self.stage_axis) for k in p.layer_params}, {k: P() for k in p.outer_params},
+                {k: self._input_spec(k) for k in inputs})
+
+    def shardings(self) -> tuple[dict[str, NamedSharding], ...]:
+        return tuple({k: NamedSharding(self.mesh, s) for k, s in d.items()} for d in self.specs())
+
+    def stack(self, params: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays]:
+        """The graph's parameters as (stacked ``[K, L/K, ...]`` layer parameters, outer parameters)."""
+        L, K = self.parts.layers, self.K
+        stacked = {k: jnp.stack([params[f"{self.block_prefix}.{i}/{k}"] for i in range(L)])
+                   .reshape(K, L // K, *np.shape(params[f"{self.block_prefix}.0/{k}"])) for k in self.parts.layer_params}
+        return stacked, {k: params[k] for k in self.parts.outer_params}
+
+    def unstack(self, stacked: Mapping[str, jax.Array], outer: Mapping[str, jax.Array]) -> Arrays:
+        """Inverse of :meth:`stack`."""
+        out = dict(outer)
+        for k, v in stacked.items():
+            flat = v.reshape(self.parts.layers, *v.shape[2:])
+            out.update({f"{self.block_prefix}.{i}/{k}": flat[i] for i in range(self.parts.layers)})
+        return out
+
+    def place(self, params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays, Arrays]:
+        """Stacked, outer parameters and inputs put on the mesh in their layouts."""
+        s_sh, o_sh, i_sh = self.shardings()
+        stacked, outer = self.stack(params)
+        put = lambda d, sh: {k: jax.device_put(v, sh[k]) for k, v in d.items()}
+        return put(stacked, s_sh), put(outer, o_sh), put({k: inputs[k] for k in i_sh}, i_sh)
+
+    def loss_and_grads(self, params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array],
+                       compiled: Any = None) -> tuple[jax.Array, Arrays]:
+        """Loss and gradients by the graph's own parameter names (``compiled``: a program from :meth:`compile`)."""
+        loss, (ds, do) = (compiled or self.step)(*self.place(params, inputs))
+        return loss, self.unstack(ds, do)
+
+    def compile(self, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> Any:
+        """The compiled XLA program of :attr:`step` (for ``hlo.summarize(compiled, pipeline.mesh)``)."""
+        args = self.place(params, inputs)
+        return self.step.lower(*args).compile()
+
+    # -- the pipelined loss
+    def _sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
+        s_spec, o_spec, i_spec = self.specs()
+        fn = jax.shard_map(self._body, mesh=self.mesh, in_specs=(s_spec, o_spec, i_spec), out_specs=P(),
+                           check_vma=True)
+        return fn(stacked, outer, inputs)
+
+    def _split(self, x: jax.Array, dims: tuple[str, ...]) -> jax.Array:
+        """``[..., B_local, ...] -> [M, ..., B_local/M, ...]``."""
+        a = dims.index(self.batch_dim)
+        x = x.reshape(*x.shape[:a], self.M, x.shape[a] // self.M, *x.shape[a + 1:])
+        return jnp.moveaxis(x, a, 0)
+
+    def _merge(self, y: jax.Array, dims: tuple[str, ...]) -> jax.Array:
+        a = dims.index(self.batch_dim)
+        y = jnp.moveaxis(y, 0, a)
+        return y.reshape(*y.shape[:a], y.shape[a] * y.shape[a + 1], *y.shape[a + 2:])
+
+    def _body(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
+        p, K, st = self.parts, self.K, self.stage_axis
+        data = (self.data_axis,) if self.D > 1 else ()
+        everywhere = (st, *data)
+        # Cast to varying here, outside the loops: the transposes (gradient psums) then run once.
+        stacked = {k: v[0] for k, v in stacked.items()}
+        stacked, outer, inputs = _vary(stacked, everywhere), _vary(outer, everywhere), _vary(inputs, everywhere)
+        env = run_graph(p.pre, {**{k: outer[k] for k in outer if k in p.pre.tensors},
+                                **{k: v for k, v in inputs.items() if k in p.pre.tensors}})
+        env = {**inputs, **outer, **env}
+        dims = p.layer.tensors[IN].dim_names
+        xs = self._split(env[p.entry], dims)
+        xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
+        stage = lax.axis_index(st)
+
+        def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
+            return run_graph(p.layer, {**params, IN: x})[p.layer_out], None
+
+        def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
+            return lax.scan(layer, x, params)[0]
+
+        run_stage: Callable[[Arrays, jax.Array], jax.Array] = jax.checkpoint(stage_fn) if self.remat else stage_fn
+        perm = [(i, i + 1) for i in range(K - 1)]
+
+        def tick(carry: jax.Array, x_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+            y = run_stage(stacked, jnp.where(stage == 0, x_t, carry))
+            return (lax.ppermute(y, st, perm) if K > 1 else y), y
+
+        carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
+        _, ys = lax.scan(tick, carry, xs)
+        env[p.exit] = self._merge(ys[K - 1:], dims)
+        loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed})[p.post.loss]
+        return lax.psum(jnp.where(stage == K - 1, loss * self._data_scale(), jnp.zeros_like(loss)), everywhere)
+
+    def _data_scale(self) -> float:
+        """What the per-data-shard losses are scaled by before summing: 1/D for a mean, 1 for a sum."""
+        if self.D == 1:
+            return 1.0
+        op = self.graph.producer(self.graph.loss)
+        src = self.graph.tensors[op.inputs[0]] if op is not None and op.inputs else None
+        if not isinstance(op, O.Reduce) or op.fn not in ("mean", "sum") or src is None \
+                or self.batch_dim not in src.dim_names:
+            raise GraphError(f"a data axis needs a loss that is a mean or sum over {self.batch_dim!r}; "
+                             f"{self.graph.loss!r} is not")
+        return 1.0 / self.D if op.fn == "mean" else 1.0
+
+
+def _vary(tree: Any, axes: tuple[str, ...]) -> Any:
+    """Cast every array of ``tree`` to varying over those of ``axes`` it is not yet varying over."""
+    def cast(x: jax.Array) -> jax.Array:
+        missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
+        return lax.pcast(x, missing, to="varying") if missing else x
+    return jax.tree.map(cast, tree)
+
+
+def pipelined_loss_and_grads(graph: Graph, mesh_shape: Mapping[str, int], microbatches: int, remat: bool = True,
+                             batch_dim: str = "batch", **kwargs: Any) -> tuple[Callable[..., tuple[jax.Array, Arrays]],
+                                                                              Pipeline]:
+    """``(fn(params, inputs) -> (loss, grads), pipeline)``: the GPipe step with ``mesh_shape[stage]`` stages;
+    parameters and gradients use the graph's own names."""
+    pipe = Pipeline(graph, mesh_shape, microbatches, remat, batch_dim, **kwargs)
+    return pipe.loss_and_grads, pipe
+
+
+def compile_pipeline(graph: Graph, mesh_shape: Mapping[str, int], microbatches: int,
+                     params: Mapping[str, Any], inputs: Mapping[str, Any], remat: bool = True,
+                     batch_dim: str = "batch", **kwargs: Any) -> tuple[Any, jax.sharding.Mesh]:
+    """The compiled program of the pipelined step and its JAX mesh (for ``hlo.summarize``)."""
+    pipe = Pipeline(graph, mesh_shape, microbatches, remat, batch_dim, **kwargs)
+    return pipe.compile(params, inputs), pipe.mesh
