@@ -1,5 +1,17 @@
 """Cost model: time of collectives, per-op compute and communication, memory
-per device and pipeline schedules, gathered into a cost report.
+per device over the step's schedule, gathered into a cost report.
 
 ``collectives``: alpha-beta time of ring / hierarchical collectives over mesh axes.
+``ops``: per-op FLOPs, HBM bytes and the collectives each op causes under a layout.
+``memory``: live-set simulation of per-device memory, with rematerialization policies.
+``report``: :func:`estimate` -> :class:`CostReport` (totals and per-op breakdown, JSON and tables).
 """
+
+from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
+from layoutsearch.costmodel.memory import REMAT_POLICIES, MemoryReport, memory_profile
+from layoutsearch.costmodel.report import CollectiveRecord, CostReport, OpReport, estimate, render_report
+
+__all__ = [
+    "REMAT_POLICIES", "CollectiveCost", "CollectiveRecord", "CostReport", "MemoryReport", "OpReport",
+    "collective_time", "estimate", "memory_profile", "render_report",
+]

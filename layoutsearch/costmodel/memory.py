@@ -1,0 +1,412 @@
+"""Memory per device over the schedule of one training step (live-set simulation).
+
+Model
+-----
+The step runs the ops of the training graph (:func:`layoutsearch.ir.training_graph`)
+one at a time in the graph's topological order: forward, backward (reverse
+order of the forward), optimizer. Every tensor occupies its per-device slice,
+``Layout.local_bytes`` (its *storage* layout), over an interval of that
+schedule; the memory at an op is the sum of the slices live there plus the
+op's transient buffers, and the peak is the largest such sum.
+
+* **Fed tensors** (parameters, optimizer state, inputs) live the whole step.
+* **New values** (``new/P``, ``new/adam_m/P``, ... — tensors that ``updates`` a
+  fed one) are written into the old buffer (donated, as ``jax.jit(...,
+  donate_argnums=...)`` and XLA's input/output aliasing do): they add nothing.
+* **Produced tensors** live from their producer to their last consumer
+  (inclusive: an op's inputs and output coexist). The loss, a step output,
+  lives to the end. Forward products are ``activations``; backward products
+  are ``gradients`` when they are a parameter's gradient or one of the
+  contributions summed into it (``grad/P``, ``grad/<op>/<i>``, the sum chain),
+  otherwise ``activation_gradients``. Parameter gradients are consumed by the
+  optimizer, which runs after the whole backward pass, so they accumulate.
+* **Transient buffers** of communication live during their op only: an input
+  all-gathered or moved by an all-to-all (the resharded copy, i.e. the last
+  collective's payload for that input), an output produced whole and then
+  reduce-scattered or all-reduced and sliced (its payload less the stored
+  slice), an output moved by an all-to-all. Normalization statistics are
+  ignored (rows, not tensors).
+
+Rematerialization (activation recomputation)
+--------------------------------------------
+Ops are grouped by their ``block`` (a transformer layer: ``layer.3``); ops in
+no block are never recomputed. A forward tensor of a block is on the block's
+*boundary* when a forward op of another block (or of no block) reads it, or it
+is the loss; boundary tensors are always kept. The other tensors of the block
+are *internal*; a policy keeps some of them and drops the rest:
+
+* ``none``: every tensor is kept until its last (backward) use.
+* ``full`` (Chen et al. 2016, "Training deep nets with sublinear memory
+  cost"; Megatron's full recomputation): no internal tensor is kept; only
+  boundary tensors cross from the forward to the backward pass.
+* ``selective`` (Korthikanti et al. 2022, "Reducing activation recomputation
+  in large transformer models"): the outputs of matmuls with a parameter
+  operand (the projections: q/k/v, attention output, feed-forward in/out) are
+  kept; everything else internal — elementwise ops, softmax, layer norms and
+  the matmuls between two activations (the attention core ``q·k`` and
+  ``probs·v``, whose ``[batch, heads, seq, seq]`` outputs dominate activation
+  memory at long sequences) — is recomputed.
+
+A dropped tensor lives from its producer to its last *forward* use. The
+dropped tensors the backward pass needs, and the dropped tensors those are
+computed from (the recompute closure), are recomputed at the block's first
+backward op (its *recompute point*): there they all become live at once and
+stay until their last backward use, so memory holds one block's recomputed
+tensors at a time; the kept tensors the recomputation reads live until the
+recompute point. The recomputed ops (:attr:`RematPlan.recomputed`) run again,
+with their communication (a tensor-parallel forward all-reduce repeats): the
+cost report adds their time and FLOPs. The recomputation's own transient
+buffers are charged at the recompute point (the largest of them).
+
+Assumptions: one op at a time, no fusion (XLA fuses elementwise chains, so
+real activation memory can be lower); no gradient accumulation or
+micro-batching; no memory fragmentation, workspace or framework overhead;
+XLA may reorder the schedule (its ``peak_memory`` is a lower-is-better
+scheduler's result). Checked against compiled programs in the tests.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from layoutsearch.costmodel.ops import OpCost, OpRules
+from layoutsearch.errors import CostModelError
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.tensor import Tensor
+from layoutsearch.ir.training import Optimizer, training_graph
+from layoutsearch.layout import Layout
+
+REMAT_POLICIES = ("none", "selective", "full")
+"""Activation rematerialization policies (see the module docstring)."""
+
+CATEGORIES = ("parameters", "optimizer_state", "inputs", "gradients", "activations", "activation_gradients",
+              "transient")
+"""What per-device bytes are for, in the order reports list them."""
+
+_CAT = {c: i for i, c in enumerate(CATEGORIES)}
+
+
+# -- the training graph ---------------------------------------------------------------------------------------------
+
+_CACHE: dict[tuple[int, Any], tuple[weakref.ref[Graph], Any]] = {}
+_CACHE_SIZE = 64
+
+
+def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, remembered for the graph object ``graph`` and ``key``
+    (layout-independent analyses: solvers ask about one graph under many layouts)."""
+    k = (id(graph), key)
+    hit = _CACHE.get(k)
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    value = compute()
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[k] = (weakref.ref(graph), value)
+    return value
+
+
+def is_training_graph(graph: Graph) -> bool:
+    """Whether ``graph`` already holds backward or optimizer ops."""
+    return any(op.phase != "forward" for op in graph.ops)
+
+
+def training_step(graph: Graph, optimizer: Optimizer | str = "adam") -> Graph:
+    """``graph`` if it is a training graph, else its training graph with ``optimizer``.
+
+    Derivations are cached per forward graph object (solvers ask about one
+    graph under many layouts)."""
+    if is_training_graph(graph):
+        return graph
+    opt = Optimizer.of(optimizer)
+    return graph_cached(graph, ("training", opt), lambda: training_graph(graph, opt))
+
+
+# -- rematerialization ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RematPlan:
+    """Which forward ops run again in the backward pass, and where.
+
+    ``recomputed``: names of the recomputed forward ops, in schedule order;
+    ``dropped``: the forward tensors not kept from the forward to the
+    backward pass (recomputed if the backward pass needs them);
+    ``points``: block -> schedule index of its first backward op, where its
+    recomputation runs (blocks with something to recompute only)."""
+
+    policy: str
+    recomputed: tuple[str, ...] = ()
+    dropped: frozenset[str] = field(default=frozenset())
+    points: dict[str, int] = field(default_factory=dict, hash=False, compare=False)
+
+
+def remat_plan(graph: Graph, policy: str = "none") -> RematPlan:
+    """The recomputation ``policy`` implies for training graph ``graph``."""
+    if policy not in REMAT_POLICIES:
+        raise CostModelError(f"unknown remat policy {policy!r} (known: {', '.join(REMAT_POLICIES)})")
+    return graph_cached(graph, ("remat", policy), lambda: _remat_plan(graph, policy))
+
+
+def _remat_plan(graph: Graph, policy: str) -> RematPlan:
+    if policy == "none":
+        return RematPlan(policy)
+    producer = {op.output: op for op in graph.ops}
+    consumers = graph.consumers
+    fed = {t.name for t in graph.fed}
+    params = {t.name for t in graph.parameters}
+
+    def droppable(op: O.Op) -> bool:
+        if op.phase != "forward" or op.block is None or op.output == graph.loss:
+            return False
+        for c in consumers[op.output]:
+            if c.phase == "forward" and c.block != op.block:
+                return False  # boundary
+        # selective: a projection's output (a matmul with a parameter operand) is kept
+        return not (policy == "selective" and isinstance(op, O.Einsum) and any(i in params for i in op.inputs))
+
+    dropped = {op.output for op in graph.ops if droppable(op)}
+    needed = [t for t in dropped if any(c.phase != "forward" for c in consumers[t])]
+    closure: set[str] = set()
+    while needed:
+        t = needed.pop()
+        if t in closure:
+            continue
+        closure.add(t)
+        needed.extend(i for i in producer[t].inputs if i in dropped and i not in fed)
+    points: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        if op.phase == "backward" and op.block is not None and op.block not in points:
+            points[op.block] = i
+    recomputed = tuple(op.name for op in graph.ops if op.output in closure)
+    used_blocks = {producer[t].block for t in closure}
+    missing = [b for b in used_blocks if b not in points]
+    if missing:  # pragma: no cover - a backward use implies a backward op of the block
+        raise AssertionError(f"blocks {missing} need recomputation but have no backward op")
+    return RematPlan(policy, recomputed, frozenset(dropped), {b: points[b] for b in sorted(used_blocks, key=str)})
+
+
+# -- the live-set simulation ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Per-device memory of a training step.
+
+    ``peak_bytes``: the largest live total over the schedule, at op
+    ``peak_op`` (phase ``peak_phase``); ``breakdown``: that total by category
+    (:data:`CATEGORIES`; the values sum to ``peak_bytes``); ``resident``: the
+    bytes held the whole step (parameters, optimizer state, inputs);
+    ``timeline``: live bytes at each op of the schedule (op order of the
+    training graph)."""
+
+    peak_bytes: int
+    peak_op: str | None
+    peak_phase: str | None
+    breakdown: dict[str, int]
+    resident: dict[str, int]
+    remat: str
+    recomputed_ops: int
+    timeline: tuple[int, ...] = field(default=(), repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (without the timeline)."""
+        return {"peak_bytes": self.peak_bytes, "peak_op": self.peak_op, "peak_phase": self.peak_phase,
+                "breakdown": dict(self.breakdown), "resident": dict(self.resident), "remat": self.remat,
+                "recomputed_ops": self.recomputed_ops}
+
+
+def _parameter_gradients(graph: Graph) -> set[str]:
+    """``grad/P`` of every parameter and the contributions its sum chain adds up."""
+    out: set[str] = set()
+    for p in graph.parameters:
+        stack = [f"grad/{p.name}"]
+        while stack:
+            t = stack.pop()
+            if t not in graph.tensors or t in out:
+                continue
+            out.add(t)
+            op = graph.producer(t)
+            if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and (
+                    t == f"grad/{p.name}" or t.startswith(f"grad/{p.name}/add")):
+                stack.extend(op.inputs)
+    return out
+
+
+def _transient(op: O.Op, cost: OpCost, stored_out: int) -> int:
+    """Bytes of the buffers ``op``'s collectives need besides its stored inputs and output."""
+    last_in: dict[str, int] = {}
+    out = 0
+    for c in cost.comms:
+        if c.tensor == op.output:
+            if c.kind == "all-to-all":
+                out += c.bytes
+            elif c.kind in ("reduce-scatter", "all-reduce"):
+                out = max(out, c.bytes - stored_out)
+        elif c.kind in ("all-gather", "all-to-all"):
+            last_in[c.tensor] = c.bytes
+    return out + sum(last_in.values())
+
+
+def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none", *,
+                   op_costs: Sequence[OpCost] | None = None, reduce_scatter: bool = True,
+                   optimizer: Optimizer | str = "adam") -> MemoryReport:
+    """Peak per-device memory of the training step of ``graph`` under ``layout``.
+
+    ``graph`` is a forward graph (its training graph is derived with
+    ``optimizer``) or a training graph. ``op_costs`` (one per op of the
+    training graph, in its op order) give the collectives whose transient
+    buffers count; computed with :class:`OpRules` when omitted
+    (``reduce_scatter``: see :class:`~layoutsearch.mesh.Hardware`).
+    """
+    g = training_step(graph, optimizer)
+    layout.check(g)
+    plan = remat if isinstance(remat, RematPlan) else remat_plan(g, remat)
+    if op_costs is None:
+        rules = OpRules(g, layout.mesh, reduce_scatter)
+        op_costs = [rules.cost_under(op, layout) for op in g.ops]
+    if len(op_costs) != len(g.ops):
+        raise CostModelError(f"memory_profile got {len(op_costs)} op costs for {len(g.ops)} ops")
+    return simulate(g, layout, plan, op_costs)
+
+
+def local_bytes_fn(layout: Layout) -> Callable[[Tensor], int]:
+    """A fast ``layout.local_bytes``: tensors laid out by the global rules share
+    one computation per set of dim names."""
+    sizes = layout.mesh.shape
+    overridden = {name for name, _ in layout.tensors}
+    splits: dict[tuple[Dim, ...], tuple[int, ...]] = {}
+
+    def local_bytes(t: Tensor) -> int:
+        if t.name in overridden:
+            return layout.local_bytes(t)
+        split = splits.get(t.dims)
+        if split is None:
+            names = tuple(d.name for d in t.dims)
+            split = splits[t.dims] = tuple(math.prod(sizes[a] for a in axes)
+                                           for axes in layout.rules_layout(names).values())
+        n = t.nbytes
+        for k in split:
+            n //= k
+        return n
+
+    return local_bytes
+
+
+@dataclass(frozen=True)
+class _Lifetimes:
+    """Layout-independent part of the simulation: the intervals of the schedule
+    during which each tensor (``tensors[tensor[k]]``) is live, in category ``cat[k]``."""
+
+    tensors: tuple[Tensor, ...]
+    tensor: np.ndarray
+    cat: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    fed: tuple[int, ...]  # indices into ``tensors`` of the fed tensors
+
+
+def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
+    n = len(g.ops)
+    index = {op.name: i for i, op in enumerate(g.ops)}
+    producer_index = {op.output: i for i, op in enumerate(g.ops)}
+    phases = [op.phase for op in g.ops]
+    consumers = g.consumers
+    param_grads = _parameter_gradients(g)
+    block_of = {op.output: op.block for op in g.ops}
+    recomputed = frozenset(plan.recomputed)
+    recomputed_outputs = frozenset(g.op(name).output for name in plan.recomputed)
+    tensors: list[Tensor] = []
+    fed: list[int] = []
+    rows: list[tuple[int, int, int, int]] = []  # (tensor, cat, start, end)
+    for t in g.tensors.values():
+        if t.updates is not None:
+            continue  # written into the donated buffer of the tensor it updates
+        k = len(tensors)
+        tensors.append(t)
+        if t.name not in producer_index:
+            cat = {"parameter": "parameters", "optimizer_state": "optimizer_state"}.get(t.role, "inputs")
+            fed.append(k)
+            rows.append((k, _CAT[cat], 0, n - 1))
+            continue
+        start = producer_index[t.name]
+        phase = phases[start]
+        uses = [index[c.name] for c in consumers[t.name]]
+        if t.name == g.loss:
+            uses.append(n - 1)
+        if phase == "forward":
+            cat = "activations"
+        elif t.name in param_grads:
+            cat = "gradients"
+        elif phase == "backward":
+            cat = "activation_gradients"
+        else:
+            cat = "optimizer_state"
+        c = _CAT[cat]
+        if t.name in plan.dropped:
+            fwd = [u for u in uses if phases[u] == "forward"]
+            rows.append((k, c, start, max(fwd, default=start)))
+            bwd = [u for u in uses if phases[u] != "forward"]
+            point = plan.points.get(block_of[t.name] or "")
+            if point is not None and (bwd or t.name in recomputed_outputs):
+                rows.append((k, c, point, max(bwd, default=point)))
+            continue
+        end = max(uses, default=start)
+        if recomputed:  # kept tensors read by a recomputation stay live until its point
+            for op in consumers[t.name]:
+                if op.phase == "forward" and op.name in recomputed:
+                    end = max(end, plan.points[op.block])  # type: ignore[index]
+        rows.append((k, c, start, end))
+    arr = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    return _Lifetimes(tuple(tensors), arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], tuple(fed))
+
+
+def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCost]) -> MemoryReport:
+    """The live-set simulation of training graph ``g`` (layout already checked),
+    one op cost per op of ``g``."""
+    n = len(g.ops)
+    if n == 0:
+        raise CostModelError(f"graph {g.name!r} has no ops: nothing to simulate")
+    life: _Lifetimes = graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
+    local_bytes = local_bytes_fn(layout)
+    nbytes = np.array([local_bytes(t) for t in life.tensors], dtype=np.int64)
+    local = {t.name: int(b) for t, b in zip(life.tensors, nbytes, strict=True)}
+    # deltas[c, i]: bytes of category c becoming live at op i (negative: freed after op i-1)
+    deltas = np.zeros((len(CATEGORIES), n + 1), dtype=np.int64)
+    b = nbytes[life.tensor]
+    np.add.at(deltas, (life.cat, life.start), b)
+    np.add.at(deltas, (life.cat, life.end + 1), -b)
+    resident = {"parameters": 0, "optimizer_state": 0, "inputs": 0}
+    for k in life.fed:
+        t = life.tensors[k]
+        resident[{"parameter": "parameters", "optimizer_state": "optimizer_state"}.get(t.role, "inputs")] += local[
+            t.name]
+
+    transient = np.zeros(n, dtype=np.int64)
+    for i, (op, cost) in enumerate(zip(g.ops, op_costs, strict=True)):
+        if cost.comms:
+            transient[i] = _transient(op, cost, local.get(op.output, 0))
+    if plan.recomputed:
+        index = {op.name: i for i, op in enumerate(g.ops)}
+        for name in plan.recomputed:
+            op = g.ops[index[name]]
+            p = plan.points[op.block]  # type: ignore[index]
+            extra = _transient(op, op_costs[index[name]], local.get(op.output, 0))
+            transient[p] = max(transient[p], extra)
+    curves = np.cumsum(deltas[:, :n], axis=1)
+    curves[_CAT["transient"]] += transient
+    total = curves.sum(axis=0)
+    peak = int(np.argmax(total))
+    breakdown = {c: int(curves[_CAT[c], peak]) for c in CATEGORIES}
+    return MemoryReport(int(total[peak]), g.ops[peak].name, g.ops[peak].phase, breakdown, resident, plan.policy,
+                        len(plan.recomputed), tuple(total.tolist()))
+
+
+__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "graph_cached", "is_training_graph",
+           "local_bytes_fn", "memory_profile", "remat_plan", "simulate", "training_step"]
