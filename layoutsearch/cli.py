@@ -403,6 +403,105 @@ def _render_hardware(result: Result, args: argparse.Namespace) -> list[Any]:
     return out
 
 
+# -- cost -----------------------------------------------------------------------------------------------------------
+
+def _add_cost(sub: Any) -> None:
+    from layoutsearch.costmodel.memory import REMAT_POLICIES
+    from layoutsearch.ir.training import OPTIMIZERS
+
+    p = _command(sub, "cost", _cmd_cost, "predict the time, communication, FLOPs and memory per device of one "
+                 "training step under a layout, broken down by op and by cause", render=_render_cost)
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_layout_arg(p)
+    _add_hardware_args(p, default="cpu-sim")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
+                   help="activation rematerialization: none, selective (recompute all but projections' outputs) "
+                        "or full (keep only block boundaries); default none")
+    p.add_argument("--overlap", type=float, default=0.0, metavar="F",
+                   help="fraction of the shorter of compute and communication hidden behind the other (default 0)")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="ops listed in the table of top ops (default 15)")
+
+
+def _cmd_cost(args: argparse.Namespace) -> Result:
+    from layoutsearch.costmodel.report import estimate
+
+    graph = _load_graph(args)
+    layout = _layout(args, graph)
+    hw = _hardware(args)
+    return estimate(graph, layout, hw if hw is not None else "cpu-sim", optimizer=args.optimizer, remat=args.remat,
+                    overlap=args.overlap).to_dict()
+
+
+def _render_cost(result: Result, args: argparse.Namespace) -> list[Any]:
+    from layoutsearch.costmodel.report import render_report
+
+    return render_report(result, top=args.top)
+
+
+# -- table1 ---------------------------------------------------------------------------------------------------------
+
+def _add_table1(sub: Any) -> None:
+    from layoutsearch.table1 import DEFAULT_MESH, DEFAULT_SIZES
+
+    p = _command(sub, "table1", _cmd_table1, "Table 1 of the Mesh-TensorFlow paper for mtf-ffn: formulas, predicted "
+                 "and compiled communication, FLOPs and memory of four layouts, side by side", render=_render_table1)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="sizes: " + ", ".join(f"{k}={v}" for k, v in DEFAULT_SIZES.items()) + " (the defaults)")
+    p.add_argument("--mesh", default=DEFAULT_MESH, metavar="AXES",
+                   help=f"2-D mesh rows:R,cols:C (default {DEFAULT_MESH}); batch goes on rows, hidden on cols")
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="skip the compiled program (formulas and predictions only; no JAX)")
+
+
+def _cmd_table1(args: argparse.Namespace) -> Result:
+    from graphs import parse_overrides
+    from layoutsearch.table1 import DEFAULT_SIZES, table1
+
+    sizes = parse_overrides(args.overrides)
+    unknown = [k for k in sizes if k not in DEFAULT_SIZES]
+    if unknown:
+        raise LayoutSearchError(f"table1 has no size {', '.join(map(repr, unknown))} (sizes: {', '.join(DEFAULT_SIZES)})")
+    return table1(**sizes, mesh=_mesh(args), compiled=args.compile)
+
+
+def _render_table1(result: Result, args: argparse.Namespace) -> list[Any]:
+    sz = result["sizes"]
+    out: list[Any] = [(f"Mesh-TensorFlow Table 1: {result['model']} b={sz['batch']} io={sz['io']} h={sz['hidden']}, "
+                       f"{result['dtype']}, {result['optimizer']}, mesh {result['mesh']} (r={result['r']}, "
+                       f"c={result['c']}, n={result['n']}); bytes: collective payload per device per step")]
+    compiled = all("compiled" in r for r in result["rows"])
+    cols = ["layout", "rules", "comm formula", "formula B", "predicted B"]
+    cols += ["compiled B", "match"] if compiled else []
+    cols += ["matmul FLOPs formula", "formula", "predicted FLOPs"]
+    cols += ["compiled FLOPs"] if compiled else []
+    cols += ["predicted memory B"]
+    cols += ["compiled memory B (peak)"] if compiled else []
+    rows = []
+    for r in result["rows"]:
+        p = r["predicted"]
+        row = [r["layout"], r["rules"] or "-", r["comm_formula"], r["comm_formula_bytes"], p["comm_bytes"]]
+        if compiled:
+            row += [r["compiled"]["comm_bytes"], "yes" if r["comm_match"] else "NO"]
+        row += [r["flops_formula"], r["matmul_flops_formula"], int(p["flops"])]
+        if compiled:
+            row += [int(r["compiled"]["flops"])]
+        row += [p["memory_bytes"]]
+        if compiled:
+            row += [r["compiled"]["memory_peak_bytes"]]
+        rows.append(row)
+    out.append(_table(cols, rows))
+    detail = []
+    for r in result["rows"]:
+        for side in ("predicted", "compiled"):
+            for c in r.get(side, {}).get("collectives", []):
+                detail.append([r["layout"], side, c["kind"], "+".join(c["axes"] or ["?"]), c["bytes"]])
+    if detail:
+        out.append(_table(["layout", "source", "collective", "axes", "bytes"], detail, title="collectives"))
+    return out
+
+
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
 def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
@@ -413,7 +512,8 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
     return p
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_graph, _add_layout, _add_hardware)
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_graph, _add_layout, _add_hardware, _add_cost,
+                                               _add_table1)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 
 
