@@ -1,0 +1,354 @@
+"""The derived training graph: gradients equal jax.grad, updates equal SGD/Adam, conventions hold."""
+
+import jax
+import numpy as np
+import pytest
+
+from graphs import build_model, list_models
+from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
+from layoutsearch.errors import GraphError
+from layoutsearch.ir import (
+    ELEMENTWISE_FNS,
+    Elementwise,
+    Graph,
+    GraphBuilder,
+    Optimizer,
+    Tensor,
+    graph_from_json,
+    graph_to_json,
+    training_graph,
+)
+from layoutsearch.ir.ops import UNARY_GRAD
+
+# float32 on both sides, but different summation orders (our einsums/scatters vs
+# jax's transposes): agreement to a few ulps of the largest terms, not bitwise.
+# ATOL is for unit-scale arrays and scales with the array's largest entry (an
+# entry that sums large terms of both signs keeps their absolute rounding error).
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def assert_close(actual, desired, what: str = "") -> None:
+    desired = np.asarray(desired)
+    scale = max(1.0, float(np.max(np.abs(desired), initial=0.0)))
+    np.testing.assert_allclose(actual, desired, rtol=RTOL, atol=ATOL * scale, err_msg=what)
+
+
+def run_both(fwd: Graph, optimizer: Optimizer | str = "sgd", seed: int = 0, state=None, inputs=None):
+    """Run the derived training graph and jax.grad of the forward graph (one jit)."""
+    train = training_graph(fwd, optimizer)
+    params = init_params(fwd, seed)
+    inputs = random_inputs(fwd, seed) if inputs is None else inputs
+    state = init_params(train, seed) if state is None else state
+    state = {k: v for k, v in state.items() if k not in params}
+    wanted = [n for n in train.tensors if n.startswith("grad/") or train.tensors[n].updates]
+
+    def both(p, x, s):
+        env = run_graph(train, {**p, **x, **s})
+        return {n: env[n] for n in wanted}, jax.grad(forward_fn(fwd))(p, x)
+
+    derived, ref = jax.jit(both)(params, inputs, state)
+    return train, params, state, derived, ref
+
+
+def assert_grads_match(fwd: Graph, **kw) -> Graph:
+    train, _, _, derived, ref = run_both(fwd, **kw)
+    assert set(ref) == {p.name for p in fwd.parameters}
+    for p in ref:
+        assert_close(derived[f"grad/{p}"], ref[p], f"grad/{p}")
+    return train
+
+
+# -- small graphs covering every gradient rule -----------------------------------------------------
+
+def einsum_graph() -> Graph:
+    b = GraphBuilder("einsums")
+    for n, s in {"b": 3, "i": 4, "j": 5, "k": 2, "h": 6}.items():
+        b.dim(n, s)
+    x = b.input("x", ["b", "i"])
+    w, q, s = b.parameter("w", ["i", "j"]), b.parameter("q", ["j", "k"]), b.parameter("s", ["h", "k"])
+    r, t = b.parameter("r", ["k"]), b.parameter("t", ["k", "b"])
+    y1 = b.einsum([x, w], ["b", "j"], name="contract")               # contraction i, outer b and j
+    e2 = b.einsum([y1, q], ["j", "b", "k"], name="batch_outer")      # batch j, outer b and k
+    e3 = b.einsum([e2, s], ["b", "k"], name="only_summed")           # j only in e2, h only in s
+    e4 = b.einsum([e3, r, t], ["b"], name="three")                   # three inputs, k contracted in all
+    e5 = b.einsum([e2], ["k", "j"], name="single")                   # one input: sum over b, transpose
+    e6 = b.einsum([w], ["j", "i"], name="transpose")                 # one input, no sum
+    loss = b.reduce(e4, [], fn="mean") + b.reduce(b.square(e5), [], fn="sum") + b.reduce(
+        b.einsum([e6, x], ["b"], name="use_t"), [], fn="sum")
+    return b.build(loss)
+
+
+def broadcast_graph() -> Graph:
+    b = GraphBuilder("broadcast")
+    b.dim("m", 3), b.dim("n", 4)
+    a, v, c = b.parameter("a", ["m", "n"]), b.parameter("v", ["n"]), b.parameter("c", ["m"])
+    x = b.input("x", ["n", "m"])
+    s1 = a + v                                   # rhs broadcast over m
+    s2 = c - s1                                  # lhs broadcast over n
+    s3 = s2 * x                                  # other input's dims permuted
+    s4 = s3 / b.unary("exp", v)                  # rhs broadcast in div
+    s5 = v / b.unary("exp", a)                   # lhs broadcast in div, output [n, m]
+    s6 = a * a                                   # one tensor twice
+    s7 = b.elementwise("identity", [v], ["m", "n"])          # broadcast by identity
+    s8 = b.elementwise("identity", [a], ["n", "m"])          # transpose by identity
+    s9 = -b.scale(c, 0.5)
+    total = b.elementwise("add", [s4, s5], ["m", "n"]) + s6 + s7 * x + s8 + s9
+    return b.build(b.reduce(b.square(total), [], fn="mean"))
+
+
+UNARY = sorted(f for f, spec in ELEMENTWISE_FNS.items()
+               if spec.arity == 1 and (f in UNARY_GRAD or f in ("identity", "neg", "scale")))
+
+
+def unary_graph() -> Graph:
+    b = GraphBuilder("unary")
+    b.dim("m", 3), b.dim("n", 5)
+    w = b.input("w", ["m", "n"])
+    terms = []
+    for fn in UNARY:
+        p = b.parameter(f"p_{fn}", ["m", "n"])
+        arg = b.unary("exp", p) if fn in ("log", "sqrt", "rsqrt") else p   # positive domain
+        params = {"factor": -1.5} if fn == "scale" else {}
+        terms.append(b.unary(fn, arg, **params) * w)
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return b.build(b.reduce(total, [], fn="sum"))
+
+
+def reduce_graph() -> Graph:
+    b = GraphBuilder("reduce")
+    b.dim("a", 3), b.dim("b", 4), b.dim("c", 5)
+    p, v = b.parameter("p", ["a", "b", "c"]), b.parameter("v", ["a"])
+    w1, w2, w3 = b.input("w1", ["c", "a"]), b.input("w2", ["b"]), b.input("w3", ["a", "b"])
+    r_sum = b.reduce(p, ["c", "a"], fn="sum")
+    r_mean = b.reduce(p, ["b"], fn="mean")
+    r_max = b.reduce(p, ["a", "b"], fn="max")
+    ties = b.reduce(b.elementwise("identity", [v], ["a", "b"]), ["a"], fn="max")   # every entry tied
+    keep = b.reduce(p, ["a", "b", "c"], fn="sum")                                   # reduces nothing
+    loss = (b.reduce(r_sum * w1, [], fn="sum") + b.reduce(r_mean * w2, [], fn="sum")
+            + b.reduce(r_max * w3, [], fn="sum") + b.reduce(b.square(ties), [], fn="sum")
+            + b.reduce(b.square(keep), [], fn="mean"))
+    return b.build(loss)
+
+
+def norm_graph() -> Graph:
+    b = GraphBuilder("norms")
+    b.dim("b", 4), b.dim("d", 3), b.dim("e", 6)
+    x, t1, t2 = b.input("x", ["b", "d"]), b.input("t1", ["b", "e"]), b.input("t2", ["e", "b"])
+    w = b.parameter("w", ["d", "e"])
+    h = b.einsum([x, w], ["b", "e"])
+    loss = b.reduce(b.softmax(h, "e") * t1, [], fn="sum") + b.reduce(b.layer_norm(h, "e") * t2, [], fn="sum")
+    return b.build(loss)
+
+
+def reshape_graph() -> Graph:
+    b = GraphBuilder("reshape")
+    for n, s in {"a": 6, "b": 4, "a1": 2, "a2": 3, "c": 8, "a3": 3, "z": 24}.items():
+        b.dim(n, s)
+    p = b.parameter("p", ["a", "b"])
+    s = b.split(p, "a", ["a1", "a2"])                          # [a1, a2, b]
+    m = b.reshape(s, [(["b", "a1"], ["c"]), (["a2"], ["a3"])])  # merge + rename in one op
+    flat = b.merge(b.relu(p), ["b", "a"], "z")                 # merge against the dim order
+    w1, w2 = b.input("w1", ["a3", "c"]), b.input("w2", ["z"])
+    loss = b.reduce(b.square(m) * w1, [], fn="sum") + b.reduce(flat * w2, [], fn="sum")
+    return b.build(loss)
+
+
+def lm_graph() -> Graph:
+    b = GraphBuilder("lm")
+    b.dim("vocab", 5), b.dim("d", 3), b.dim("f", 4), b.dim("b", 4), b.dim("s", 3)
+    table, w, u = b.parameter("table", ["vocab", "d"]), b.parameter("w", ["d", "f"]), b.parameter("u", ["f", "d"])
+    ids, labels = b.input("ids", ["b", "s"], "int32"), b.input("labels", ["s", "b"], "int32")
+    emb = b.gather(table, ids, "vocab")                                # [b, s, d]; repeated ids
+    h = emb + b.einsum([b.relu(b.einsum([emb, w], ["b", "s", "f"])), u], ["b", "s", "d"])   # residual
+    logits = b.einsum([h, table], ["b", "vocab", "s"])                 # tied table: two consumers
+    return b.build(b.reduce(b.cross_entropy(logits, labels, "vocab"), [], fn="mean"))
+
+
+def stop_graph() -> Graph:
+    """A parameter used thrice, an unused one, and one reaching the loss only through ``eq``."""
+    b = GraphBuilder("stop")
+    b.dim("n", 4)
+    p, z = b.parameter("p", ["n"]), b.parameter("z", ["n"])
+    b.parameter("unused", ["n"])
+    x = b.input("x", ["n"])
+    mask = b.binary("eq", z, x)
+    y = b.unary("tanh", p) * p + b.unary("sigmoid", p) + mask
+    return b.build(b.reduce(y, [], fn="sum"))
+
+
+GRAPHS = [einsum_graph, broadcast_graph, unary_graph, reduce_graph, norm_graph, reshape_graph, lm_graph,
+          stop_graph]
+
+
+@pytest.mark.parametrize("build", GRAPHS, ids=lambda f: f.__name__)
+def test_derived_gradients_equal_jax_grad(build):
+    assert_grads_match(build())
+
+
+def test_small_graphs_cover_every_op_kind_and_differentiable_function():
+    fwd = [f() for f in GRAPHS]
+    kinds = {op.kind for g in fwd for op in g.ops}
+    assert kinds == {"einsum", "elementwise", "reduce", "softmax", "layer_norm", "reshape", "gather", "cross_entropy"}
+    fns = {op.fn for g in fwd for op in g.ops if isinstance(op, Elementwise)}
+    assert fns >= {"add", "sub", "mul", "div", "eq", *UNARY}
+    assert {op.fn for g in fwd for op in g.ops if op.kind == "reduce"} == {"sum", "mean", "max"}
+    train_kinds = {op.kind for g in fwd for op in training_graph(g).ops}
+    assert train_kinds >= {"softmax_grad", "layer_norm_grad", "scatter_add", "cross_entropy_grad"}
+
+
+def test_gather_ids_repeat_so_scatter_add_accumulates():
+    ids = np.asarray(random_inputs(lm_graph())["ids"]).ravel()
+    assert len(set(ids.tolist())) < len(ids)
+
+
+def test_unused_parameter_gets_zero_gradient_and_eq_stops_gradients():
+    train = assert_grads_match(stop_graph())
+    for name in ("grad/unused", "grad/z"):
+        op = train.producer(name)
+        assert isinstance(op, Elementwise) and op.fn == "fill" and op.param == {"value": 0.0}
+    sums = [op.output for op in train.ops if op.output == "grad/p" or op.output.startswith("grad/p/add")]
+    assert sums == ["grad/p/add1", "grad/p"]                     # three contributions, two adds
+
+
+def test_seed_is_a_fill_of_one_on_the_loss():
+    train = training_graph(einsum_graph())
+    seed = train.producer(f"grad/{train.loss}")
+    assert isinstance(seed, Elementwise) and seed.fn == "fill" and seed.inputs == (train.loss,)
+    assert seed.param == {"value": 1.0} and seed.phase == "backward"
+
+
+# -- optimizers ------------------------------------------------------------------------------------
+
+def test_sgd_update_matches_reference():
+    opt = Optimizer("sgd", lr=0.05)
+    train, params, _, derived, ref = run_both(lm_graph(), opt)
+    for p, v in params.items():
+        assert_close(derived[f"new/{p}"], np.asarray(v) - 0.05 * np.asarray(ref[p]), f"new/{p}")
+        t = train.tensors[f"new/{p}"]
+        assert (t.role, t.updates, t.dims, t.dtype) == ("parameter", p, train.tensors[p].dims, "float32")
+    assert train.meta["training"] == {"optimizer": {"kind": "sgd", "lr": 0.05}}
+
+
+def test_adam_update_with_bias_correction_matches_reference():
+    opt = Optimizer("adam", lr=0.01, b1=0.8, b2=0.95, eps=1e-6, step=3)
+    fwd = norm_graph()
+    rng = np.random.default_rng(1)
+    state = {}
+    for p in fwd.parameters:
+        shape = [d.size for d in p.dims]
+        state[f"adam_m/{p.name}"] = rng.standard_normal(shape).astype(np.float32) * 0.1
+        state[f"adam_v/{p.name}"] = rng.random(shape).astype(np.float32) * 0.01
+    train, params, _, derived, ref = run_both(fwd, opt, state=state)
+    for p, v in params.items():
+        g, m0, v0 = np.asarray(ref[p], np.float64), state[f"adam_m/{p}"], state[f"adam_v/{p}"]
+        m = 0.8 * m0 + 0.2 * g
+        vv = 0.95 * v0 + 0.05 * g * g
+        mhat, vhat = m / (1 - 0.8**3), vv / (1 - 0.95**3)
+        new = np.asarray(v, np.float64) - 0.01 * mhat / (np.sqrt(vhat) + 1e-6)
+        assert_close(derived[f"new/adam_m/{p}"], m, f"new/adam_m/{p}")
+        assert_close(derived[f"new/adam_v/{p}"], vv, f"new/adam_v/{p}")
+        assert_close(derived[f"new/{p}"], new, f"new/{p}")
+        for s in ("adam_m", "adam_v"):
+            assert train.tensors[f"{s}/{p}"].role == "optimizer_state"
+            assert train.tensors[f"new/{s}/{p}"].updates == f"{s}/{p}"
+    assert train.meta["training"]["optimizer"] == {"kind": "adam", "lr": 0.01, "b1": 0.8, "b2": 0.95,
+                                                   "eps": 1e-6, "step": 3}
+
+
+def test_optimizer_accepts_names_and_rejects_bad_settings():
+    assert Optimizer.of("sgd") == Optimizer("sgd")
+    for bad in ({"kind": "lamb"}, {"lr": 0.0}, {"b1": 1.0}, {"step": 0}, {"eps": -1.0}):
+        with pytest.raises(GraphError):
+            Optimizer(**bad)
+    with pytest.raises(GraphError, match="unknown optimizer"):
+        training_graph(norm_graph(), "adagrad")
+
+
+# -- conventions -----------------------------------------------------------------------------------
+
+def blocked_graph() -> Graph:
+    b = GraphBuilder("blocked", dtype="bfloat16")
+    b.dim("b", 4), b.dim("d", 8), b.dim("f", 16)
+    h = b.input("x", ["b", "d"])
+    for i in range(2):
+        with b.block(f"layer.{i}"):
+            w, v = b.parameter("w", ["d", "f"]), b.parameter("v", ["f", "d"])
+            ff = b.einsum([b.relu(b.einsum([h, w], ["b", "f"], name="mm")), v], ["b", "d"])
+            h = b.binary("add", h, ff, name="residual")
+    return b.build(b.reduce(b.square(h), [], fn="mean"), meta={"model": "blocked"})
+
+
+def test_gradients_have_the_tensor_dims_dtype_and_role():
+    fwd = blocked_graph()
+    train = training_graph(fwd)
+    grads = [t for t in train.tensors.values() if t.name.startswith("grad/")]
+    assert {t.role for t in grads} == {"gradient"}
+    for t in grads:
+        src = train.tensors.get(t.name[len("grad/"):])
+        if src is not None:
+            assert (t.dims, t.dtype) == (src.dims, src.dtype)
+    for p in fwd.parameters:
+        assert f"grad/{p.name}" in train.tensors
+        assert train.tensors[f"adam_m/{p.name}"].dtype == "float32"
+        assert train.tensors[f"new/{p.name}"].dtype == "bfloat16"
+    assert {t.name for t in train.parameters} == {p.name for p in fwd.parameters}
+    states = {f"{s}/{p.name}" for p in fwd.parameters for s in ("adam_m", "adam_v")}
+    assert {t.name for t in train.fed} == {t.name for t in fwd.fed} | states
+
+
+def test_a_new_value_must_match_the_tensor_it_updates():
+    train = training_graph(norm_graph(), "sgd")
+    tensors = dict(train.tensors)
+    tensors["new/w"] = Tensor("new/w", tuple(reversed(tensors["w"].dims)), role="parameter", updates="w")
+    with pytest.raises(GraphError, match="differs in dims or dtype"):
+        Graph("bad", tensors.values(), train.ops, loss=train.loss)
+
+
+def test_phases_and_blocks_follow_the_forward_ops():
+    fwd = blocked_graph()
+    train = training_graph(fwd)
+    assert train.ops[: len(fwd.ops)] == fwd.ops
+    assert {op.phase for op in train.ops[len(fwd.ops):]} == {"backward", "optimizer"}
+    assert train.op("grad/layer.1/w").block == "layer.1"              # dW einsum of layer.1's matmul
+    assert train.op("grad/layer.0/mm").block == "layer.0"
+    assert train.op("new/layer.0/w").phase == "optimizer" and train.op("new/layer.0/w").block == "layer.0"
+    # the residual stream between the layers sums two contributions, in the producer's block
+    total = train.op("grad/layer.0/residual")
+    assert total.block == "layer.0" and total.fn == "add" and total.phase == "backward"
+    assert train.meta["model"] == "blocked" and fwd.meta == {"model": "blocked"}
+
+
+def test_training_graph_is_deterministic_and_round_trips_json():
+    fwd = lm_graph()
+    train = training_graph(fwd, "adam")
+    assert training_graph(fwd, "adam") == train
+    assert graph_from_json(graph_to_json(train)) == train
+
+
+def test_rejects_graphs_without_loss_or_already_trained_or_without_gradient_rule():
+    b = GraphBuilder("noloss")
+    b.dim("n", 2)
+    b.relu(b.parameter("p", ["n"]))
+    with pytest.raises(GraphError, match="no loss"):
+        training_graph(b.build())
+    with pytest.raises(GraphError, match="already a training graph"):
+        training_graph(training_graph(norm_graph()))
+    b = GraphBuilder("second-order")
+    b.dim("n", 2)
+    p, x = b.parameter("p", ["n"]), b.input("x", ["n"])
+    with pytest.raises(GraphError, match="no gradient rule for elementwise function 'relu_grad'"):
+        training_graph(b.build(b.reduce(b.binary("relu_grad", p, x), [], fn="sum")))
+
+
+# -- the zoo ---------------------------------------------------------------------------------------
+
+ZOO_SMALL = {"layers": 1, "batch": 2}
+
+
+@pytest.mark.parametrize("model", [m.name for m in list_models()])
+def test_zoo_gradients_equal_jax_grad(model):
+    spec = next(m for m in list_models() if m.name == model)
+    fwd = build_model(model, **{k: v for k, v in ZOO_SMALL.items() if k in spec.params})
+    assert_grads_match(fwd)
