@@ -29,3 +29,12 @@ class LayoutError(LayoutSearchError):
 class CostModelError(LayoutSearchError):
     """A cost-model query that cannot be answered: unknown collective kind, negative
     bytes, a link with no bandwidth."""
+
+
+class CostDAGError(LayoutSearchError):
+    """An invalid cost DAG: unknown nodes, cycles, negative times or bytes, a malformed DAG file."""
+
+
+class PartitionError(LayoutSearchError):
+    """A partition that cannot be found: too few nodes for the stages, an infeasible memory limit, a DAG
+    too wide for the exact DP, an objective the chosen method does not support."""
