@@ -9,7 +9,7 @@ forward graph and the derived training graph (backward and optimizer ops).
 
 from __future__ import annotations
 
-import math
+import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -84,6 +84,18 @@ ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {
 """JAX implementation of every elementwise function of the IR."""
 
 
+def scope_name(op: str) -> str:
+    """The ``jax.named_scope`` each op is traced under: compiled HLO instructions carry
+    ``op_name=".../[<op>]/<primitive>"`` metadata, tracing them back to the IR op."""
+    return f"[{op}]"
+
+
+def op_of_scope(metadata_op_name: str) -> str | None:
+    """The IR op an HLO instruction's ``op_name`` metadata belongs to (the innermost one), or None."""
+    found = re.findall(r"\[([^\[\]]+)\]", metadata_op_name)
+    return found[-1] if found else None
+
+
 class _Interpreter:
     def __init__(self, graph: Graph, env: Arrays, constrain: Constrain | None) -> None:
         self.g = graph
@@ -99,13 +111,14 @@ class _Interpreter:
 
     def run(self) -> Arrays:
         for op in self.g.ops:
-            y = getattr(self, "_" + op.kind)(op)
-            t = self.g.tensors[op.output]
-            want = tuple(d.size for d in t.dims)
-            if y.shape != want:
-                y = jnp.broadcast_to(y, want)
-            y = y.astype(jax_dtype(t))
-            self.env[op.output] = self.constrain(op.output, y) if self.constrain else y
+            with jax.named_scope(scope_name(op.name)):
+                y = getattr(self, "_" + op.kind)(op)
+                t = self.g.tensors[op.output]
+                want = tuple(d.size for d in t.dims)
+                if y.shape != want:
+                    y = jnp.broadcast_to(y, want)
+                y = y.astype(jax_dtype(t))
+                self.env[op.output] = self.constrain(op.output, y) if self.constrain else y
         return self.env
 
     # -- one method per op kind
@@ -174,14 +187,15 @@ class _Interpreter:
         return align(y, yd, self.dims(op.output))
 
     def _scatter_add(self, op: O.ScatterAdd) -> jax.Array:
+        # Index with the ids array as it is (no flattening: merging the ids' dims would
+        # make XLA gather ids and dy over the axes splitting the minor ones).
         ids, dy = op.inputs
         out = self.dims(op.output)
         other = [d for d in out if d != op.dim]
         idd = self.dims(ids)
-        n = math.prod(self.g.dims[d] for d in idd)
-        flat_dy = self.arg(dy, [*idd, *other]).reshape([n, *(self.g.dims[d] for d in other)])
-        zeros = jnp.zeros([self.g.dims[op.dim], *(self.g.dims[d] for d in other)], flat_dy.dtype)
-        y = zeros.at[self.env[ids].reshape(n)].add(flat_dy)
+        upd = self.arg(dy, [*idd, *other])
+        zeros = jnp.zeros([self.g.dims[op.dim], *(self.g.dims[d] for d in other)], upd.dtype)
+        y = zeros.at[self.env[ids]].add(upd)
         return align(y, [op.dim, *other], out)
 
     def _log_probs(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:
