@@ -200,9 +200,10 @@ class _OverDim(Op):
     """An op normalizing over one named dim; output has the input's dims."""
 
     dim: str
+    arity: ClassVar[int] = 1
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
-        super().check(tensors)
+        self._expect_arity(self.arity)
         self._expect_float(tensors, *self.inputs, self.output)
         x = self._dims(tensors, self.inputs[0])
         if self.dim not in x:
@@ -224,10 +225,7 @@ class SoftmaxGrad(_OverDim):
     """Gradient of softmax: inputs (y, dy) -> dx = y * (dy - sum_dim(dy * y))."""
 
     kind: ClassVar[str] = "softmax_grad"
-
-    def check(self, tensors: Mapping[str, Tensor]) -> None:
-        self._expect_arity(2)
-        super().check(tensors)
+    arity: ClassVar[int] = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,11 +242,8 @@ class LayerNormGrad(_OverDim):
     """Gradient of LayerNorm: inputs (x, dy) -> dx."""
 
     kind: ClassVar[str] = "layer_norm_grad"
+    arity: ClassVar[int] = 2
     eps: float = 1e-5
-
-    def check(self, tensors: Mapping[str, Tensor]) -> None:
-        self._expect_arity(2)
-        super().check(tensors)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -327,6 +322,7 @@ class ScatterAdd(Op):
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         ids, dy, out = (tensors[self.inputs[0]], tensors[self.inputs[1]], tensors[self.output])
+        self._expect_float(tensors, dy.name, out.name)
         if ids.is_float:
             raise self._fail(f"ids {ids.name!r} must be int32")
         if self.dim not in out.dim_names:
@@ -370,6 +366,9 @@ class CrossEntropyGrad(Op):
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(3)
         logits, labels, dloss = (tensors[t] for t in self.inputs)
+        self._expect_float(tensors, logits.name, dloss.name, self.output)
+        if self.dim not in logits.dim_names:
+            raise self._fail(f"dim {self.dim!r} is not a dim of logits {logits.name!r}")
         if labels.is_float:
             raise self._fail(f"labels {labels.name!r} must be int32")
         want = set(logits.dim_names) - {self.dim}
