@@ -139,3 +139,11 @@ def test_loss_must_be_scalar():
     x = b.input("x", [b.dim("a", 2)])
     with pytest.raises(GraphError, match="must be a scalar"):
         b.build(b.relu(x))
+
+
+def test_with_sizes_resizes_a_dim_everywhere():
+    g = ffn().with_sizes({"batch": 2})
+    assert g.tensors["x"].dims[0].size == 2 and g.tensors["layer.0/h"].dims[0].size == 2
+    assert g.dims["batch"] == 2 and g.ops == ffn().ops
+    with pytest.raises(GraphError, match="unknown dim 'nope'"):
+        ffn().with_sizes({"nope": 2})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
@@ -143,6 +144,16 @@ class Graph:
                     g.add_edge(p.name, op.name)
                     g.edges[p.name, op.name].setdefault("tensors", []).append(t)
         return g
+
+    def with_sizes(self, sizes: Mapping[str, int]) -> Graph:
+        """The same graph with some dims resized (e.g. ``{"batch": 4}`` for one
+        micro-batch); ``meta`` entries named like a resized dim follow it."""
+        for d in sizes:
+            self.dim(d)
+        new = {d: Dim(d, sizes.get(d, s)) for d, s in self.dims.items()}
+        tensors = [dataclasses.replace(t, dims=tuple(new[d.name] for d in t.dims)) for t in self.tensors.values()]
+        meta = {k: (sizes[k] if k in sizes and isinstance(v, int) else v) for k, v in self.meta.items()}
+        return Graph(self.name, tensors, self.ops, loss=self.loss, meta=meta)
 
     def tensors_with_role(self, *roles: str) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role in roles]
