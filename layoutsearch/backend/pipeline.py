@@ -192,13 +192,18 @@ class Pipeline:
     and returns the graph's own parameter names.
     """
 
-    def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], microbatches: int, remat: bool = True,
-                 batch_dim: str = "batch", stage_axis: str = "stage", data_axis: str = "data",
+    def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
+                 remat: bool = True, batch_dim: str = "batch", stage_axis: str = "stage", data_axis: str = "data",
                  block_prefix: str = "layer", devices: list[jax.Device] | None = None) -> None:
         extra = set(mesh_shape) - {stage_axis, data_axis}
         if stage_axis not in mesh_shape or extra:
             raise LayoutError(f"pipeline mesh needs axis {stage_axis!r} and optionally {data_axis!r}; "
                               f"got {dict(mesh_shape)} (other axes are not supported)")
+        if stages is not None and stages != mesh_shape[stage_axis]:
+            raise LayoutError(f"stages={stages} must equal the size of mesh axis {stage_axis!r} "
+                              f"({mesh_shape[stage_axis]})")
+        if microbatches < 1:
+            raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
         self.graph, self.remat, self.batch_dim = graph, remat, batch_dim
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
@@ -256,10 +261,10 @@ class Pipeline:
         loss, (ds, do) = (compiled or self.step)(*self.place(params, inputs))
         return loss, self.unstack(ds, do)
 
-    def compile(self, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> Any:
+    def compile(self, params: Mapping[str, Any], inputs: Mapping[str, Any],
+                compiler_options: Mapping[str, Any] | None = None) -> Any:
         """The compiled XLA program of :attr:`step` (for ``hlo.summarize(compiled, pipeline.mesh)``)."""
-        args = self.place(params, inputs)
-        return self.step.lower(*args).compile()
+        return self.step.lower(*self.place(params, inputs)).compile(dict(compiler_options or {}))
 
     # -- the pipelined loss
     def _sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
@@ -334,18 +339,19 @@ def _vary(tree: Any, axes: tuple[str, ...]) -> Any:
     return jax.tree.map(cast, tree)
 
 
-def pipelined_loss_and_grads(graph: Graph, mesh_shape: Mapping[str, int], microbatches: int, remat: bool = True,
-                             batch_dim: str = "batch", **kwargs: Any) -> tuple[Callable[..., tuple[jax.Array, Arrays]],
-                                                                              Pipeline]:
-    """``(fn(params, inputs) -> (loss, grads), pipeline)``: the GPipe step with ``mesh_shape[stage]`` stages;
-    parameters and gradients use the graph's own names."""
-    pipe = Pipeline(graph, mesh_shape, microbatches, remat, batch_dim, **kwargs)
+def pipelined_loss_and_grads(graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int,
+                             stages: int | None = None, remat: bool = True, batch_dim: str = "batch",
+                             **kwargs: Any) -> tuple[Callable[..., tuple[jax.Array, Arrays]], Pipeline]:
+    """``(fn(params, inputs) -> (loss, grads), pipeline)``: the GPipe step with ``mesh_shape["stage"]``
+    stages and ``microbatches`` micro-batches; parameters and gradients use the graph's own names."""
+    pipe = Pipeline(graph, mesh_shape, microbatches=microbatches, stages=stages, remat=remat, batch_dim=batch_dim,
+                    **kwargs)
     return pipe.loss_and_grads, pipe
 
 
-def compile_pipeline(graph: Graph, mesh_shape: Mapping[str, int], microbatches: int,
-                     params: Mapping[str, Any], inputs: Mapping[str, Any], remat: bool = True,
-                     batch_dim: str = "batch", **kwargs: Any) -> tuple[Any, jax.sharding.Mesh]:
+def compile_pipeline(graph: Graph, mesh_shape: Mapping[str, int], params: Mapping[str, Any],
+                     inputs: Mapping[str, Any], *, microbatches: int, compiler_options: Mapping[str, Any] | None = None,
+                     **kwargs: Any) -> tuple[Any, jax.sharding.Mesh]:
     """The compiled program of the pipelined step and its JAX mesh (for ``hlo.summarize``)."""
-    pipe = Pipeline(graph, mesh_shape, microbatches, remat, batch_dim, **kwargs)
-    return pipe.compile(params, inputs), pipe.mesh
+    pipe = Pipeline(graph, mesh_shape, microbatches=microbatches, **kwargs)
+    return pipe.compile(params, inputs, compiler_options), pipe.mesh
