@@ -27,6 +27,7 @@ Table 1 of the Mesh-TensorFlow paper, for any graph.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ class Comm:
     bytes: int
     tensor: str
     cause: str
+    shared: tuple | None = None
+    """Identity of a collective several ops need (the same reshard of the same
+    tensor): XLA computes it once per step (CSE). See :meth:`OpRules.step_costs`."""
 
 
 @dataclass(frozen=True)
@@ -141,14 +145,21 @@ def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: s
     return out
 
 
-def _partial_sums(out: Tensor, produced: DimLayout, partial: Axes, stored: DimLayout, mesh: Mesh,
-                  reduce_scatter: bool, cause: str) -> tuple[list[Comm], DimLayout]:
-    """Collectives finishing partial sums over ``partial``; returns them and the layout after."""
+def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str, Axes]], stored: DimLayout,
+                  mesh: Mesh, reduce_scatter: bool, cause: str) -> tuple[list[Comm], DimLayout]:
+    """Collectives finishing the partial sums of the reduced dims split over
+    axes (``partial``: (dim, axes) pairs); returns them and the layout after.
+
+    One all-reduce per reduced dim (XLA finishes the partial sums of each split
+    contracted dim separately: ``w[io,h]`` contracted over ``batch`` on ``data``
+    and ``seq`` on ``seq`` is all-reduced over ``seq``, then over ``data``).
+    With ``reduce_scatter``, the axes the stored output keeps split are first
+    reduce-scattered (one collective), and each dim's remaining axes all-reduced."""
     if not partial:
         return [], produced
-    kept = {a: d for d, axes in stored.items() for a in axes if a in partial and a not in produced.get(d, ())}
-    rs = tuple(a for a in partial if a in kept) if reduce_scatter else ()
-    ar = tuple(a for a in partial if a not in rs)
+    axes_all = tuple(a for _, axes in partial for a in axes)
+    kept = {a: d for d, axes in stored.items() for a in axes if a in axes_all and a not in produced.get(d, ())}
+    rs = tuple(a for a in mesh.names if a in kept and a in axes_all) if reduce_scatter else ()
     comms: list[Comm] = []
     after = dict(produced)
     if rs:
@@ -156,8 +167,11 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Axes, stored: DimLa
                           f"{cause}; output keeps {', '.join(f'{kept[a]} split over {a}' for a in rs)}"))
         for a in rs:
             after[kept[a]] = (*after.get(kept[a], ()), a)
-    if ar:
-        comms.append(Comm("all-reduce", ar, local_bytes(out, after, mesh), out.name, cause))
+    for d, axes in partial:
+        ar = tuple(a for a in axes if a not in rs)
+        if ar:
+            comms.append(Comm("all-reduce", ar, local_bytes(out, after, mesh), out.name,
+                              f"{cause} ({d} over {'+'.join(ar)})"))
     return comms, after
 
 
@@ -201,7 +215,38 @@ class OpRules:
 
     def cost(self, op: O.Op, iteration: DimLayout, inputs: Sequence[DimLayout], output: DimLayout) -> OpCost:
         """Cost of ``op`` run with computation layout ``iteration``, its inputs
-        stored as ``inputs`` and its output to be stored as ``output``."""
+        stored as ``inputs`` and its output to be stored as ``output``.
+
+        A gather or scatter-add may run in another computation layout than
+        ``iteration``: XLA's partitioner also considers keeping the table
+        (operand) as it is stored ("operand passthrough": the ids are gathered,
+        the result resharded) and takes the cheaper; so does this rule (fewer
+        bytes moved; ties keep ``iteration``)."""
+        if isinstance(op, (O.Gather, O.ScatterAdd)):
+            best = None
+            for it in (iteration, self._passthrough(op, inputs, output)):
+                c = self._cost(op, it, inputs, output)
+                if best is None or sum(x.bytes for x in c.comms) < sum(x.bytes for x in best.comms):
+                    best = c
+            assert best is not None
+            return best
+        return self._cost(op, iteration, inputs, output)
+
+    def _passthrough(self, op: O.Op, inputs: Sequence[DimLayout], output: DimLayout) -> DimLayout:
+        """The computation layout keeping a gather's table (a scatter-add's
+        output table) as stored, plus the ids' splits on axes still free."""
+        t = self.graph.tensors
+        table, ids = (output, inputs[0]) if isinstance(op, O.ScatterAdd) else (inputs[0], inputs[1])
+        it = dict(table)
+        used = {a for axes in it.values() for a in axes}
+        for d, axes in ids.items():
+            if used.isdisjoint(axes) and d not in it:
+                it[d] = axes
+                used.update(axes)
+        dims = op.iteration_dims(t)
+        return {d: it[d] for d in dims if it.get(d)}
+
+    def _cost(self, op: O.Op, iteration: DimLayout, inputs: Sequence[DimLayout], output: DimLayout) -> OpCost:
         g, mesh = self.graph, self.mesh
         t = g.tensors
         out = t[op.output]
@@ -217,7 +262,11 @@ class OpRules:
         hbm = 0.0
         for name, stored in zip(op.inputs, inputs, strict=True):
             want = restrict(iteration, t[name].dim_names)
-            comms += reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
+            more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
+            if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once
+                key = ("reshard", name, _key(stored), _key(want))
+                more = [dataclasses.replace(c, shared=key + (i,)) for i, c in enumerate(more)]
+            comms += more
             hbm += local_bytes(t[name], want, mesh)
         split = math.prod(mesh.group_size(iteration.get(d, ())) for d in space)
         flops = op_flops(g, op) / split
@@ -232,12 +281,12 @@ class OpRules:
                 comms.append(Comm("all-reduce", axes, row_bytes, op.output,
                                   f"{op.kind} over {norm_dim} split over {'+'.join(axes)} (statistic {i + 1})"))
         if isinstance(op, (O.Einsum, O.Reduce, O.ScatterAdd, O.Gather)):
-            reduced = [d for d in space if d not in out.dim_names]
-            partial = tuple(a for a in mesh.names if any(a in iteration.get(d, ()) for d in reduced))
+            reduced = [d for d in space if d not in out.dim_names and iteration.get(d)]
             what = "contracted" if isinstance(op, O.Einsum) else "reduced"
-            cause = f"{op.name}: {what} {', '.join(d for d in reduced if iteration.get(d))} split over " \
-                    f"{'+'.join(partial)}"
-            more, produced = _partial_sums(out, produced, partial, output, mesh, self.reduce_scatter, cause)
+            cause = f"{op.name}: {what} {', '.join(reduced)} split over " \
+                    f"{'+'.join(a for d in reduced for a in iteration[d])}"
+            more, produced = _partial_sums(out, produced, [(d, iteration[d]) for d in reduced], output, mesh,
+                                           self.reduce_scatter, cause)
             comms += more
         comms += reshard(out, produced, output, mesh, f"{op.output} stored as {_fmt(output)}")
         hbm += local_bytes(out, produced, mesh)
@@ -248,6 +297,33 @@ class OpRules:
         t = self.graph.tensors
         return self.cost(op, self.iteration_layout(op, layout), [layout.dim_layout(t[i]) for i in op.inputs],
                          layout.dim_layout(t[op.output]))
+
+    def step_costs(self, layout: Layout) -> list[OpCost]:
+        """:meth:`cost_under` of every op of the graph, in order, with each
+        shared collective (see :attr:`Comm.shared`) kept by its first op only:
+        the sum over ops is then the step's communication."""
+        return dedupe_shared([self.cost_under(op, layout)
+                              for op in self.graph.ops])
+
+
+def dedupe_shared(costs: Sequence[OpCost]) -> list[OpCost]:
+    """``costs`` (one step, in op order) with every repeat of a shared collective dropped."""
+    seen: set[tuple] = set()
+    out = []
+    for c in costs:
+        keep = []
+        for x in c.comms:
+            if x.shared is not None:
+                if x.shared in seen:
+                    continue
+                seen.add(x.shared)
+            keep.append(x)
+        out.append(c if len(keep) == len(c.comms) else dataclasses.replace(c, comms=tuple(keep)))
+    return out
+
+
+def _key(lay: DimLayout) -> tuple[tuple[str, Axes], ...]:
+    return tuple(sorted((d, a) for d, a in lay.items() if a))
 
 
 def _fmt(lay: DimLayout) -> str:
