@@ -25,7 +25,10 @@ op's transient buffers, and the peak is the largest such sum.
   collective's payload for that input), an output produced whole and then
   reduce-scattered or all-reduced and sliced (its payload less the stored
   slice), an output moved by an all-to-all. Normalization statistics are
-  ignored (rows, not tensors).
+  ignored (rows, not tensors). A resharded input that several ops share (the
+  op rules' :attr:`Comm.shared`: XLA reshards it once, e.g. a gathered
+  weight read by the forward matmul and by a backward one) lives from the
+  first of those ops to the last.
 
 Rematerialization (activation recomputation)
 --------------------------------------------
@@ -239,9 +242,11 @@ def _parameter_gradients(graph: Graph) -> set[str]:
     return out
 
 
-def _transient(op: O.Op, cost: OpCost, stored_out: int) -> int:
-    """Bytes of the buffers ``op``'s collectives need besides its stored inputs and output."""
-    last_in: dict[str, int] = {}
+def _transient(op: O.Op, cost: OpCost, stored_out: int) -> tuple[int, dict[Any, int]]:
+    """Bytes of the buffers ``op``'s collectives need besides its stored inputs and
+    output: those of this op alone, and the resharded inputs shared with other ops
+    (by :attr:`Comm.shared` key; they live from the first op using them to the last)."""
+    last_in: dict[str, tuple[Any, int]] = {}
     out = 0
     for c in cost.comms:
         if c.tensor == op.output:
@@ -250,8 +255,22 @@ def _transient(op: O.Op, cost: OpCost, stored_out: int) -> int:
             elif c.kind in ("reduce-scatter", "all-reduce"):
                 out = max(out, c.bytes - stored_out)
         elif c.kind in ("all-gather", "all-to-all"):
-            last_in[c.tensor] = c.bytes
-    return out + sum(last_in.values())
+            shared = getattr(c, "shared", None)
+            last_in[c.tensor] = (shared[:-1] if shared else None, c.bytes)
+    own = out + sum(b for key, b in last_in.values() if key is None)
+    return own, {key: b for key, b in last_in.values() if key is not None}
+
+
+def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True) -> tuple[list[OpCost], list[OpCost]]:
+    """The cost of every op of ``g`` under ``layout``: as each op sees it (its
+    collectives, for memory), and for the step (a collective several ops share,
+    :attr:`Comm.shared`, kept by its first op only: for time and bytes)."""
+    from layoutsearch.costmodel import ops as op_rules
+
+    rules = OpRules(g, layout.mesh, reduce_scatter)
+    each = [rules.cost_under(op, layout) for op in g.ops]
+    dedupe = getattr(op_rules, "dedupe_shared", None)
+    return each, (dedupe(each) if dedupe is not None else each)
 
 
 def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none", *,
@@ -261,16 +280,16 @@ def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none"
 
     ``graph`` is a forward graph (its training graph is derived with
     ``optimizer``) or a training graph. ``op_costs`` (one per op of the
-    training graph, in its op order) give the collectives whose transient
-    buffers count; computed with :class:`OpRules` when omitted
-    (``reduce_scatter``: see :class:`~layoutsearch.mesh.Hardware`).
+    training graph, in its op order, each with all its collectives: the first
+    of :func:`step_costs`) give the collectives whose transient buffers count;
+    computed when omitted (``reduce_scatter``: see
+    :class:`~layoutsearch.mesh.Hardware`).
     """
     g = training_step(graph, optimizer)
     layout.check(g)
     plan = remat if isinstance(remat, RematPlan) else remat_plan(g, remat)
     if op_costs is None:
-        rules = OpRules(g, layout.mesh, reduce_scatter)
-        op_costs = [rules.cost_under(op, layout) for op in g.ops]
+        op_costs = step_costs(g, layout, reduce_scatter)[0]
     if len(op_costs) != len(g.ops):
         raise CostModelError(f"memory_profile got {len(op_costs)} op costs for {len(g.ops)} ops")
     return simulate(g, layout, plan, op_costs)
@@ -389,18 +408,27 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
             t.name]
 
     transient = np.zeros(n, dtype=np.int64)
+    shared: dict[Any, tuple[int, int, int]] = {}  # key -> (first op, last op, bytes)
     for i, (op, cost) in enumerate(zip(g.ops, op_costs, strict=True)):
         if cost.comms:
-            transient[i] = _transient(op, cost, local.get(op.output, 0))
+            own, buffers = _transient(op, cost, local.get(op.output, 0))
+            transient[i] = own
+            for key, nbytes in buffers.items():
+                first = shared.get(key, (i, i, 0))[0]
+                shared[key] = (first, i, nbytes)
+    t = _CAT["transient"]
+    for first, last, nbytes in shared.values():
+        deltas[t, first] += nbytes
+        deltas[t, last + 1] -= nbytes
     if plan.recomputed:
         index = {op.name: i for i, op in enumerate(g.ops)}
         for name in plan.recomputed:
             op = g.ops[index[name]]
             p = plan.points[op.block]  # type: ignore[index]
-            extra = _transient(op, op_costs[index[name]], local.get(op.output, 0))
-            transient[p] = max(transient[p], extra)
+            own, buffers = _transient(op, op_costs[index[name]], local.get(op.output, 0))
+            transient[p] = max(transient[p], own + sum(buffers.values()))
     curves = np.cumsum(deltas[:, :n], axis=1)
-    curves[_CAT["transient"]] += transient
+    curves[t] += transient
     total = curves.sum(axis=0)
     peak = int(np.argmax(total))
     breakdown = {c: int(curves[_CAT[c], peak]) for c in CATEGORIES}
@@ -409,4 +437,4 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
 
 
 __all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "graph_cached", "is_training_graph",
-           "local_bytes_fn", "memory_profile", "remat_plan", "simulate", "training_step"]
+           "local_bytes_fn", "memory_profile", "remat_plan", "simulate", "step_costs", "training_step"]

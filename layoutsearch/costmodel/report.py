@@ -51,9 +51,10 @@ from layoutsearch.costmodel.memory import (
     graph_cached,
     remat_plan,
     simulate,
+    step_costs,
     training_step,
 )
-from layoutsearch.costmodel.ops import OpCost, OpRules, op_flops
+from layoutsearch.costmodel.ops import OpCost, op_flops
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.training import Optimizer
@@ -309,10 +310,9 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     layout.check(g)
     _check_links(hw, layout)
     mesh = layout.mesh
-    rules = OpRules(g, mesh, hw.reduce_scatter)
-    costs = [rules.cost_under(op, layout) for op in g.ops]
+    each, costs = step_costs(g, layout, hw.reduce_scatter)
     plan = remat_plan(g, remat)
-    memory = simulate(g, layout, plan, costs)
+    memory = simulate(g, layout, plan, each)
 
     priced: dict[tuple[str, tuple[str, ...], int], CollectiveCost] = {}
 
