@@ -302,6 +302,7 @@ class _Ideals:
         dummy = 1 << n
         self.packed = np.frombuffer(b"".join((b | dummy).to_bytes(nb, "little") for b in self.bits),
                                     dtype=np.uint8).reshape(m, nb)
+        self.index = seen
         self.empty, self.full = 0, seen[(1 << n) - 1]
 
 
@@ -339,46 +340,60 @@ _PAIR_BUDGET = 400_000
 
 
 class _DP:
-    """``dp[k][I] = min_{J ⊊ I} max(dp[k-1][J], load(I \\ J))`` over ideals sorted by (key, size), where the
-    key (compute, or memory for ``kind="memory"``) lower-bounds a stage's load and is additive, so that
-    only pairs with ``key[I] - key[J] <= ub`` are visited."""
+    """``dp[k][I] = min_{J ⊊ I} max(dp[k-1][J], load(I \\ J))`` over ideals sorted by (key, size).
 
-    def __init__(self, ideals: _Ideals, k: int, kind: str, microbatches: int, limit: int | None) -> None:
+    The key (compute, or memory for ``kind="memory"``) is additive and lower-bounds a stage's load, so
+    a solution of value ``<= ub`` only uses pairs with ``key[I] - key[J] <= ub`` in which ``I`` can end
+    stage ``k`` and ``J`` stage ``k - 1`` for some ``k``: ``key[I] <= k ub`` and ``T - key[I] <= (K - k) ub``
+    (``T`` = key of the whole DAG). Only those pairs are priced. ``subset`` restricts the ideals (the
+    prefixes of one topological order give the best interval split, a quick upper bound).
+    """
+
+    def __init__(self, ideals: _Ideals, k: int, kind: str, microbatches: int, limit: int | None,
+                 subset: np.ndarray | None = None) -> None:
         self.I, self.k, self.kind, self.mb, self.limit = ideals, k, kind, microbatches, limit
         self.memw = ideals.mem + microbatches * ideals.act
         self.key = self.memw.astype(np.float64) if kind == "memory" else ideals.comp
-        self.order = np.lexsort((ideals.size, self.key))
+        idx = np.arange(ideals.m) if subset is None else np.asarray(subset)
+        self.order = idx[np.lexsort((ideals.size[idx], self.key[idx]))]
         self.key_sorted = self.key[self.order]
+        self.total = float(self.key[ideals.full])
         self.pairs = 0
         self.rounds = 0
 
-    def solve(self, lower: float) -> tuple[float, list[int]] | None:
-        """The optimum and its chain of ideals ``∅ = I_0 ⊊ .. ⊊ I_K = V`` (None if infeasible)."""
-        span = float(self.key_sorted[-1] - self.key_sorted[0])
-        ub = max(lower * 1.25, span / self.k, 1e-300) if span > 0 else math.inf
+    def solve(self, lower: float, upper: float | None = None) -> tuple[float, list[int]] | None:
+        """The optimum and its chain of ideals ``∅ = I_0 ⊊ .. ⊊ I_K = V`` (None if infeasible). ``upper``:
+        the value of a known solution, if any (one pass then suffices)."""
+        ub = upper if upper is not None else max(lower * 1.25, 1e-300)
         while True:
             self.rounds += 1
             got = self._run(ub)
             if got is not None and got[0] <= ub * (1 + _RTOL):
                 return got
-            if got is None and ub >= span:
+            if got is None and ub >= self.total:  # every pair was in the window: nothing fits the limit
                 return None
             ub = got[0] if got is not None else ub * 2
 
-    def _windows(self, ub: float) -> np.ndarray:
-        return np.searchsorted(self.key_sorted, self.key_sorted - ub * (1 + _RTOL) - 1e-300, side="left")
+    def _windows(self, ub: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per sorted position of I: the sorted positions ``[lo, hi)`` of the J worth pairing with it."""
+        u, ks, k, total = ub * (1 + _RTOL) + 1e-300, self.key_sorted, self.k, self.total
+        first = np.ceil(ks / u)  # the stages I may end: first .. last
+        last = k - np.ceil((total - ks) / u)
+        lo = np.maximum(np.searchsorted(ks, ks - u, side="left"),
+                        np.searchsorted(ks, total - (k + 1 - first) * u, side="left"))
+        hi = np.minimum(np.arange(len(ks)), np.searchsorted(ks, (last - 1) * u, side="right"))
+        return lo, np.where(first <= last, np.maximum(hi, lo), lo)
 
     def _run(self, ub: float) -> tuple[float, list[int]] | None:
         m, k = self.I.m, self.k
         dp = np.full((k + 1, m), math.inf)
         dp[0, self.I.empty] = 0.0
-        lo = self._windows(ub)
-        counts = np.maximum(np.arange(m) - lo, 0)
-        cum = np.cumsum(counts)
-        a = 0
-        while a < m:
+        lo, hi = self._windows(ub)
+        cum = np.cumsum(hi - lo)
+        a, n = 0, len(lo)
+        while a < n:
             b = max(a + 1, int(np.searchsorted(cum, (cum[a - 1] if a else 0) + _PAIR_BUDGET, side="right")))
-            q, p, load = self._pairs(np.arange(a, b), lo[a:b])
+            q, p, load = self._pairs(np.arange(a, b), lo[a:b], hi[a:b])
             a = b
             if not len(q):
                 continue
@@ -386,26 +401,24 @@ class _DP:
             uq = q[starts]
             for j in range(1, k + 1):
                 dp[j, uq] = np.minimum.reduceat(np.maximum(dp[j - 1, p], load), starts)
-        self.ub = ub
         value = float(dp[k, self.I.full])
         if not math.isfinite(value):
             return None
         chain, q_ideal = [self.I.full], self.I.full
-        pos = np.empty(m, dtype=np.int64)
-        pos[self.order] = np.arange(m)
+        pos = {int(i): j for j, i in enumerate(self.order)}
         for j in range(k, 0, -1):
             qpos = np.array([pos[q_ideal]])
-            _, p, load = self._pairs(qpos, lo[qpos])
+            _, p, load = self._pairs(qpos, lo[qpos], hi[qpos])
             vals = np.maximum(dp[j - 1, p], load)
             q_ideal = int(p[int(np.argmin(vals))])
             chain.append(q_ideal)
         assert q_ideal == self.I.empty
         return value, chain[::-1]
 
-    def _pairs(self, qpos: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Ideal pairs (I, J), J ⊊ I, I at sorted positions ``qpos``, J in its window; with their load."""
+    def _pairs(self, qpos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ideal pairs (I, J), J ⊊ I, I at sorted positions ``qpos``, J at ``[lo, hi)``; with their load."""
         ideals = self.I
-        counts = np.maximum(qpos - lo, 0)
+        counts = hi - lo
         total = int(counts.sum())
         q = np.repeat(self.order[qpos], counts)
         offsets = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
@@ -706,9 +719,16 @@ def _run_dp(ctx: _Ctx, ideals: _Ideals | None, k: int, kind: str, mb: int, limit
             raise PartitionError(
                 f"cost DAG {ctx.dag.name!r} has more than {max_ideals} down-closed sets: the exact DP is "
                 "impractical; use solver 'ilp-ortools' (with a time limit) or raise max_ideals") from None
+    # The best split into intervals of the topological order is a quick upper bound for the exact pass.
+    lower = _lower_bound(ctx, k)
+    prefixes = np.array([ideals.index[(1 << i) - 1] for i in range(ctx.n + 1)])
+    interval = _DP(ideals, k, kind, mb, limit, subset=prefixes)
+    first = interval.solve(lower)
     dp = _DP(ideals, k, kind, mb, limit)
-    got = dp.solve(_lower_bound(ctx, k))
-    info.update(ideals=ideals.m, pairs=dp.pairs, rounds=dp.rounds)
+    got = dp.solve(lower, None if first is None else first[0])
+    info.update(ideals=ideals.m, pairs=interval.pairs + dp.pairs, rounds=interval.rounds + dp.rounds)
+    if first is not None:
+        info["interval_split"] = first[0] * (mb + k - 1 if kind == "gpipe" else 1)
     if got is None:
         assert limit is not None
         mem = _DP(ideals, k, "memory", mb, None).solve(0.0)
