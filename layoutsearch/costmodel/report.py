@@ -429,8 +429,8 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
               ", ".join(f"{a}: {_bytes(b)}" for a, b in d["bytes_per_axis"].items())]]
     out.append(_table(["total", "value", "breakdown"], rows, "step (per device)", {1}))
     out.append(_table(["memory at peak", "bytes"], [[k, _bytes(v)] for k, v in mem["breakdown"].items() if v],
-                      f"memory per device at the peak ({mem['remat']} remat, {mem['recomputed_ops']} ops recomputed)",
-                      {1}))
+                      "memory per device at the peak", {1}))
+    out.append(f"remat {mem['remat']}: {mem['recomputed_ops']} forward ops recomputed in the backward pass")
     rows = []
     for g in d["comm_groups"]:
         rows.append([g["kind"], "+".join(g["axes"]), g["count"], _bytes(g["bytes"]), _time(g["seconds"]), ""])
