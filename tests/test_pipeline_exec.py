@@ -30,8 +30,11 @@ tuple all-reduce; the test sums bytes per mesh-axis group, so split or
 combined instructions pass alike.
 
 Numerics: float32; loss within rtol 2e-6, gradients within rtol 2e-5 and
-atol 2e-6 of ``jax.value_and_grad(forward_fn(graph))`` (the reduction order
-differs: per-micro-batch and per-shard partial sums).
+atol 2e-6 · max(1, max |reference gradient of that tensor|) of
+``jax.value_and_grad(forward_fn(graph))`` (the reduction order differs:
+per-micro-batch and per-shard partial sums; the scale only matters for moe,
+whose soft-routed gradients reach 1e5 and whose unpipelined jit and eager
+runs already differ by ~1e-6 of the maximum).
 
 Compiles use ``FAST`` (LLVM optimization off): the HLO, hence every collective,
 is identical to a default compile; only CPU code generation is cheaper.
@@ -54,6 +57,7 @@ from layoutsearch.errors import GraphError, LayoutError
 
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 SIZES = {"layers": 4, "d_model": 32, "batch": 16, "seq": 8}
+MODEL_SIZES = {"gpt": SIZES, "mtf-transformer": SIZES, "moe": {"layers": 2, "batch": 8, "seq": 16, "d_model": 32}}
 
 # (model, K stages, D data, M micro-batches, remat): each model covers K in {2, 4}, M in {2, 4},
 # remat on and off, with and without a data axis.
@@ -64,13 +68,14 @@ CASES = [
     ("mtf-transformer", 4, 1, 2, False),
     ("mtf-transformer", 4, 2, 2, True),
     ("mtf-transformer", 2, 2, 4, False),
+    ("moe", 2, 2, 2, True),
 ]
 IDS = [f"{m}-K{k}-D{d}-M{mb}-{'remat' if r else 'noremat'}" for m, k, d, mb, r in CASES]
 
 
 @functools.cache
 def _model(name: str):
-    g = build_model(name, **SIZES)
+    g = build_model(name, **MODEL_SIZES[name])
     params, inputs = init_params(g), random_inputs(g)
     ref = jax.jit(jax.value_and_grad(forward_fn(g))).lower(params, inputs).compile(FAST)(params, inputs)
     return g, params, inputs, ref
@@ -96,7 +101,8 @@ def test_pipelined_loss_and_grads_equal_unpipelined_step(case):
     np.testing.assert_allclose(loss, ref_loss, rtol=2e-6)
     assert set(grads) == set(ref_grads)
     for name, ref in ref_grads.items():
-        np.testing.assert_allclose(grads[name], ref, rtol=2e-5, atol=2e-6, err_msg=name)
+        scale = max(1.0, float(np.max(np.abs(ref))))  # moe's gradients reach 1e5
+        np.testing.assert_allclose(grads[name], ref, rtol=2e-5, atol=2e-6 * scale, err_msg=name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -105,7 +111,7 @@ def test_compiled_collectives_match_pipeline_formulas(case):
     model, K, D, M, _ = case
     g, *_ = _model(model)
     pipe, compiled = _compiled(*case)
-    L, T, B = SIZES["layers"], M + K - 1, SIZES["batch"]
+    L, T, B = MODEL_SIZES[model]["layers"], M + K - 1, MODEL_SIZES[model]["batch"]
     act = pipe.parts.layer.tensors[IN]
     b = B // (D * M) * math.prod(d.size for d in act.dims if d.name != "batch") * act.itemsize
     P_s = L // K * sum(t.nbytes for t in g.parameters if t.name.startswith("layer.0/"))

@@ -145,8 +145,8 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
         external = list(dict.fromkeys(t for op in ops for t in op.inputs if t not in produced))
         acts = [t for t in external if graph.tensors[t].role != "parameter"]
         foreign = [t for t in external if graph.tensors[t].role == "parameter" and not t.startswith(pre)]
-        outs = [t for t in produced if t == graph.loss or any(c.name not in {o.name for o in ops}
-                                                             for c in graph.consumers[t])]
+        names = {op.name for op in ops}
+        outs = [t for t in produced if t == graph.loss or any(c.name not in names for c in graph.consumers[t])]
         if len(acts) != 1 or len(outs) != 1 or foreign:
             raise GraphError(f"block {pre[:-1]} must read one activation and its own parameters and produce "
                              f"one activation; it reads {acts + foreign} and produces {outs}")
@@ -175,7 +175,8 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
             downstream.add(op.output)
     pre_ops = [op for op in graph.ops if op.name not in in_block and op.output not in downstream]
     post_ops = [op for op in graph.ops if op.name not in in_block and op.output in downstream]
-    _check_batch_local(graph, pre_ops + post_ops, batch_dim, graph.loss, "ops outside the layers")
+    if data > 1:  # pre and post run on a data shard of the batch
+        _check_batch_local(graph, pre_ops + post_ops, batch_dim, graph.loss, "ops outside the layers")
     local = B // data
     pre_g = _subgraph(graph, f"{graph.name}/pre", pre_ops, {}, batch_dim, local)
     post_g = _subgraph(graph, f"{graph.name}/post", post_ops, {}, batch_dim, local, loss=graph.loss)
