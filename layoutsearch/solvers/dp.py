@@ -1,0 +1,260 @@
+"""Dynamic programming over a chain of nodes (layers), exact.
+
+Problem: a :class:`~.problem.Problem` whose interaction graph is a *chain
+with a hub*: after removing at most one node (the hub: e.g. everything
+outside the repeated layers, which talks to the first and the last layer),
+every node interacts only with its predecessor and successor (e.g. layer
+``i`` reshards its input from layer ``i-1``).
+
+Algorithm: for each strategy of the hub, Viterbi over the chain (Viterbi
+1967; the layer-by-layer DP of Tarnawski et al. 2020, "Efficient algorithms
+for device placement of DNN graph operators", NeurIPS, and of Alpa's stage
+DP): ``best[i][s] = unary[i][s] + hub(i, s) + min_t (best[i-1][t] +
+edge(i-1, i)[t, s])``. Time ``O(K_hub * sum_i K_(i-1) K_i)``. The ``top`` best
+plans: each state keeps its ``top`` best partial plans (k-best Viterbi).
+
+With a memory limit, a partial plan also carries the partial sum of every
+memory row (each row is a sum of nonnegative per-node and per-edge terms, so
+a partial sum over the limit can be dropped), and each state keeps the
+partial plans no ``top`` others dominate (lower or equal cost *and* every
+row); exact, with more states kept the tighter the rows.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.solvers.problem import OPTIMAL, Problem, Solution, infeasible, solution
+
+
+def chain_order(problem: Problem) -> tuple[int | None, list[int]] | None:
+    """(hub, the other nodes in chain order) when the problem is a chain with at most one hub, else None."""
+    nbrs = problem.neighbors()
+    n = len(nbrs)
+    for hub in [None, *sorted(range(n), key=lambda k: -len(nbrs[k]))]:
+        order = _linear(nbrs, hub)
+        if order is not None:
+            return hub, order
+    return None
+
+
+def _linear(nbrs: list[set[int]], hub: int | None) -> list[int] | None:
+    rest = [k for k in range(len(nbrs)) if k != hub]
+    adj = {k: nbrs[k] - {hub} for k in rest}
+    if any(len(a) > 2 for a in adj.values()):
+        return None
+    seen: set[int] = set()
+    order: list[int] = []
+    for start in rest:  # walk each path from an end (isolated nodes are paths of one node)
+        if start in seen or len(adj[start]) == 2:
+            continue
+        prev, cur = None, start
+        while cur is not None:
+            seen.add(cur)
+            order.append(cur)
+            nxt = [m for m in adj[cur] if m != prev]
+            prev, cur = cur, (nxt[0] if nxt else None)
+            if cur in seen:
+                return None
+    return order if len(seen) == len(rest) else None  # nodes left over lie on cycles
+
+
+def _edge_matrix(problem: Problem, a: int, b: int) -> np.ndarray:
+    """Cost of every strategy pair (rows: node a, columns: node b) summed over their edges."""
+    out = np.zeros((len(problem.unary[a]), len(problem.unary[b])))
+    for e in problem.edges:
+        if (e.u, e.v) == (a, b):
+            out += e.cost[np.ix_(e.ku, e.kv)]
+        elif (e.u, e.v) == (b, a):
+            out += e.cost[np.ix_(e.ku, e.kv)].T
+    return out
+
+
+def _item_matrix(problem: Problem, i: int, a: int, b: int) -> np.ndarray | None:
+    it = problem.mem_items[i]
+    e = problem.edges[it.edge]
+    full = it.bytes[np.ix_(e.ku, e.kv)]
+    if (e.u, e.v) == (a, b):
+        return full
+    if (e.u, e.v) == (b, a):
+        return full.T
+    return None
+
+
+def solve(problem: Problem, memory_limit: float | None = None, top: int = 1) -> list[Solution]:
+    """The ``top`` best assignments that fit ``memory_limit``; LayoutSearchError if the problem is not a chain
+    (see :func:`chain_order`)."""
+    t0 = time.perf_counter()
+    shape = chain_order(problem)
+    if shape is None:
+        raise LayoutSearchError("the DP solver needs a chain of layers (each interacting with its neighbours and "
+                                "at most one other node); use solver 'ilp-ortools' or 'ilp-pulp'")
+    hub, order = shape
+    rows = problem.mem_rows if memory_limit is not None else []
+    if not rows:
+        found = _viterbi(problem, hub, order, top)
+    else:
+        found = _labels(problem, hub, order, top, memory_limit)
+    seconds = time.perf_counter() - t0
+    if not found:
+        from layoutsearch.solvers import ilp
+
+        peak = ilp.solve(problem, memory_limit=-1.0, backend="ortools")[0].min_memory
+        return [infeasible("dp", seconds, peak)]
+    found.sort(key=lambda ca: ca[0])
+    sols = [solution(problem, a, OPTIMAL, "dp", seconds) for _, a in found[:top]]
+    return sorted(sols, key=lambda s: s.cost)
+
+
+def _hub_terms(problem: Problem, hub: int | None, order: list[int], h: int) -> list[np.ndarray]:
+    """Unary costs of the chain nodes with the hub fixed to strategy ``h``."""
+    out = []
+    for k in order:
+        u = problem.unary[k].astype(float).copy()
+        if hub is not None:
+            u += _edge_matrix(problem, hub, k)[h]
+        out.append(u)
+    return out
+
+
+def _viterbi(problem: Problem, hub: int | None, order: list[int], top: int) -> list[tuple[float, tuple[int, ...]]]:
+    trans = [_edge_matrix(problem, a, b) for a, b in zip(order, order[1:], strict=False)]
+    found: list[tuple[float, tuple[int, ...]]] = []
+    hubs = range(len(problem.unary[hub])) if hub is not None else [None]
+    for h in hubs:
+        base = problem.const + (float(problem.unary[hub][h]) if hub is not None else 0.0)
+        un = _hub_terms(problem, hub, order, h or 0)
+        if not order:
+            found.append((base, (h,)))
+            continue
+        # best[s, r]: r-th best cost of a partial plan ending in s; back[i][s, r] = (prev state, prev rank)
+        best = np.full((len(un[0]), top), np.inf)
+        best[:, 0] = un[0]
+        backs = []
+        for i in range(1, len(order)):
+            K_prev, K = best.shape[0], len(un[i])
+            cand = (best[:, :, None] + trans[i - 1][:, None, :]).reshape(K_prev * top, K)
+            k = min(top, K_prev * top)
+            idx = np.argsort(cand, axis=0, kind="stable")[:k]
+            nb = np.full((K, top), np.inf)
+            nb[:, :k] = np.take_along_axis(cand, idx, axis=0).T + un[i][:, None]
+            backs.append(idx.T)  # [K, k] flat index into (prev state, prev rank)
+            best = nb
+        flat = np.argsort(best.reshape(-1), kind="stable")[:top]
+        for f in flat:
+            s, r = divmod(int(f), top)
+            c = float(best[s, r])
+            if not np.isfinite(c):
+                continue
+            states = [s]
+            for i in range(len(order) - 1, 0, -1):
+                ps, pr = divmod(int(backs[i - 1][s, r]), top)
+                states.append(ps)
+                s, r = ps, pr
+            assign = [0] * len(problem.unary)
+            for k, st in zip(order, reversed(states), strict=True):
+                assign[k] = st
+            if hub is not None:
+                assign[hub] = h
+            found.append((base + c, tuple(assign)))
+    return found
+
+
+def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
+            limit: float) -> list[tuple[float, tuple[int, ...]]]:
+    """Exact DP under memory rows: Pareto sets of (cost, partial row sums) per state."""
+    R = len(problem.mem_rows)
+    counts = np.zeros((len(problem.mem_items), R))
+    for r, row in enumerate(problem.mem_rows):
+        for i, c in row.items:
+            counts[i, r] += c
+    consts = np.array([row.const for row in problem.mem_rows])
+    # per-node and per-edge row contributions
+    node_rows = [np.zeros((len(u), R)) for u in problem.unary]
+    pair_items: list[tuple[int, int, np.ndarray]] = []  # (a, b, [K_a, K_b, R])
+    for i, it in enumerate(problem.mem_items):
+        if not counts[i].any():
+            continue
+        if it.edge is None:
+            node_rows[it.node] += it.bytes[:, None] * counts[i][None, :]
+        else:
+            e = problem.edges[it.edge]
+            pair_items.append((e.u, e.v, it.bytes[np.ix_(e.ku, e.kv)][:, :, None] * counts[i][None, None, :]))
+    trans = [_edge_matrix(problem, a, b) for a, b in zip(order, order[1:], strict=False)]
+    tol = limit * 1e-12
+
+    def pair_rows(a: int, b: int) -> np.ndarray | None:
+        out = None
+        for u, v, arr in pair_items:
+            if (u, v) == (a, b):
+                out = arr if out is None else out + arr
+            elif (u, v) == (b, a):
+                out = arr.transpose(1, 0, 2) if out is None else out + arr.transpose(1, 0, 2)
+        return out
+
+    found: list[tuple[float, tuple[int, ...]]] = []
+    hubs = range(len(problem.unary[hub])) if hub is not None else [None]
+    chain_pairs = [pair_rows(a, b) for a, b in zip(order, order[1:], strict=False)]
+    for h in hubs:
+        base = problem.const + (float(problem.unary[hub][h]) if hub is not None else 0.0)
+        base_rows = consts + (node_rows[hub][h] if hub is not None else 0.0)
+        un = _hub_terms(problem, hub, order, h or 0)
+        add_rows = []
+        for k in order:
+            extra = node_rows[k].copy()
+            if hub is not None:
+                pr = pair_rows(hub, k)
+                if pr is not None:
+                    extra += pr[h]
+            add_rows.append(extra)
+        if not order:
+            if (base_rows <= limit + tol).all():
+                found.append((base, (h,)))
+            continue
+        # labels[s] = list of (cost, rows, back) with back = (prev state, prev label index)
+        labels = [[(base + float(un[0][s]), base_rows + add_rows[0][s], None)] for s in range(len(un[0]))]
+        labels = [[lab for lab in ls if (lab[1] <= limit + tol).all()] for ls in labels]
+        history = [labels]
+        for i in range(1, len(order)):
+            new = []
+            for s in range(len(un[i])):
+                cands = []
+                for t, ls in enumerate(labels):
+                    step = float(trans[i - 1][t, s]) + float(un[i][s])
+                    rows_add = add_rows[i][s] + (chain_pairs[i - 1][t, s] if chain_pairs[i - 1] is not None else 0.0)
+                    for j, (c, rw, _) in enumerate(ls):
+                        nr = rw + rows_add
+                        if (nr <= limit + tol).all():
+                            cands.append((c + step, nr, (t, j)))
+                new.append(_pareto(cands, top))
+            labels = new
+            history.append(labels)
+        finals = sorted((lab[0], s, j) for s, ls in enumerate(labels) for j, lab in enumerate(ls))[:top]
+        for c, s, j in finals:
+            states = []
+            for i in range(len(order) - 1, -1, -1):
+                states.append(s)
+                back = history[i][s][j][2]
+                if back is not None:
+                    s, j = back
+            assign = [0] * len(problem.unary)
+            for k, st in zip(order, reversed(states), strict=True):
+                assign[k] = st
+            if hub is not None:
+                assign[hub] = h
+            found.append((c, tuple(assign)))
+    return found
+
+
+def _pareto(cands: list[tuple[float, np.ndarray, tuple[int, int]]], top: int) -> list:
+    """The labels that fewer than ``top`` others dominate (cost and every row no larger), cheapest first."""
+    cands.sort(key=lambda c: c[0])
+    kept: list = []
+    for c in cands:
+        dominated = sum(1 for k in kept if (k[1] <= c[1]).all())
+        if dominated < top:
+            kept.append(c)
+    return kept

@@ -1,0 +1,82 @@
+"""Brute force: the exact oracle for small problems.
+
+Problem: pick one strategy per node of a :class:`~.problem.Problem` to
+minimize unary + edge costs with every memory row under the limit.
+
+Algorithm: evaluate every assignment at once as a dense array of shape
+``(K_1, ..., K_N)`` (each cost term broadcast along its nodes' axes), mask the
+assignments over the memory limit, take the ``top`` smallest. Time and memory
+``O(prod K_n * (N + E + rows * items))``; refused above ``max_assignments``.
+Exact by construction, which is why the other solvers are tested against it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.solvers.problem import OPTIMAL, Problem, Solution, infeasible, solution
+
+MAX_ASSIGNMENTS = 2_000_000
+"""The largest number of assignments :func:`solve` evaluates by default."""
+
+
+def _along(arr: np.ndarray, axes: tuple[int, ...], ndim: int) -> np.ndarray:
+    shape = [1] * ndim
+    for a, n in zip(axes, arr.shape, strict=True):
+        shape[a] = n
+    return arr.reshape(shape)
+
+
+def _item(problem: Problem, i: int, ndim: int) -> np.ndarray:
+    it = problem.mem_items[i]
+    if it.edge is None:
+        return _along(it.bytes, (it.node,), ndim)
+    e = problem.edges[it.edge]
+    return _along(it.bytes[np.ix_(e.ku, e.kv)], (e.u, e.v), ndim)
+
+
+def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
+          max_assignments: int = MAX_ASSIGNMENTS) -> list[Solution]:
+    """The ``top`` best assignments that fit ``memory_limit`` (bytes per device), best first.
+
+    Returns one infeasible :class:`Solution` (with the smallest peak memory of
+    any assignment) when none fits. Raises LayoutSearchError when the problem
+    has more than ``max_assignments`` assignments."""
+    t0 = time.perf_counter()
+    n = problem.num_assignments
+    if n > max_assignments:
+        raise LayoutSearchError(f"enumeration would evaluate {n:.3g} assignments (limit {max_assignments:.3g}): "
+                                "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
+    ndim = len(problem.unary)
+    shape = tuple(problem.sizes)
+    total = np.full(shape, problem.const, dtype=float)
+    for k, u in enumerate(problem.unary):
+        total = total + _along(u, (k,), ndim)
+    for e in problem.edges:
+        total = total + _along(e.cost[np.ix_(e.ku, e.kv)], (e.u, e.v), ndim)
+    peak = np.zeros(shape)
+    if problem.mem_rows:
+        items = [_item(problem, i, ndim) for i in range(len(problem.mem_items))]
+        peak = np.full(shape, -np.inf)
+        for r in problem.mem_rows:
+            row = np.full(shape, r.const, dtype=float)
+            for i, c in r.items:
+                row = row + c * items[i]
+            peak = np.maximum(peak, row)
+    flat_cost, flat_peak = total.reshape(-1), np.broadcast_to(peak, shape).reshape(-1)
+    ok = np.ones(flat_cost.shape, bool) if memory_limit is None else flat_peak <= memory_limit * (1 + 1e-12)
+    if not ok.any():
+        return [infeasible("enumerate", time.perf_counter() - t0, float(flat_peak.min()))]
+    idx = np.nonzero(ok)[0]
+    order = idx[np.argsort(flat_cost[idx], kind="stable")[:top]]
+    seconds = time.perf_counter() - t0
+    return [solution(problem, np.unravel_index(int(k), shape), OPTIMAL, "enumerate", seconds) for k in order]
+
+
+def min_memory(problem: Problem, max_assignments: int = MAX_ASSIGNMENTS) -> float:
+    """The smallest peak memory of any assignment."""
+    sols = solve(problem, memory_limit=-1.0, max_assignments=max_assignments)
+    return float(sols[0].min_memory)

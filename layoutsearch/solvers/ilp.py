@@ -1,0 +1,294 @@
+"""One integer program for the strategy problem, solved by PuLP/CBC or by OR-tools.
+
+Problem: :class:`~.problem.Problem` (one strategy per node, unary and edge
+costs, memory rows under a limit).
+
+Formulation (Alpa's, Zheng et al. 2022, OSDI, section 4.2, with the edge
+variables written as a joint distribution over key pairs, which keeps the LP
+relaxation tight on trees):
+
+* ``x[n,s]`` in {0,1}: node ``n`` takes strategy ``s``; ``sum_s x[n,s] = 1``;
+* ``y[e,a,b]`` in [0,1] for each edge ``e = (u,v)`` and key pair ``(a,b)``:
+  ``sum_b y[e,a,b] = sum_{s: ku[s]=a} x[u,s]`` and
+  ``sum_a y[e,a,b] = sum_{t: kv[t]=b} x[v,t]`` (integral whenever ``x`` is);
+* minimize ``sum unary[n,s] x[n,s] + sum cost[e,a,b] y[e,a,b]``;
+* for every memory row: ``const + sum count * (bytes x or bytes y) <= limit``.
+
+Runner-up plans come from re-solving with a no-good cut excluding the plans
+found. With a time limit the best plan so far is returned with status
+``feasible`` and the proven bound. When no plan fits, a second program
+minimizes the peak memory, so the message can name the smallest peak any
+plan needs. NP-hard in general; CBC (branch and cut) or CP-SAT (lazy clause
+generation with LP relaxations) solve the tied problems of real models in
+seconds.
+
+Backends: ``"pulp"`` (PuLP's bundled CBC), ``"ortools"`` (CP-SAT; costs are
+scaled to integers with 2**50 / their range, an error below 1e-13 relative),
+``"ortools-mip"`` (OR-tools' MIP interface with SCIP).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.solvers.problem import FEASIBLE, OPTIMAL, Problem, Solution, infeasible, solution
+
+BACKENDS = ("pulp", "ortools", "ortools-mip")
+
+
+@dataclass
+class _Model:
+    """The program in neutral form: binary x, continuous-or-binary y, linear rows."""
+
+    x: list[list[int]] = field(default_factory=list)  # var ids per node
+    obj: dict[int, float] = field(default_factory=dict)
+    eqs: list[tuple[dict[int, float], float]] = field(default_factory=list)
+    les: list[tuple[dict[int, float], float]] = field(default_factory=list)
+    mem: list[tuple[dict[int, float], float]] = field(default_factory=list)  # rows: sum <= limit - const
+    nvars: int = 0
+    binary: set[int] = field(default_factory=set)
+
+    def var(self, binary: bool) -> int:
+        self.nvars += 1
+        if binary:
+            self.binary.add(self.nvars - 1)
+        return self.nvars - 1
+
+
+def _build(problem: Problem) -> _Model:
+    m = _Model()
+    for u in problem.unary:
+        ids = [m.var(True) for _ in range(len(u))]
+        m.x.append(ids)
+        m.eqs.append(({i: 1.0 for i in ids}, 1.0))
+        for i, c in zip(ids, u, strict=True):
+            if c:
+                m.obj[i] = float(c)
+    ys: list[np.ndarray] = []
+    for e in problem.edges:
+        ka, kb = e.cost.shape
+        y = np.array([m.var(False) for _ in range(ka * kb)]).reshape(ka, kb)
+        ys.append(y)
+        for a in range(ka):
+            row = {int(y[a, b]): 1.0 for b in range(kb)}
+            for s in np.nonzero(e.ku == a)[0]:
+                row[m.x[e.u][s]] = -1.0
+            m.eqs.append((row, 0.0))
+        for b in range(kb):
+            row = {int(y[a, b]): 1.0 for a in range(ka)}
+            for t in np.nonzero(e.kv == b)[0]:
+                row[m.x[e.v][t]] = -1.0
+            m.eqs.append((row, 0.0))
+        for (a, b), c in np.ndenumerate(e.cost):
+            if c:
+                m.obj[int(y[a, b])] = float(c)
+    terms: list[dict[int, float]] = []
+    for it in problem.mem_items:
+        if it.edge is None:
+            terms.append({m.x[it.node][s]: float(b) for s, b in enumerate(it.bytes) if b})
+        else:
+            y = ys[it.edge]
+            terms.append({int(y[a, b]): float(v) for (a, b), v in np.ndenumerate(it.bytes) if v})
+    for r in problem.mem_rows:
+        row: dict[int, float] = {}
+        for i, c in r.items:
+            for v, b in terms[i].items():
+                row[v] = row.get(v, 0.0) + c * b
+        m.mem.append((row, r.const))
+    return m
+
+
+@dataclass
+class _Result:
+    status: str  # optimal, feasible, infeasible, unknown
+    values: list[float] | None
+    bound: float | None
+
+
+def _assignment(m: _Model, values: list[float]) -> tuple[int, ...]:
+    return tuple(int(np.argmax([values[i] for i in ids])) for ids in m.x)
+
+
+# -- PuLP / CBC ------------------------------------------------------------------------------------------------------
+
+def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
+                cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
+    import pulp
+
+    prob = pulp.LpProblem("layout", pulp.LpMinimize)
+    v = [pulp.LpVariable(f"v{i}", 0, 1, cat=pulp.LpBinary if i in m.binary else pulp.LpContinuous)
+         for i in range(m.nvars)]
+    expr = lambda row, k=1.0: pulp.lpSum(c * k * v[i] for i, c in row.items())
+    peak = pulp.LpVariable("peak", 0) if minimize_peak else None
+    if minimize_peak:
+        prob += peak
+    else:
+        prob += expr(m.obj, scale)
+    for row, rhs in m.eqs:
+        prob += expr(row) == rhs
+    mscale = 1.0 / max(limit or 1.0, 1.0)
+    for row, const in m.mem:
+        if minimize_peak:
+            prob += expr(row, mscale) + const * mscale <= peak
+        elif limit is not None:
+            prob += expr(row, mscale) <= (limit - const) * mscale
+    for cut in cuts:
+        prob += pulp.lpSum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "cbc.log")
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
+                                   logPath=log)
+        prob.solve(solver)
+        text = open(log).read() if os.path.exists(log) else ""
+    if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
+        return _Result("infeasible", None, None)
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return _Result("unknown", None, None)
+    values = [x.value() or 0.0 for x in v]
+    if minimize_peak:
+        return _Result("optimal", values, peak.value() / mscale)
+    status = "optimal" if prob.sol_status == pulp.LpSolutionOptimal else "feasible"
+    bound = None
+    if status == "feasible":
+        match = re.search(r"Lower bound:\s*([-0-9.eE+]+)", text)
+        bound = float(match.group(1)) / scale if match else None
+    return _Result(status, values, bound)
+
+
+# -- OR-tools --------------------------------------------------------------------------------------------------------
+
+def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
+                 cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    v = [model.NewBoolVar(f"v{i}") for i in range(m.nvars)]
+    for row, rhs in m.eqs:
+        model.Add(sum(int(c) * v[i] for i, c in row.items()) == int(rhs))
+    peak = None
+    if minimize_peak:
+        hi = 2**61
+        peak = model.NewIntVar(0, hi, "peak")
+        for row, const in m.mem:
+            model.Add(sum(int(round(c)) * v[i] for i, c in row.items()) + int(math.ceil(const)) <= peak)
+        model.Minimize(peak)
+    else:
+        if limit is not None:
+            for row, const in m.mem:
+                model.Add(sum(int(round(c)) * v[i] for i, c in row.items()) <= int(math.floor(limit - const)))
+        model.Minimize(sum(int(round(c * scale)) * v[i] for i, c in m.obj.items()))
+    for cut in cuts:
+        model.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
+    for ids in m.x:
+        model.AddExactlyOne(v[i] for i in ids)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = threads
+    if time_limit is not None:
+        solver.parameters.max_time_in_seconds = float(time_limit)
+    st = solver.Solve(model)
+    if st == cp_model.INFEASIBLE:
+        return _Result("infeasible", None, None)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return _Result("unknown", None, None)
+    values = [float(solver.BooleanValue(x)) for x in v]
+    if minimize_peak:
+        return _Result("optimal" if st == cp_model.OPTIMAL else "feasible", values, float(solver.Value(peak)))
+    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
+    return _Result(status, values, solver.BestObjectiveBound() / scale)
+
+
+def _solve_mip(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
+               cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver("SCIP")
+    if solver is None:  # pragma: no cover - depends on the OR-tools build
+        raise LayoutSearchError("OR-tools was built without SCIP: use backend 'ortools' (CP-SAT) or 'pulp'")
+    v = [solver.BoolVar(f"v{i}") if i in m.binary else solver.NumVar(0, 1, f"v{i}") for i in range(m.nvars)]
+    for row, rhs in m.eqs:
+        solver.Add(sum(c * v[i] for i, c in row.items()) == rhs)
+    mscale = 1.0 / max(limit or 1.0, 1.0)
+    peak = solver.NumVar(0, solver.infinity(), "peak") if minimize_peak else None
+    for row, const in m.mem:
+        if minimize_peak:
+            solver.Add(sum(c * mscale * v[i] for i, c in row.items()) + const * mscale <= peak)
+        elif limit is not None:
+            solver.Add(sum(c * mscale * v[i] for i, c in row.items()) <= (limit - const) * mscale)
+    for cut in cuts:
+        solver.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
+    solver.Minimize(peak if minimize_peak else sum(c * scale * v[i] for i, c in m.obj.items()))
+    if time_limit is not None:
+        solver.SetTimeLimit(int(time_limit * 1000))
+    solver.SetNumThreads(threads)
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, 0.0)
+    st = solver.Solve(params)
+    if st == pywraplp.Solver.INFEASIBLE:
+        return _Result("infeasible", None, None)
+    if st not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        return _Result("unknown", None, None)
+    values = [x.solution_value() for x in v]
+    if minimize_peak:
+        return _Result("optimal", values, peak.solution_value() / mscale)
+    status = "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible"
+    return _Result(status, values, solver.Objective().BestBound() / scale)
+
+
+_SOLVE = {"pulp": _solve_pulp, "ortools": _solve_cpsat, "ortools-mip": _solve_mip}
+
+
+def _scale(problem: Problem, backend: str) -> float:
+    """Objective multiplier: costs to ~1e6 for the MIP solvers, to integers below 2**50 for CP-SAT."""
+    span = sum(float(np.abs(u).max()) for u in problem.unary if len(u)) + sum(
+        float(np.abs(e.cost).max()) for e in problem.edges)
+    span = span or 1.0
+    return (2.0**50 if backend == "ortools" else 1e6) / span
+
+
+def solve(problem: Problem, memory_limit: float | None = None, backend: str = "ortools", top: int = 1,
+          time_limit: float | None = None, threads: int | None = None) -> list[Solution]:
+    """The ``top`` best assignments that fit ``memory_limit`` (bytes per device), best first.
+
+    Each is ``optimal`` when proven, ``feasible`` (with its bound) when
+    ``time_limit`` seconds (for all the solves together) ran out first. When
+    nothing fits, one infeasible Solution carrying the smallest peak memory.
+    """
+    if backend not in _SOLVE:
+        raise LayoutSearchError(f"unknown ILP backend {backend!r} (known: {', '.join(BACKENDS)})")
+    t0 = time.perf_counter()
+    threads = threads or os.cpu_count() or 1
+    m = _build(problem)
+    scale = _scale(problem, backend)
+    run = _SOLVE[backend]
+    name = f"ilp-{backend}"
+    out: list[Solution] = []
+    cuts: list[tuple[int, ...]] = []
+    while len(out) < top:
+        left = None if time_limit is None else max(0.1, time_limit - (time.perf_counter() - t0))
+        if out and time_limit is not None and time.perf_counter() - t0 >= time_limit:
+            break
+        res = run(m, scale, memory_limit, left, threads, cuts)
+        if res.status in ("infeasible", "unknown"):
+            if not out and res.status == "infeasible":
+                peak = run(m, scale, None, None, threads, [], minimize_peak=True)
+                return [infeasible(name, time.perf_counter() - t0, peak.bound)]
+            if not out:
+                raise LayoutSearchError(f"{name} found no plan within {time_limit} s: raise the time limit")
+            break
+        assign = _assignment(m, res.values)
+        bound = res.bound if res.status == "feasible" and res.bound is not None else None
+        sol = solution(problem, assign, OPTIMAL if res.status == "optimal" else FEASIBLE, name,
+                       time.perf_counter() - t0, bound)
+        out.append(sol)
+        cuts.append(assign)
+        if len(cuts) >= problem.num_assignments:
+            break
+    return out

@@ -1,0 +1,237 @@
+"""The strategy-selection problem every solver works on (a pairwise cost network with memory rows).
+
+Problem
+-------
+Nodes ``n = 0..N-1`` each pick one strategy ``s_n`` from ``0..K_n-1``. Costs:
+
+* a unary cost ``unary[n][s_n]`` (seconds);
+* pairwise costs on edges ``(u, v)``: each side's strategies map to *keys*
+  (``ku[s_u]``, ``kv[s_v]``: the projections of the strategy that the
+  interaction depends on, e.g. the layout of the tensor crossing the edge) and
+  the edge costs ``cost[ku[s_u], kv[s_v]]``.
+
+The objective is ``const + sum unary + sum edge costs``. The memory per device
+is the maximum over *memory rows* (one per point of the schedule, after
+dropping rows that another row dominates): a row is ``const`` plus, for each
+memory item it counts, ``count * bytes`` where an item's bytes depend on one
+node's strategy (``bytes[s_n]``) or on an edge's key pair (``bytes[ku, kv]``).
+With a memory limit ``L`` every row must be ``<= L``.
+
+This is the formulation of Alpa's intra-operator pass (Zheng et al. 2022,
+"Alpa: Automating Inter- and Intra-Operator Parallelism for Distributed Deep
+Learning", OSDI, section 4.2: one-hot strategies, resharding costs on edges)
+with the memory limit as hard constraints over the tensors live at each point
+of the schedule. It is NP-hard in general (it contains MAX-CUT); exact solvers:
+:mod:`enumerate` (the oracle, ``prod K_n`` assignments), :mod:`ilp` (one MILP,
+PuLP/CBC or OR-tools) and :mod:`dp` (Viterbi when the nodes form a chain).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INFEASIBLE = "infeasible"
+OPTIMAL = "optimal"
+FEASIBLE = "feasible"
+"""Solution statuses: proven optimal, feasible (time ran out first), or no assignment fits."""
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A pairwise cost between nodes ``u < v``: ``cost[ku[s_u], kv[s_v]]``."""
+
+    u: int
+    v: int
+    ku: np.ndarray
+    kv: np.ndarray
+    cost: np.ndarray
+
+    def value(self, su: int, sv: int) -> float:
+        return float(self.cost[self.ku[su], self.kv[sv]])
+
+
+@dataclass(frozen=True)
+class MemItem:
+    """Bytes per device that depend on one node's strategy (``edge is None``:
+    ``bytes[s_node]``) or on an edge's key pair (``bytes[ku, kv]``)."""
+
+    node: int | None
+    edge: int | None
+    bytes: np.ndarray
+
+
+@dataclass(frozen=True)
+class MemRow:
+    """Memory at one point of the schedule: ``const + sum count * item bytes``."""
+
+    const: float
+    items: tuple[tuple[int, int], ...]  # (item index, count)
+    point: str = ""
+
+
+@dataclass
+class Problem:
+    """Nodes with strategies, unary and edge costs, memory rows (see the module docstring)."""
+
+    names: list[str]
+    unary: list[np.ndarray]
+    edges: list[Edge] = field(default_factory=list)
+    mem_items: list[MemItem] = field(default_factory=list)
+    mem_rows: list[MemRow] = field(default_factory=list)
+    const: float = 0.0
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(u) for u in self.unary]
+
+    @property
+    def num_assignments(self) -> int:
+        return math.prod(self.sizes)
+
+    def cost(self, assign: Sequence[int]) -> float:
+        """The objective of a full assignment (one strategy index per node)."""
+        total = self.const + sum(float(u[s]) for u, s in zip(self.unary, assign, strict=True))
+        for e in self.edges:
+            total += e.value(assign[e.u], assign[e.v])
+        return total
+
+    def item_bytes(self, i: int, assign: Sequence[int]) -> float:
+        it = self.mem_items[i]
+        if it.edge is None:
+            return float(it.bytes[assign[it.node]])
+        e = self.edges[it.edge]
+        return float(it.bytes[e.ku[assign[e.u]], e.kv[assign[e.v]]])
+
+    def rows(self, assign: Sequence[int]) -> np.ndarray:
+        """Memory of every row under ``assign``."""
+        vals = [self.item_bytes(i, assign) for i in range(len(self.mem_items))]
+        return np.array([r.const + sum(c * vals[i] for i, c in r.items) for r in self.mem_rows], dtype=float)
+
+    def memory(self, assign: Sequence[int]) -> float:
+        """Peak memory per device (bytes) under ``assign``; 0 without rows."""
+        rows = self.rows(assign)
+        return float(rows.max()) if len(rows) else 0.0
+
+    def peak_row(self, assign: Sequence[int]) -> MemRow | None:
+        rows = self.rows(assign)
+        return self.mem_rows[int(rows.argmax())] if len(rows) else None
+
+    def fits(self, assign: Sequence[int], limit: float | None) -> bool:
+        return limit is None or self.memory(assign) <= limit * (1 + 1e-12)
+
+    def neighbors(self) -> list[set[int]]:
+        """Nodes sharing an edge with each node."""
+        out: list[set[int]] = [set() for _ in self.unary]
+        for e in self.edges:
+            out[e.u].add(e.v)
+            out[e.v].add(e.u)
+        return out
+
+
+@dataclass(frozen=True)
+class Solution:
+    """One assignment found by a solver.
+
+    ``status``: :data:`OPTIMAL` (proven), :data:`FEASIBLE` (a time limit ran
+    out first; ``bound`` is the best proven lower bound and ``gap`` the
+    relative gap ``(cost - bound) / cost``) or :data:`INFEASIBLE` (no
+    assignment fits the memory limit; ``assign`` is empty and ``min_memory``
+    holds the smallest peak memory of any assignment, when known).
+    """
+
+    assign: tuple[int, ...]
+    cost: float
+    memory: float
+    status: str
+    solver: str
+    seconds: float = 0.0
+    bound: float | None = None
+    min_memory: float | None = None
+
+    @property
+    def optimal(self) -> bool:
+        return self.status == OPTIMAL
+
+    @property
+    def gap(self) -> float | None:
+        if self.status == OPTIMAL:
+            return 0.0
+        if self.bound is None or self.status == INFEASIBLE:
+            return None
+        return max(0.0, (self.cost - self.bound) / self.cost) if self.cost > 0 else 0.0
+
+
+def solution(problem: Problem, assign: Sequence[int], status: str, solver: str, seconds: float = 0.0,
+             bound: float | None = None) -> Solution:
+    """A :class:`Solution` with its cost and memory evaluated exactly on ``problem``."""
+    a = tuple(int(s) for s in assign)
+    return Solution(a, problem.cost(a), problem.memory(a), status, solver, seconds, bound)
+
+
+def infeasible(solver: str, seconds: float, min_memory: float | None) -> Solution:
+    return Solution((), math.inf, math.inf, INFEASIBLE, solver, seconds, None, min_memory)
+
+
+def restrict(problem: Problem, keep: Sequence[np.ndarray]) -> Problem:
+    """The problem with node ``n`` limited to strategies ``keep[n]`` (indices into its strategies); edges
+    whose cost depends on one side only are folded into that node, and unused keys dropped."""
+    unary = [u[k] for u, k in zip(problem.unary, keep, strict=True)]
+    items: list[MemItem | None] = [MemItem(it.node, None, it.bytes[keep[it.node]]) if it.edge is None else None
+                                   for it in problem.mem_items]
+    on_edge: dict[int, list[int]] = {}
+    for i, it in enumerate(problem.mem_items):
+        if it.edge is not None:
+            on_edge.setdefault(it.edge, []).append(i)
+    edges: list[Edge] = []
+    for ei, e in enumerate(problem.edges):
+        au, iu = np.unique(e.ku[keep[e.u]], return_inverse=True)
+        av, iv = np.unique(e.kv[keep[e.v]], return_inverse=True)
+        iu, iv = iu.reshape(-1), iv.reshape(-1)
+        cost = e.cost[np.ix_(au, av)]
+        if len(au) == 1 or len(av) == 1:  # depends on one side only: fold into that node
+            side, idx = (e.v, iv) if len(au) == 1 else (e.u, iu)
+            unary[side] = unary[side] + cost.reshape(-1)[idx]
+            for i in on_edge.get(ei, []):
+                items[i] = MemItem(side, None, problem.mem_items[i].bytes[np.ix_(au, av)].reshape(-1)[idx])
+            continue
+        for i in on_edge.get(ei, []):
+            items[i] = MemItem(None, len(edges), problem.mem_items[i].bytes[np.ix_(au, av)])
+        edges.append(Edge(e.u, e.v, iu, iv, cost))
+    return Problem(list(problem.names), unary, edges, items, list(problem.mem_rows), problem.const)
+
+
+def lower_bound_terms(problem: Problem) -> tuple[float, list[np.ndarray]]:
+    """A lower bound of the objective, and per node the bound when that node takes each strategy
+    (every other term at its minimum; edge terms of the node at their minimum over the other side)."""
+    base = problem.const + sum(float(u.min()) for u in problem.unary)
+    per = [u - u.min() for u in problem.unary]
+    for e in problem.edges:
+        full = e.cost
+        lo = float(full.min())
+        base += lo
+        per[e.u] = per[e.u] + (full.min(axis=1)[e.ku] - lo)
+        per[e.v] = per[e.v] + (full.min(axis=0)[e.kv] - lo)
+    return base, [base + p for p in per]
+
+
+def prune(problem: Problem, upper: float, rel: float = 1e-9) -> tuple[Problem, list[np.ndarray]]:
+    """Drop strategies that cannot be in any assignment costing at most ``upper`` (the cost of a known
+    feasible assignment): bound-based fixing, exact. Returns the reduced problem and, per node, the original
+    indices of the strategies kept."""
+    keep = [np.arange(len(u)) for u in problem.unary]
+    cur = problem
+    tol = abs(upper) * rel + 1e-300
+    for _ in range(4):
+        _, per = lower_bound_terms(cur)
+        sel = [np.nonzero(p <= upper + tol)[0] for p in per]
+        if all(len(s) == len(p) for s, p in zip(sel, per, strict=True)):
+            break
+        if any(len(s) == 0 for s in sel):
+            break
+        keep = [k[s] for k, s in zip(keep, sel, strict=True)]
+        cur = restrict(cur, sel)
+    return cur, keep
