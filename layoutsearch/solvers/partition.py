@@ -63,6 +63,7 @@ from __future__ import annotations
 import math
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -476,9 +477,9 @@ def _solve_pulp(model: _Model, goal: int, time_limit: float | None) -> _Solution
     import pulp
 
     prob = pulp.LpProblem("partition", pulp.LpMinimize)
-    xs = [pulp.LpVariable(f"v{i}", lowBound=lb, upBound=None if math.isinf(ub) else ub,
-                          cat=pulp.LpBinary if integer and (lb, ub) == (0, 1) else
-                          pulp.LpInteger if integer else pulp.LpContinuous)
+    make = getattr(prob, "add_variable", None) or pulp.LpVariable  # PuLP >= 3.3 deprecates LpVariable(...)
+    xs = [make(f"v{i}", lb, None if math.isinf(ub) else ub,
+               cat=pulp.LpBinary if integer and (lb, ub) == (0, 1) else pulp.LpInteger if integer else pulp.LpContinuous)
           for i, (lb, ub, integer) in enumerate(model.vars)]
     prob += xs[goal]
     for coeffs, lo, hi in model.rows:
@@ -492,7 +493,10 @@ def _solve_pulp(model: _Model, goal: int, time_limit: float | None) -> _Solution
                 prob += expr <= hi
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "cbc.log"
-        prob.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=_RTOL, logPath=str(log)))
+        with warnings.catch_warnings():  # PULP_CBC_CMD (the bundled CBC) is deprecated in favour of an extra
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=_RTOL, logPath=str(log))
+        prob.solve(cbc)
         text = log.read_text() if log.exists() else ""
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
         return _Solution("infeasible", [], math.inf, None)
