@@ -502,6 +502,85 @@ def _render_table1(result: Result, args: argparse.Namespace) -> list[Any]:
     return out
 
 
+# -- partition ------------------------------------------------------------------------------------------------------
+
+def _add_partition(sub: Any) -> None:
+    from layoutsearch.solvers.partition import OBJECTIVES, SOLVERS
+
+    p = _command(sub, "partition", _cmd_partition, "split a cost DAG (JSON file, see docs/costdag.md) into pipeline "
+                 "stages: per-stage load and memory, and for gpipe the bubble and the schedule", render=_render_partition)
+    p.add_argument("file", metavar="FILE", help="cost DAG JSON file (format: docs/costdag.md)")
+    p.add_argument("--stages", type=int, required=True, metavar="K", help="number of pipeline stages")
+    p.add_argument("--objective", choices=OBJECTIVES, default="throughput",
+                   help="throughput: minimize the largest stage load (compute + transfers); gpipe: minimize "
+                        "(M + K - 1) x the slowest stage time (default throughput)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="micro-batches per step: the GPipe schedule length and the activations in flight (default 1)")
+    p.add_argument("--memory-limit", metavar="BYTES", help="per-stage memory limit, e.g. 16GiB or 2e10")
+    p.add_argument("--non-contiguous", action="store_true",
+                   help="let a stage hold any set of nodes (throughput only; solved by an ILP)")
+    p.add_argument("--solver", choices=SOLVERS, default="auto",
+                   help="dp (exact, contiguous), ilp-pulp, ilp-ortools, brute (tiny DAGs); default auto")
+    p.add_argument("--time-limit", type=float, metavar="S", help="stop an ILP after S seconds with its best partition")
+
+
+def _cmd_partition(args: argparse.Namespace) -> Result:
+    from layoutsearch.costdag import load_costdag, parse_bytes
+    from layoutsearch.gantt import render_gantt
+    from layoutsearch.solvers.partition import equal_split, partition
+
+    dag = load_costdag(args.file)
+    limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+    part = partition(dag, args.stages, objective=args.objective, microbatches=args.microbatches, memory_limit=limit,
+                     contiguous=not args.non_contiguous, solver=args.solver, time_limit=args.time_limit)
+    result: Result = {"dag": dag.name, "file": args.file, "nodes": len(dag.nodes), "edges": len(dag.edges),
+                      "num_stages": args.stages, "memory_limit": limit, "contiguous": not args.non_contiguous}
+    result.update(part.to_dict())
+    if args.objective == "gpipe" or not args.non_contiguous:
+        base = equal_split(dag, args.stages, objective=args.objective, microbatches=args.microbatches)
+        result["baseline"] = {"method": base.method, "objective": base.objective, "max_memory": max(base.memory),
+                              "optimal_over_baseline": part.objective / base.objective if base.objective else None}
+    if args.objective == "gpipe":
+        result["gantt"] = render_gantt(args.stages, args.microbatches, times=list(part.loads))
+    return result
+
+
+def _seconds(t: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(t) >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-9:.4g} ns" if t else "0 s"
+
+
+def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
+    kind = result["objective_kind"]
+    what = (f"step time {_seconds(result['objective'])} over {result['microbatches']} micro-batches" if kind == "gpipe"
+            else f"largest stage load {_seconds(result['objective'])} per micro-batch")
+    status = "optimal" if result["optimal"] else (f"not proven optimal, gap {result['gap']:.1%}"
+                                                   if result["gap"] is not None else "not proven optimal")
+    out: list[Any] = [(f"cost DAG {result['dag']}: {result['nodes']} nodes, {result['edges']} edges -> "
+                       f"{result['num_stages']} {'contiguous' if result['contiguous'] else 'non-contiguous'} stages; "
+                       f"{kind}: {what} ({status}, {result['method']})")]
+    rows = []
+    for k, s in enumerate(result["stages"]):
+        names = s["nodes"]
+        span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
+        rows.append([k, len(names), span, _seconds(s["load"]), _bytes(s["memory"])])
+    load_col = "time per micro-batch" if kind == "gpipe" else "load"
+    out.append(_table(["stage", "nodes", "first .. last", load_col, "memory"], rows))
+    if result.get("memory_limit") is not None:
+        out.append(f"memory limit {_bytes(result['memory_limit'])} per stage")
+    if "baseline" in result:
+        b = result["baseline"]
+        ratio = b["optimal_over_baseline"]
+        out.append(f"baseline ({b['method']}): {_seconds(b['objective'])}"
+                   + (f"; this partition is {1 / ratio:.2f}x faster" if ratio else ""))
+    if kind == "gpipe":
+        out.append(f"bubble fraction {result['bubble_fraction']:.1%}")
+        out.append(result["gantt"])
+    return out
+
+
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
 def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
@@ -513,7 +592,7 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_graph, _add_layout, _add_hardware, _add_cost,
-                                               _add_table1)
+                                               _add_table1, _add_partition)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 
 
