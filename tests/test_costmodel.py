@@ -259,3 +259,24 @@ def test_gpt3_175b_is_estimated():
     # model FLOPs ~ 6 N tokens plus attention
     tokens = g.dims["batch"] * g.dims["seq"]
     assert 6 * params * tokens < r.model_flops < 8 * params * tokens
+
+
+# -- memoized op costs ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model, mesh, rules", [
+    ("gpt", "data:2,model:4", "batch:data,d_ff:model,heads:model,vocab:model"),
+    ("gpt", "data:8", "batch:data,d_model:data"),
+    ("mtf-transformer", "data:4,model:2", "batch:data,d_ff:model,heads:model"),
+    ("moe", "data:2,model:4", "batch:data,experts:model"),
+    ("mlp", "data:2,model:4", "batch:data,hidden:model"),
+])
+def test_repeated_layers_are_priced_once_with_the_same_result(model, mesh, rules):
+    from layoutsearch.costmodel.step import repeats, step_costs, training_step
+
+    g = training_step(build_model(model, layers=4))
+    layout = lay(mesh, rules)
+    assert step_costs(g, layout, memo=True) == step_costs(g, layout, memo=False)
+    assert len(set(repeats(g))) < len(g.ops) / (2 if model in ("gpt", "mtf-transformer") else 1)
+    weight = next(t.name for t in g.parameters if t.name.startswith("layer.2/"))
+    explicit = layout.with_tensor(weight, {})  # a tensor laid out by name: its ops are priced one by one
+    assert step_costs(g, explicit, memo=True) == step_costs(g, explicit, memo=False)

@@ -71,20 +71,20 @@ scheduler's result). Checked against compiled programs in the tests.
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.ops import OpCost, OpRules
+from layoutsearch.costmodel.ops import OpCost
+from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
 from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
-from layoutsearch.ir.training import Optimizer, training_graph
+from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 
 REMAT_POLICIES = ("none", "selective", "full")
@@ -95,42 +95,6 @@ CATEGORIES = ("parameters", "optimizer_state", "inputs", "gradients", "activatio
 """What per-device bytes are for, in the order reports list them."""
 
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
-
-
-# -- the training graph ---------------------------------------------------------------------------------------------
-
-_CACHE: dict[tuple[int, Any], tuple[weakref.ref[Graph], Any]] = {}
-_CACHE_SIZE = 64
-
-
-def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
-    """``compute()``, remembered for the graph object ``graph`` and ``key``
-    (layout-independent analyses: solvers ask about one graph under many layouts)."""
-    k = (id(graph), key)
-    hit = _CACHE.get(k)
-    if hit is not None and hit[0]() is graph:
-        return hit[1]
-    value = compute()
-    if len(_CACHE) >= _CACHE_SIZE:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[k] = (weakref.ref(graph), value)
-    return value
-
-
-def is_training_graph(graph: Graph) -> bool:
-    """Whether ``graph`` already holds backward or optimizer ops."""
-    return any(op.phase != "forward" for op in graph.ops)
-
-
-def training_step(graph: Graph, optimizer: Optimizer | str = "adam") -> Graph:
-    """``graph`` if it is a training graph, else its training graph with ``optimizer``.
-
-    Derivations are cached per forward graph object (solvers ask about one
-    graph under many layouts)."""
-    if is_training_graph(graph):
-        return graph
-    opt = Optimizer.of(optimizer)
-    return graph_cached(graph, ("training", opt), lambda: training_graph(graph, opt))
 
 
 # -- rematerialization ----------------------------------------------------------------------------------------------
@@ -259,18 +223,6 @@ def _transient(op: O.Op, cost: OpCost, stored_out: int) -> tuple[int, dict[Any, 
             last_in[c.tensor] = (shared[:-1] if shared else None, c.bytes)
     own = out + sum(b for key, b in last_in.values() if key is None)
     return own, {key: b for key, b in last_in.values() if key is not None}
-
-
-def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True) -> tuple[list[OpCost], list[OpCost]]:
-    """The cost of every op of ``g`` under ``layout``: as each op sees it (its
-    collectives, for memory), and for the step (a collective several ops share,
-    :attr:`Comm.shared`, kept by its first op only: for time and bytes)."""
-    from layoutsearch.costmodel import ops as op_rules
-
-    rules = OpRules(g, layout.mesh, reduce_scatter)
-    each = [rules.cost_under(op, layout) for op in g.ops]
-    dedupe = getattr(op_rules, "dedupe_shared", None)
-    return each, (dedupe(each) if dedupe is not None else each)
 
 
 def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none", *,
@@ -436,5 +388,5 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
                         len(plan.recomputed), tuple(total.tolist()))
 
 
-__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "graph_cached", "is_training_graph",
-           "local_bytes_fn", "memory_profile", "remat_plan", "simulate", "step_costs", "training_step"]
+__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "local_bytes_fn", "memory_profile",
+           "remat_plan", "simulate"]

@@ -45,16 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
-from layoutsearch.costmodel.memory import (
-    REMAT_POLICIES,
-    MemoryReport,
-    graph_cached,
-    remat_plan,
-    simulate,
-    step_costs,
-    training_step,
-)
+from layoutsearch.costmodel.memory import REMAT_POLICIES, MemoryReport, remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, op_flops
+from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.training import Optimizer

@@ -1,0 +1,149 @@
+"""The training step a cost is asked about, and the cost of each of its ops under a layout.
+
+Solvers price one graph under many layouts, so what does not depend on the
+layout is computed once per graph object and remembered (:func:`graph_cached`):
+the derived training graph (:func:`training_step`), remat plans, model FLOPs,
+and which ops are *repeats* of one another.
+
+Two ops are repeats when they are the same op (kind, attributes, phase) over
+tensors of the same dims and dtypes, and every name of one (the op, its
+inputs, its output) is the other's with its block prefix swapped
+(``layer.3/ff_in`` for ``layer.2/ff_in``, ``grad/layer.3/wi`` for
+``grad/layer.2/wi``). Under global layout rules (which lay out a tensor by its
+dim names) repeats cost the same, so :func:`step_costs` runs the op rules
+(:class:`~layoutsearch.costmodel.ops.OpRules`) once per group and renames
+the result: a 96-layer GPT-3 step costs as much to price as a few layers.
+Ops whose tensors the layout names explicitly (``Layout.with_tensor``) are
+priced one by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from layoutsearch.costmodel.ops import OpCost, OpRules
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.training import Optimizer, training_graph
+from layoutsearch.layout import Layout
+
+_CACHE: dict[tuple[int, Any], tuple[weakref.ref[Graph], Any]] = {}
+_CACHE_SIZE = 64
+
+
+def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()``, remembered for the graph object ``graph`` and ``key``
+    (a small LRU-free cache of layout-independent analyses)."""
+    k = (id(graph), key)
+    hit = _CACHE.get(k)
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    value = compute()
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[k] = (weakref.ref(graph), value)
+    return value
+
+
+def is_training_graph(graph: Graph) -> bool:
+    """Whether ``graph`` already holds backward or optimizer ops."""
+    return any(op.phase != "forward" for op in graph.ops)
+
+
+def training_step(graph: Graph, optimizer: Optimizer | str = "adam") -> Graph:
+    """``graph`` if it is a training graph, else its training graph with ``optimizer``
+    (derived once per forward graph object and optimizer)."""
+    if is_training_graph(graph):
+        return graph
+    opt = Optimizer.of(optimizer)
+    return graph_cached(graph, ("training", opt), lambda: training_graph(graph, opt))
+
+
+def _signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
+    t = graph.tensors
+    same = tuple(op.inputs.index(n) for n in op.inputs)
+    attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs().items()))
+    return (type(op), attrs, op.phase, same, tuple((t[n].dims, t[n].dtype) for n in op.inputs),
+            (t[op.output].dims, t[op.output].dtype))
+
+
+def _names(op: O.Op) -> tuple[str, ...]:
+    return (op.name, op.output, *op.inputs)
+
+
+def _maps(rep: O.Op, op: O.Op) -> bool:
+    """Whether ``op``'s names are ``rep``'s with the block prefix swapped."""
+    if rep.block is None or op.block is None:
+        return False
+    old, new = rep.block + "/", op.block + "/"
+    return all(b == a.replace(old, new) for a, b in zip(_names(rep), _names(op), strict=True))
+
+
+def repeats(graph: Graph) -> tuple[int, ...]:
+    """For each op (schedule order), the index of the first op it repeats (itself if none)."""
+    def compute() -> tuple[int, ...]:
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        out = []
+        for i, op in enumerate(graph.ops):
+            reps = groups.setdefault(_signature(op, graph), [])
+            j = next((r for r in reps if _maps(graph.ops[r], op)), None)
+            if j is None:
+                reps.append(i)
+                j = i
+            out.append(j)
+        return tuple(out)
+
+    return graph_cached(graph, "repeats", compute)
+
+
+def _rename_key(key: Any, old: str, new: str) -> Any:
+    if isinstance(key, str):
+        return key.replace(old, new)
+    if isinstance(key, tuple):
+        return tuple(_rename_key(k, old, new) for k in key)
+    return key
+
+
+def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
+    """``rep``'s cost as the cost of its repeat ``op``."""
+    old, new = rep.block + "/", op.block + "/"  # type: ignore[operator]
+    comms = []
+    for c in cost.comms:
+        changes: dict[str, Any] = {"tensor": c.tensor.replace(old, new), "cause": c.cause.replace(old, new)}
+        if getattr(c, "shared", None) is not None:
+            changes["shared"] = _rename_key(c.shared, old, new)
+        comms.append(dataclasses.replace(c, **changes))
+    return dataclasses.replace(cost, op=op.name, block=op.block, comms=tuple(comms))
+
+
+def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True,
+               memo: bool = True) -> tuple[list[OpCost], list[OpCost]]:
+    """The cost of every op of ``g`` under ``layout``: as each op sees it (all its
+    collectives: for memory), and for the step (a collective that several ops
+    share, ``Comm.shared``, kept by its first op only: for time and bytes).
+
+    ``memo``: price repeated ops once (see the module docstring); False prices
+    every op (the reference the memoized result is tested against)."""
+    from layoutsearch.costmodel import ops as op_rules
+
+    rules = OpRules(g, layout.mesh, reduce_scatter)
+    if not memo:
+        each = [rules.cost_under(op, layout) for op in g.ops]
+    else:
+        explicit = {name for name, _ in layout.tensors}
+        rep = repeats(g)
+        each = []
+        for i, op in enumerate(g.ops):
+            j = rep[i]
+            if j == i or (explicit and not explicit.isdisjoint(_names(op) + _names(g.ops[j]))):
+                each.append(rules.cost_under(op, layout))
+            else:
+                each.append(_renamed(each[j], g.ops[j], op))
+    dedupe = getattr(op_rules, "dedupe_shared", None)
+    return each, (dedupe(each) if dedupe is not None else each)
+
+
+__all__ = ["graph_cached", "is_training_graph", "repeats", "step_costs", "training_step"]
