@@ -5,14 +5,17 @@ import itertools
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import networkx as nx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from layoutsearch import cli
 from layoutsearch.costdag import CostDAG, Edge, Node, load_costdag, parse_bytes, save_costdag
 from layoutsearch.errors import CostDAGError, PartitionError
+from layoutsearch.gantt import bubble_fraction, gpipe_schedule, render_gantt
 from layoutsearch.solvers.partition import count_ideals, equal_split, partition, stage_loads
 
 
@@ -396,3 +399,70 @@ def test_dp_agrees_with_the_ilp_beyond_brute_force_sizes(objective, seed):
     ilp = partition(dag, 4, solver="ilp-ortools", **kw)
     assert ilp.optimal and dp.objective == pytest.approx(ilp.objective, rel=1e-6)
     assert max(dp.memory) <= limit
+
+
+# -- the documented example, the CLI and the Gantt chart ------------------------------------------------------------
+
+def doc_example(tmp_path):
+    text = (Path(__file__).resolve().parent.parent / "docs" / "costdag.md").read_text()
+    block = text.split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "tiny.json"
+    path.write_text(block)
+    return path
+
+
+def test_the_documented_example_loads_and_partitions(tmp_path):
+    dag = load_costdag(doc_example(tmp_path))
+    assert dag.name == "tiny-transformer" and len(dag.nodes) == 10
+    assert len(dag.tensors) == 9  # embed's and the adds' outputs each feed two consumers
+    part = partition(dag, 2, objective="gpipe", microbatches=4, memory_limit=2**30)
+    assert max(part.memory) <= 2**30
+    assert part.objective <= equal_split(dag, 2, objective="gpipe", microbatches=4).objective
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_partition_prints_stages_bubble_and_gantt(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--objective", "gpipe",
+                             "--microbatches", "4", "--memory-limit", "1GiB")
+    assert code == 0, err
+    assert "tiny-transformer" in out and "optimal, dp" in out
+    assert "bubble fraction 20.0%" in out
+    assert "F0 F1 F2 F3" in out and "B3 B2 B1 B0" in out
+    assert "baseline (equal layers)" in out
+
+
+def test_cli_partition_json(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "3", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["num_stages"] == 3 and len(doc["stages"]) == 3 and doc["optimal"]
+    assert doc["objective"] == pytest.approx(max(s["load"] for s in doc["stages"]))
+    code, out, _ = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--non-contiguous",
+                           "--solver", "ilp-ortools", "--json")
+    assert code == 0 and json.loads(out)["method"] == "ilp-ortools"
+
+
+def test_cli_partition_errors_are_one_line(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--memory-limit", "100MiB")
+    assert code == 2 and out == ""
+    assert "smallest achievable largest-stage memory" in err and err.count("\n") == 1
+    code, _, err = run_cli(capsys, "partition", tmp_path / "missing.json", "--stages", "2")
+    assert code == 2 and "cannot read cost DAG file" in err
+
+
+def test_gpipe_gantt_chart():
+    assert gpipe_schedule(2, 3) == [
+        [("F", 0), ("F", 1), ("F", 2), None, None, ("B", 2), ("B", 1), ("B", 0)],
+        [None, ("F", 0), ("F", 1), ("F", 2), ("B", 2), ("B", 1), ("B", 0), None],
+    ]
+    text = render_gantt(2, 3, times=[1.0, 2.0])
+    assert "bubble 1/4 = 25.0%" in text
+    assert "stage 0 | F0 F1 F2 .  | .  B2 B1 B0 | busy 38%" in text
+    assert "stage 1 | .  F0 F1 F2 | B2 B1 B0 .  | busy 75%" in text
+    assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    assert "FFFFFFFFFFFFFFFFFFFFFFFF." in render_gantt(2, 24)  # compact cells for many micro-batches

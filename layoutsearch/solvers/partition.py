@@ -801,13 +801,14 @@ def _make(ctx: _Ctx, sigma: Sequence[int], k: int, kind: str, mb: int, method: s
 def equal_split(dag: CostDAG, stages: int, *, objective: str = "throughput", microbatches: int = 1,
                 by: str = "auto") -> Partition:
     """The baseline: equal numbers of layers per stage (``by="layers"``; nodes carry a ``layer``) or of
-    nodes in topological order (``by="nodes"``); ``"auto"`` uses layers when every node has one. Earlier
-    stages take the remainder. Priced by :func:`stage_loads`."""
+    nodes in topological order (``by="nodes"``); ``"auto"`` uses layers when every node has one and there
+    are at least ``stages`` layers. Earlier stages take the remainder. Priced by :func:`stage_loads`."""
     _check_objective(objective, microbatches)
     ctx = _Ctx(dag)
     layers = [dag.node(name).layer for name in ctx.names]
     if by == "auto":
-        by = "layers" if all(layer is not None for layer in layers) else "nodes"
+        layered = all(layer is not None for layer in layers) and len(set(layers)) >= stages
+        by = "layers" if layered else "nodes"
     if by == "layers":
         if any(layer is None for layer in layers):
             raise PartitionError("equal split by layers needs a 'layer' on every node")
