@@ -182,7 +182,8 @@ class _Interpreter:
         table, ids = op.inputs
         td = self.dims(table)
         ax = td.index(op.dim)
-        y = jnp.take(self.env[table], self.env[ids], axis=ax)
+        index = (slice(None),) * ax + (self.env[ids],)
+        y = self.env[table].at[index].get(mode="promise_in_bounds")  # ids are in range (no masking)
         yd = [*td[:ax], *self.dims(ids), *td[ax + 1:]]
         return align(y, yd, self.dims(op.output))
 
@@ -195,7 +196,7 @@ class _Interpreter:
         idd = self.dims(ids)
         upd = self.arg(dy, [*idd, *other])
         zeros = jnp.zeros([self.g.dims[op.dim], *(self.g.dims[d] for d in other)], upd.dtype)
-        y = zeros.at[self.env[ids]].add(upd)
+        y = zeros.at[self.env[ids]].add(upd, mode="promise_in_bounds")
         return align(y, [op.dim, *other], out)
 
     def _log_probs(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:

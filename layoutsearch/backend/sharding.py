@@ -79,10 +79,24 @@ def run_sharded(graph: Graph, layout: Layout, feeds: Mapping[str, Any],
     return step(fed)
 
 
+UNFUSED: dict[str, Any] = {"xla_disable_hlo_passes": "fusion"}
+"""Compiler options for a program whose FLOPs the cost model predicts op by op:
+XLA's instruction fusion recomputes cheap elementwise producers inside every
+consumer fusion (a code-generation choice trading FLOPs for memory traffic, not
+a layout effect); without it the compiled program counts each op once
+(partitioning, collectives and CSE are unchanged)."""
+
+
 def compile_step(graph: Graph, layout: Layout, feeds: Mapping[str, Any],
-                 outputs: Sequence[str] | None = None) -> tuple[Any, jax.sharding.Mesh]:
-    """The compiled XLA executable of one step under ``layout`` and its JAX mesh."""
+                 outputs: Sequence[str] | None = None,
+                 compiler_options: Mapping[str, Any] | None = None) -> tuple[Any, jax.sharding.Mesh]:
+    """The compiled XLA executable of one step under ``layout`` and its JAX mesh.
+
+    ``feeds`` gives shapes and dtypes only (arrays or ``jax.ShapeDtypeStruct``);
+    ``compiler_options`` are XLA debug options for this compilation, e.g.
+    :data:`UNFUSED`. The executable is callable on feeds placed with the
+    shardings of :func:`sharded_step`."""
     step, sh = sharded_step(graph, layout, outputs)
     args = {k: jax.ShapeDtypeStruct(np.shape(feeds[k]), feeds[k].dtype, sharding=sh[k]) for k in feed_names(graph)}
-    compiled = step.lower(args).compile()
+    compiled = step.lower(args).compile(compiler_options=dict(compiler_options) if compiler_options else None)
     return compiled, next(iter(sh.values())).mesh

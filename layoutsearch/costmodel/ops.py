@@ -39,22 +39,110 @@ from layoutsearch.layout import Axes, DimLayout, Layout
 from layoutsearch.mesh import Mesh
 
 ELEMENTWISE_FLOPS: dict[str, float] = {
-    "identity": 0, "fill": 0, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 1,
-    "sigmoid": 4, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "add": 1, "sub": 1, "mul": 1, "div": 1, "eq": 1,
-    "square_grad": 2, "relu_grad": 2, "gelu_grad": 14, "silu_grad": 8, "tanh_grad": 3, "sigmoid_grad": 6,
-    "exp_grad": 2, "log_grad": 1, "sqrt_grad": 3, "rsqrt_grad": 4, "div_rhs_grad": 4,
-    "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 8,
+    "identity": 0, "fill": 0, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 0,
+    "sigmoid": 3, "exp": 0, "log": 0, "sqrt": 0, "rsqrt": 0, "add": 1, "sub": 1, "mul": 1, "div": 1, "eq": 2,
+    "square_grad": 2, "relu_grad": 2, "gelu_grad": 20, "silu_grad": 9, "tanh_grad": 4, "sigmoid_grad": 6,
+    "exp_grad": 1, "log_grad": 1, "sqrt_grad": 2, "rsqrt_grad": 3, "div_rhs_grad": 4,
+    "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5,
 }
-"""FLOPs per output element of each elementwise function (transcendentals count as one)."""
+"""FLOPs per output element of each elementwise function, as XLA's cost
+analysis counts the backend's lowering (:mod:`layoutsearch.backend.program`):
+one per arithmetic HLO instruction (add, multiply, compare, select, convert,
+...); transcendentals (exp, log, tanh, logistic, sqrt, rsqrt, power) are
+counted apart by XLA and not here; constant sub-expressions are folded (e.g.
+Adam's bias corrections). ``gelu`` is the tanh approximation."""
 
-# FLOPs per element of the normalized tensor, and the number of per-row
-# statistics all-reduced when the normalized dim is split.
-_NORM_FLOPS = {"softmax": 5, "softmax_grad": 4, "layer_norm": 8, "layer_norm_grad": 14,
-               "cross_entropy": 6, "cross_entropy_grad": 6}
+FORWARD_SHARED_FLOPS: dict[str, float] = {"gelu_grad": 7, "silu_grad": 3, "sigmoid_grad": 3}
+"""FLOPs per element of ``fn_grad(x, dy)`` that XLA shares (CSE) with the forward
+``fn(x)`` when the graph computes it too (the derivative re-evaluates part of
+the function, e.g. gelu's ``tanh`` argument)."""
+
 NORM_ALL_REDUCES = {"softmax": 2, "softmax_grad": 1, "layer_norm": 2, "layer_norm_grad": 4,
                     "cross_entropy": 3, "cross_entropy_grad": 2}
 """Per-row statistics all-reduced by a normalization whose dim is split (max and
 sum for softmax; mean and variance for layer norm; ...), matching the backend."""
+
+
+def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, split: frozenset[str] = frozenset(),
+             constant: frozenset[str] = frozenset(), forward_shared: bool = False) -> float:
+    """FLOPs of ``op`` (multiply-add = 2) as XLA's cost analysis counts the
+    backend's lowering, with the dims sized ``sizes`` (default: the graph's,
+    i.e. the global op; per device: the local sizes under a computation layout).
+
+    ``split``: dims of the op split over mesh axes; ``constant``: tensors XLA
+    folds to constants (their ops cost nothing); ``forward_shared``: the graph
+    also computes the forward function of a ``*_grad`` elementwise op on the
+    same input (see :data:`FORWARD_SHARED_FLOPS`). Per op, with ``N`` the
+    elements of the iteration space and ``R = N / size(dim)`` its rows:
+
+    * einsum: ``2 N`` per product (one input: ``N - out`` if it reduces);
+    * elementwise: :data:`ELEMENTWISE_FLOPS` per output element;
+    * reduce: sum/max ``N - out``, mean ``N``;
+    * softmax ``4N - R`` (max, subtract, sum, one divide per row, multiply);
+      softmax_grad ``4N - R``; layer_norm ``5N + R``; layer_norm_grad ``7N``
+      (the normalized input is shared with the forward); cross_entropy
+      ``8N - R`` (one-hot compare and convert, log-softmax, select, sum,
+      negate); cross_entropy_grad ``2N`` (log-softmax and one-hot shared with
+      the forward), ``5N - R`` when ``dim`` is split (the log-softmax is
+      recomputed);
+    * gather: 3 per id (wrapping negative ids: compare, add, select); with
+      ``dim`` split, 8 per id (the local range: offset, compare, clamp, ...)
+      plus one select per output element (rows of other devices are zeros);
+      scatter-add: one add per update element (plus the id offset per id when
+      ``dim`` is split);
+    * reshape: 0.
+
+    All-reduces add one FLOP per element reduced; :class:`OpRules` adds them.
+    """
+    t = graph.tensors
+    sz = sizes if sizes is not None else graph.dims
+    count = lambda name: math.prod(sz[d] for d in t[name].dim_names)
+    space = math.prod(sz[d] for d in op.iteration_dims(t))
+    if op.output in constant:
+        return 0.0
+    if isinstance(op, O.Einsum):
+        if len(op.inputs) == 1:
+            return float(space - count(op.output) if op.reduced_dims(t) else 0)
+        return 2.0 * (len(op.inputs) - 1) * space
+    if isinstance(op, O.Elementwise):
+        per = ELEMENTWISE_FLOPS[op.fn]
+        if op.fn == "square_grad" and op.inputs[1] in constant:
+            per = 1  # 2 * x * c: the constant factors fold
+        if forward_shared:
+            per -= FORWARD_SHARED_FLOPS.get(op.fn, 0)
+        return per * float(count(op.output))
+    if isinstance(op, O.Reduce):
+        n_in = count(op.inputs[0])
+        return float(n_in if op.fn == "mean" else n_in - count(op.output))
+    if isinstance(op, (O.Softmax, O.SoftmaxGrad, O.LayerNorm, O.LayerNormGrad, O.CrossEntropy,
+                       O.CrossEntropyGrad)):
+        n, rows = space, space // sz[op.dim]
+        if isinstance(op, (O.Softmax, O.SoftmaxGrad)):
+            return float(4 * n - rows)
+        if isinstance(op, O.LayerNorm):
+            return float(5 * n + rows)
+        if isinstance(op, O.LayerNormGrad):
+            return float(7 * n)
+        if isinstance(op, O.CrossEntropy):
+            return float(8 * n - rows)
+        return float(5 * n - rows if op.dim in split else 2 * n)
+    if isinstance(op, O.Gather):
+        ids = count(op.inputs[1])
+        return float(8 * ids + count(op.output) if op.dim in split else 3 * ids)
+    if isinstance(op, O.ScatterAdd):
+        return float(count(op.inputs[1]) + (count(op.inputs[0]) if op.dim in split else 0))
+    return 0.0  # reshape: data movement only
+
+
+def constant_tensors(graph: Graph) -> frozenset[str]:
+    """Tensors XLA computes at compile time: ``fill`` outputs and elementwise
+    ops or reshapes of constants only (e.g. the loss seed and its scaling)."""
+    const: set[str] = set()
+    for op in graph.ops:
+        if isinstance(op, O.Elementwise) and op.fn == "fill" or (
+                isinstance(op, (O.Elementwise, O.Reshape)) and all(i in const for i in op.inputs)):
+            const.add(op.output)
+    return frozenset(const)
 
 
 @dataclass(frozen=True)
@@ -98,26 +186,6 @@ def local_bytes(tensor: Tensor, lay: DimLayout, mesh: Mesh) -> int:
 def restrict(lay: DimLayout, dims: Sequence[str]) -> DimLayout:
     """The part of a layout that concerns ``dims``."""
     return {d: lay[d] for d in dims if lay.get(d)}
-
-
-def op_flops(graph: Graph, op: O.Op) -> float:
-    """Global FLOPs of ``op`` (forward or backward alike; multiply-add = 2)."""
-    t = graph.tensors
-    size = lambda dims: math.prod(graph.dims[d] for d in dims)
-    if isinstance(op, O.Einsum):
-        space = size(op.iteration_dims(t))
-        if len(op.inputs) == 1:
-            return float(t[op.inputs[0]].num_elements if op.reduced_dims(t) else 0)
-        return 2.0 * (len(op.inputs) - 1) * space
-    if isinstance(op, O.Elementwise):
-        return ELEMENTWISE_FLOPS[op.fn] * t[op.output].num_elements
-    if isinstance(op, O.Reduce):
-        return float(t[op.inputs[0]].num_elements)
-    if op.kind in _NORM_FLOPS:
-        return _NORM_FLOPS[op.kind] * size(op.iteration_dims(t))
-    if isinstance(op, O.ScatterAdd):
-        return float(t[op.inputs[1]].num_elements)
-    return 0.0  # gather, reshape: data movement only
 
 
 def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: str) -> list[Comm]:
@@ -208,6 +276,11 @@ class OpRules:
         self.graph = graph
         self.mesh = mesh
         self.reduce_scatter = reduce_scatter
+        self.constant = constant_tensors(graph)
+        fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
+        self.forward_shared = frozenset(
+            op.name for op in graph.ops if isinstance(op, O.Elementwise)
+            and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
 
     def iteration_layout(self, op: O.Op, layout: Layout) -> DimLayout:
         """The computation layout the global rules give ``op``."""
@@ -268,8 +341,9 @@ class OpRules:
                 more = [dataclasses.replace(c, shared=key + (i,)) for i, c in enumerate(more)]
             comms += more
             hbm += local_bytes(t[name], want, mesh)
-        split = math.prod(mesh.group_size(iteration.get(d, ())) for d in space)
-        flops = op_flops(g, op) / split
+        sizes = {d: g.dims[d] // mesh.group_size(iteration.get(d, ())) for d in space}
+        flops = op_flops(g, op, sizes, split=frozenset(d for d in space if iteration.get(d)),
+                         constant=self.constant, forward_shared=op.name in self.forward_shared)
         produced = restrict(iteration, out.dim_names)
         norm_dim = getattr(op, "dim", None)
         if op.kind in NORM_ALL_REDUCES and iteration.get(norm_dim):
@@ -290,6 +364,8 @@ class OpRules:
             comms += more
         comms += reshard(out, produced, output, mesh, f"{op.output} stored as {_fmt(output)}")
         hbm += local_bytes(out, produced, mesh)
+        # XLA counts one FLOP per element an all-reduce (or reduce-scatter) sums
+        flops += sum(c.bytes // t[c.tensor].itemsize for c in comms if c.kind in ("all-reduce", "reduce-scatter"))
         return OpCost(op.name, op.kind, op.phase, op.block, flops, hbm, isinstance(op, O.Einsum), tuple(comms))
 
     def cost_under(self, op: O.Op, layout: Layout) -> OpCost:
