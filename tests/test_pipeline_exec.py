@@ -25,6 +25,16 @@ Collectives of one training step (loss and gradients):
   or last stage only, are summed over ``stage``);
 * nothing else (no all-gather, reduce-scatter, all-to-all).
 
+With a tensor-parallel layout on a third axis ``model`` (Megatron,
+``heads:model,d_ff:model``, gpt), per layer and loop step (count
+T·L/K each), on top of the above (b unchanged: the activation between layers
+is replicated over ``model``; ``P_s`` is the local, model-split bytes):
+
+* forward loop: 2 all-reduces of ``b`` (attention output, ff output);
+* backward loop: ``b`` (input gradient of ``wi``) + ``3b`` (input gradients
+  of ``wq``, ``wk``, ``wv``: XLA all-reduces the three partial sums as one
+  tuple instead of adding them first), plus the 2 forward ones again with remat.
+
 XLA on CPU combines the gradient all-reduces of one replica group into one
 tuple all-reduce; the test sums bytes per mesh-axis group, so split or
 combined instructions pass alike.
@@ -54,6 +64,8 @@ from layoutsearch.backend import hlo
 from layoutsearch.backend.pipeline import IN, Pipeline, compile_pipeline, pipelined_loss_and_grads, split_graph
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs
 from layoutsearch.errors import GraphError, LayoutError
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Mesh
 
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 SIZES = {"layers": 4, "d_model": 32, "batch": 16, "seq": 8}
@@ -85,15 +97,26 @@ def _mesh(K: int, D: int) -> dict[str, int]:
     return {"stage": K, "data": D} if D > 1 else {"stage": K}
 
 
+MEGATRON = "heads:model,d_ff:model"
+
+
 @functools.cache
-def _compiled(model: str, K: int, D: int, M: int, remat: bool):
+def _compiled(model: str, K: int, D: int, M: int, remat: bool, layout: str | None = None):
     g, params, inputs, _ = _model(model)
-    pipe = Pipeline(g, _mesh(K, D), microbatches=M, stages=K, remat=remat)
-    compiled = pipe.compile(params, inputs, FAST)
+    mesh = {**_mesh(K, D), "model": 2} if layout else _mesh(K, D)
+    # The function API and compile_pipeline build equal pipelines: run one's program through the other.
+    fn, pipe = pipelined_loss_and_grads(g, mesh, microbatches=M, stages=K, remat=remat, layout=layout)
+    assert fn == pipe.loss_and_grads
+    compiled, jax_mesh = compile_pipeline(g, mesh, params, inputs, microbatches=M, remat=remat, layout=layout,
+                                          compiler_options=FAST)
+    assert jax_mesh.shape == pipe.mesh.shape
     return pipe, compiled
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+TP_CASE = ("gpt", 2, 2, 2, True, MEGATRON)  # stage 2 x data 2 x model 2 = 8 devices
+
+
+@pytest.mark.parametrize("case", [*CASES, TP_CASE], ids=[*IDS, "gpt-K2-D2-M2-remat-megatron"])
 def test_pipelined_loss_and_grads_equal_unpipelined_step(case):
     _, params, inputs, (ref_loss, ref_grads) = _model(case[0])
     pipe, compiled = _compiled(*case)
@@ -108,15 +131,10 @@ def test_pipelined_loss_and_grads_equal_unpipelined_step(case):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_compiled_collectives_match_pipeline_formulas(case):
     """See the module docstring for the formulas."""
-    model, K, D, M, _ = case
+    model, _, D, *_ = case
     g, *_ = _model(model)
     pipe, compiled = _compiled(*case)
-    L, T, B = MODEL_SIZES[model]["layers"], M + K - 1, MODEL_SIZES[model]["batch"]
-    act = pipe.parts.layer.tensors[IN]
-    b = B // (D * M) * math.prod(d.size for d in act.dims if d.name != "batch") * act.itemsize
-    P_s = L // K * sum(t.nbytes for t in g.parameters if t.name.startswith("layer.0/"))
-    P_o = sum(t.nbytes for t in g.parameters if not t.name.startswith("layer."))
-
+    b, T, P_s, P_o = _sizes(g, pipe, *case[:4])
     summary = hlo.summarize(compiled, pipe.mesh)
     permutes = [c for c in summary.collectives if c.kind == "collective-permute"]
     assert [(c.axes, c.bytes, c.count) for c in permutes] == [(("stage",), b, T)] * 2
@@ -127,6 +145,33 @@ def test_compiled_collectives_match_pipeline_formulas(case):
     assert {axes: n for (kind, axes), n in summary.bytes_by().items() if kind == "all-reduce"} == expected
 
 
+def _sizes(g, pipe: Pipeline, model: str, K: int, D: int, M: int) -> tuple[int, int, int, int]:
+    """b, T, P_s, P_o of the module docstring (local bytes under the pipeline's layout)."""
+    L, T, B = MODEL_SIZES[model]["layers"], M + K - 1, MODEL_SIZES[model]["batch"]
+    act = pipe.parts.layer.tensors[IN]
+    b = B // (D * M) * math.prod(d.size for d in act.dims if d.name != "batch") * act.itemsize
+    P_s = L // K * sum(pipe.layout.local_bytes(t) for t in g.parameters if t.name.startswith("layer.0/"))
+    P_o = sum(pipe.layout.local_bytes(t) for t in g.parameters if not t.name.startswith("layer."))
+    return b, T, P_s, P_o
+
+
+def test_tensor_parallel_layout_inside_stages_adds_the_megatron_all_reduces():
+    """See the module docstring: stage x data x model = 2 x 2 x 2, M = 2, remat."""
+    g, *_ = _model("gpt")
+    pipe, compiled = _compiled(*TP_CASE)
+    b, T, P_s, P_o = _sizes(g, pipe, *TP_CASE[:4])
+    L_K = MODEL_SIZES["gpt"]["layers"] // 2
+    assert P_s < L_K * sum(t.nbytes for t in g.parameters if t.name.startswith("layer.0/"))  # split over model
+    summary = hlo.summarize(compiled, pipe.mesh)
+    assert [(c.axes, c.bytes, c.count) for c in summary.collectives if c.kind == "collective-permute"] == \
+        [(("stage",), b, T)] * 2
+    model = [c for c in summary.collectives if c.axes == ("model",)]
+    assert {(c.kind, c.count) for c in model} == {("all-reduce", T * L_K)}
+    assert sorted(c.bytes for c in model) == sorted([b, b] + [b, b] + [b, 3 * b])  # forward, recompute, backward
+    rest = {axes: n for (kind, axes), n in summary.bytes_by().items() if axes != ("model",) and kind == "all-reduce"}
+    assert rest == {("stage", "data"): P_o + 4, ("data",): P_s}
+
+
 def test_remat_wraps_the_stage_function_in_checkpoint():
     g, params, inputs, _ = _model("mtf-transformer")
     for remat in (True, False):
@@ -135,18 +180,15 @@ def test_remat_wraps_the_stage_function_in_checkpoint():
         assert ("remat" in jaxpr) == remat
 
 
-def test_function_api_and_compile_pipeline_agree_with_the_class():
-    g, params, inputs, _ = _model("gpt")
-    fn, pipe = pipelined_loss_and_grads(g, {"stage": 2, "data": 2}, stages=2, microbatches=4)
-    assert fn == pipe.loss_and_grads and (pipe.K, pipe.D, pipe.M, pipe.remat) == (2, 2, 4, True)
-    case_pipe, case_compiled = _compiled("gpt", 2, 2, 4, True)
-    compiled, mesh = compile_pipeline(g, {"stage": 2, "data": 2}, params, inputs, microbatches=4,
-                                      compiler_options=FAST)
-    assert mesh.axis_names == ("stage", "data")
-    assert hlo.summarize(compiled, mesh).bytes_by() == hlo.summarize(case_compiled, case_pipe.mesh).bytes_by()
+def test_stack_and_unstack_parameters():
+    g, params, *_ = _model("gpt")
+    pipe = Pipeline(g, {"stage": 2, "data": 2}, microbatches=4)
+    assert (pipe.K, pipe.D, pipe.M, pipe.remat) == (2, 2, 4, True)
     stacked, outer = pipe.stack(params)
     assert stacked["wq"].shape == (2, 2, 32, 4, 8)
-    assert pipe.unstack(stacked, outer).keys() == params.keys()
+    np.testing.assert_array_equal(stacked["wq"][1, 0], params["layer.2/wq"])
+    back = pipe.unstack(stacked, outer)
+    assert back.keys() == params.keys() and all(np.array_equal(back[k], params[k]) for k in params)
 
 
 def test_split_graph_cuts_pre_layer_post():
@@ -161,13 +203,24 @@ def test_split_graph_cuts_pre_layer_post():
 @pytest.mark.parametrize(("model", "mesh", "M", "error", "match"), [
     ("gpt", {"stage": 3}, 2, GraphError, "do not split into 3 equal stages"),
     ("gpt", {"stage": 2, "data": 2}, 3, GraphError, "not divisible"),
-    ("gpt", {"stage": 2, "model": 2}, 2, LayoutError, "other axes are not supported"),
     ("mlp", {"stage": 2}, 2, GraphError, "same dims|differs"),
 ])
 def test_unpipelinable_requests_fail_clearly(model, mesh, M, error, match):
     g = build_model(model, layers=4) if model == "mlp" else build_model(model, **SIZES)
     with pytest.raises(error, match=match):
         Pipeline(g, mesh, microbatches=M)
+
+
+@pytest.mark.parametrize(("layout", "match"), [
+    ("d_ff:data", "may only use the other mesh axes"),
+    ("batch:model", "may only use the other mesh axes"),
+    (Layout.from_rules(Mesh.of({"stage": 2, "model": 4}), "heads:model"), "differs from the pipeline mesh"),
+    ("vocab:model", "cannot be split"),
+])
+def test_layouts_the_pipeline_cannot_honour_fail_clearly(layout, match):
+    g = build_model("gpt", **SIZES, vocab=63)
+    with pytest.raises(LayoutError, match=match):
+        Pipeline(g, {"stage": 2, "data": 2, "model": 2}, microbatches=2, layout=layout)
 
 
 def test_stages_must_match_the_stage_axis():

@@ -29,14 +29,18 @@ ones) or over ``stage`` and data (the outer ones) at the top of the body,
 outside the loop, so their transposes (the gradient all-reduces, ``psum``)
 run once on the gradients accumulated over all micro-batches rather than
 once per loop iteration. Compiled-program collectives per device (``b`` =
-bytes of one micro-batch activation per device, ``P_s`` / ``P_o`` = bytes of a
-stage's stacked / the outer parameters): ``2·(M+K-1)`` collective-permutes of
-``b`` over ``stage`` (forward and backward loops); one all-reduce of ``P_s``
-over the data axis; one all-reduce of ``P_o`` over ``stage`` and data; scalar
-all-reduces for the loss (see ``tests/test_pipeline_exec.py``).
+bytes of one micro-batch activation per device, ``P_s`` / ``P_o`` = local
+bytes of a stage's stacked / the outer parameters): ``2·(M+K-1)``
+collective-permutes of ``b`` over ``stage`` (forward and backward loops); one
+all-reduce of ``P_s`` over the data axis; one of ``P_o`` + 4 (the loss) over
+``stage`` and data (see ``tests/test_pipeline_exec.py`` for the exact forms).
 
-Other mesh axes (tensor parallelism inside a stage) are not supported: the
-mesh may only have the ``stage`` axis and an optional data axis.
+Other mesh axes: ``shard_map`` is manual over ``stage`` and data only; a
+``layout`` (rules such as ``"heads:model,d_ff:model"``, or a Layout) splits
+dims over the remaining axes, applied to every tensor by
+``with_sharding_constraint`` (XLA's partitioner inserts the tensor-parallel
+collectives, inside the loops). The layout may not use ``stage`` or data nor
+split the batch; layer tensors take the layout of ``layer.0``'s.
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Mesh
 
 IN = "__in__"
 """Name of the activation entering a block, in the template layer graph."""
@@ -74,7 +80,8 @@ class PipelineParts:
     input is :data:`IN`, its output ``layer_out``) on a micro-batch; ``post``
     computes the loss from ``exit`` (the activation leaving the last block).
     ``layer_params`` are the template parameter names, ``outer_params`` the
-    parameters of ``pre`` and ``post``.
+    parameters of ``pre`` and ``post``; ``layer_names`` maps template names to
+    those of ``layer.0``.
     """
 
     pre: Graph
@@ -86,6 +93,7 @@ class PipelineParts:
     layers: int
     layer_params: tuple[str, ...]
     outer_params: tuple[str, ...]
+    layer_names: dict[str, str]
 
 
 def _block_index(op: O.Op, prefix: str) -> int | None:
@@ -157,13 +165,13 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
         rename = {n: n.removeprefix(pre) for n in [*produced, *external, *(op.name for op in ops)]}
         rename[acts[0]] = IN
         g = _subgraph(graph, f"{graph.name}/layer", ops, rename, batch_dim, B // (data * microbatches))
-        templates.append(g)
+        templates.append((g, {v: k for k, v in rename.items()}))
         canon.append(([dataclasses.replace(op, block=None) for op in g.ops], g.tensors, rename[outs[0]]))
     for i in range(1, L):
         if canon[i] != canon[0]:
             raise GraphError(f"block {block_prefix}.{i} differs from {block_prefix}.0 (ops, shapes or names); "
                              "pipelining needs identical layers")
-    layer = templates[0]
+    layer, layer_names = templates[0]
     act_in, act_out = layer.tensors[IN], layer.tensors[canon[0][2]]
     if act_in.dims != act_out.dims or act_in.dtype != act_out.dtype or batch_dim not in act_in.dim_names:
         raise GraphError(f"the activation entering a block {act_in.dims} and leaving it {act_out.dims} must have "
@@ -182,7 +190,7 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
     post_g = _subgraph(graph, f"{graph.name}/post", post_ops, {}, batch_dim, local, loss=graph.loss)
     outer = tuple(dict.fromkeys(t.name for g in (pre_g, post_g) for t in g.parameters))
     return PipelineParts(pre_g, layer, post_g, entries[0], exits[-1], canon[0][2], L,
-                         tuple(t.name for t in layer.parameters), outer)
+                         tuple(t.name for t in layer.parameters), outer, layer_names)
 
 
 class Pipeline:
@@ -194,12 +202,11 @@ class Pipeline:
     """
 
     def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
-                 remat: bool = True, batch_dim: str = "batch", stage_axis: str = "stage", data_axis: str = "data",
-                 block_prefix: str = "layer", devices: list[jax.Device] | None = None) -> None:
-        extra = set(mesh_shape) - {stage_axis, data_axis}
-        if stage_axis not in mesh_shape or extra:
-            raise LayoutError(f"pipeline mesh needs axis {stage_axis!r} and optionally {data_axis!r}; "
-                              f"got {dict(mesh_shape)} (other axes are not supported)")
+                 remat: bool = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
+                 stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = "layer",
+                 devices: list[jax.Device] | None = None) -> None:
+        if stage_axis not in mesh_shape:
+            raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
         if stages is not None and stages != mesh_shape[stage_axis]:
             raise LayoutError(f"stages={stages} must equal the size of mesh axis {stage_axis!r} "
                               f"({mesh_shape[stage_axis]})")
@@ -209,6 +216,8 @@ class Pipeline:
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
+        self.manual = (stage_axis, data_axis) if data_axis in mesh_shape else (stage_axis,)
+        self.layout = self._check_layout(layout, mesh_shape)
         self.block_prefix = block_prefix
         devs = list(devices if devices is not None else jax.devices())
         n = int(np.prod(list(mesh_shape.values())))
@@ -220,16 +229,32 @@ class Pipeline:
         self.step = jax.jit(jax.value_and_grad(self._sharded_loss, argnums=(0, 1)))
 
     # -- layouts
-    def _input_spec(self, name: str) -> P:
-        dims = self.graph.tensors[name].dim_names
-        return P(*[self.data_axis if d == self.batch_dim and self.D > 1 else None for d in dims])
+    def _check_layout(self, layout: Layout | str | Mapping[str, Any] | None, mesh_shape: Mapping[str, int]) -> Layout:
+        lay = layout if isinstance(layout, Layout) else Layout.from_rules(Mesh.of(dict(mesh_shape)), layout or {})
+        if lay.mesh.shape != dict(mesh_shape):
+            raise LayoutError(f"layout mesh {lay.mesh} differs from the pipeline mesh {dict(mesh_shape)}")
+        lay.check(self.graph)
+        for t in self.graph.tensors.values():
+            for d, axes in lay.dim_layout(t).items():
+                if set(axes) & set(self.manual) or d == self.batch_dim:
+                    raise LayoutError(f"layout splits {d!r} of {t.name!r} over {'+'.join(axes)}: the pipeline "
+                                      f"places {self.batch_dim!r} on {self.data_axis!r} and layers on "
+                                      f"{self.stage_axis!r}; a layout may only use the other mesh axes")
+        return lay
 
-    def specs(self) -> tuple[dict[str, P], dict[str, P], dict[str, P]]:
-        """PartitionSpecs of (stacked layer parameters, outer parameters, inputs)."""
-        p = self.parts
-        inputs = [t.name for t in self.graph.inputs]
-        return ({k: P(self.stage_axis) for k in p.layer_params}, {k: P() for k in p.outer_params},
-                {k: self._input_spec(k) for k in inputs})
+    def _spec(self, name: str) -> tuple[Any, ...]:
+        """The layout's PartitionSpec entries (other mesh axes only) of the graph tensor ``name``."""
+        return self.layout.spec(self.graph.tensors[name])
+
+    def specs(self, manual_only: bool = False) -> tuple[dict[str, P], dict[str, P], dict[str, P]]:
+        """PartitionSpecs of (stacked layer parameters, outer parameters, inputs); ``manual_only``: the
+        stage and data entries alone (shard_map's in_specs)."""
+        p, sp = self.parts, (lambda n: (None,) * len(self._spec(n))) if manual_only else self._spec
+        data = self.data_axis if self.D > 1 else None
+        return ({k: P(self.stage_axis, None, *sp(p.layer_names[k])) for k in p.layer_params},
+                {k: P(*sp(k)) for k in p.outer_params},
+                {t.name: P(*[data if d == self.batch_dim else e for d, e in zip(t.dim_names, sp(t.name), strict=True)])
+                 for t in self.graph.inputs})
 
     def shardings(self) -> tuple[dict[str, NamedSharding], ...]:
         return tuple({k: NamedSharding(self.mesh, s) for k, s in d.items()} for d in self.specs())
@@ -269,9 +294,8 @@ class Pipeline:
 
     # -- the pipelined loss
     def _sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
-        s_spec, o_spec, i_spec = self.specs()
-        fn = jax.shard_map(self._body, mesh=self.mesh, in_specs=(s_spec, o_spec, i_spec), out_specs=P(),
-                           check_vma=True)
+        fn = jax.shard_map(self._body, mesh=self.mesh, in_specs=self.specs(manual_only=True), out_specs=P(),
+                           axis_names=set(self.manual), check_vma=True)
         return fn(stacked, outer, inputs)
 
     def _split(self, x: jax.Array, dims: tuple[str, ...]) -> jax.Array:
@@ -287,13 +311,18 @@ class Pipeline:
 
     def _body(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
         p, K, st = self.parts, self.K, self.stage_axis
-        data = (self.data_axis,) if self.D > 1 else ()
-        everywhere = (st, *data)
+        everywhere = self.manual
+        auto = jax.sharding.get_abstract_mesh()
+
+        def constrain(names: Mapping[str, str]) -> Callable[[str, jax.Array], jax.Array] | None:
+            """Apply the layout (other mesh axes) to every tensor the interpreter makes."""
+            return None if not self.layout.rules and not self.layout.tensors else lambda n, x: \
+                lax.with_sharding_constraint(x, NamedSharding(auto, P(*self._spec(names.get(n, n)))))
         # Cast to varying here, outside the loops: the transposes (gradient psums) then run once.
         stacked = {k: v[0] for k, v in stacked.items()}
         stacked, outer, inputs = _vary(stacked, everywhere), _vary(outer, everywhere), _vary(inputs, everywhere)
         env = run_graph(p.pre, {**{k: outer[k] for k in outer if k in p.pre.tensors},
-                                **{k: v for k, v in inputs.items() if k in p.pre.tensors}})
+                                **{k: v for k, v in inputs.items() if k in p.pre.tensors}}, constrain({}))
         env = {**inputs, **outer, **env}
         dims = p.layer.tensors[IN].dim_names
         xs = self._split(env[p.entry], dims)
@@ -301,7 +330,7 @@ class Pipeline:
         stage = lax.axis_index(st)
 
         def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
-            return run_graph(p.layer, {**params, IN: x})[p.layer_out], None
+            return run_graph(p.layer, {**params, IN: x}, constrain(p.layer_names))[p.layer_out], None
 
         def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
             return lax.scan(layer, x, params)[0]
@@ -316,7 +345,7 @@ class Pipeline:
         carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
         _, ys = lax.scan(tick, carry, xs)
         env[p.exit] = self._merge(ys[K - 1:], dims)
-        loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed})[p.post.loss]
+        loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, constrain({}))[p.post.loss]
         return lax.psum(jnp.where(stage == K - 1, loss * self._data_scale(), jnp.zeros_like(loss)), everywhere)
 
     def _data_scale(self) -> float:
