@@ -198,7 +198,10 @@ def _figure(key: str, value: Any, typ: type) -> Any:
             v = int(v)
     except (TypeError, ValueError):
         raise HardwareError(f"hardware figure {key}={value!r} is not a valid {typ.__name__}") from None
-    if key != "reduce_scatter" and not v > 0:
+    if key.endswith("latency"):
+        if not v >= 0:
+            raise HardwareError(f"hardware figure {key}={value!r} must be >= 0")
+    elif key != "reduce_scatter" and not v > 0:
         raise HardwareError(f"hardware figure {key}={value!r} must be positive")
     if key.endswith("efficiency") and v > 1:
         raise HardwareError(f"hardware figure {key}={value!r}: an efficiency is at most 1")

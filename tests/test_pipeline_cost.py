@@ -1,0 +1,106 @@
+"""The GPipe cost model: units, stage partition, step time and memory."""
+
+import pytest
+
+from graphs import build_model
+from layoutsearch.costmodel.pipeline import estimate_pipeline, speedup, unit_of_ops
+from layoutsearch.costmodel.report import estimate
+from layoutsearch.costmodel.step import training_step
+from layoutsearch.errors import CostModelError, PartitionError
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import hardware
+
+GPT = build_model("gpt", layers=8, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=0)
+
+
+def layout(k: int) -> Layout:
+    return Layout.from_rules(f"stage:{k},data:2", "batch:data")
+
+
+def test_every_op_gets_a_unit_and_embedding_and_loss_sit_outside_the_blocks():
+    g = training_step(GPT)
+    unit = unit_of_ops(g)
+    assert set(unit) == {op.name for op in g.ops}
+    assert set(unit.values()) == {"pre", "post"} | {f"layer.{i}" for i in range(8)}
+    kinds = {u: {g.op(n).kind for n, v in unit.items() if v == u} for u in ("pre", "post")}
+    assert "gather" in kinds["pre"] and "scatter_add" in kinds["pre"]
+    assert "cross_entropy" in kinds["post"] and "cross_entropy_grad" in kinds["post"]
+
+
+def test_one_stage_one_microbatch_is_the_unpipelined_step():
+    r = estimate_pipeline(GPT, layout(1), "h100", stage_axis="stage", microbatches=1)
+    plain = estimate(GPT, Layout.from_rules("data:2", "batch:data"), "h100")
+    assert r.step_s == pytest.approx(plain.step_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("k, m", [(2, 2), (2, 8), (4, 4), (4, 8)])
+def test_identical_layers_follow_the_gpipe_speedup(k, m):
+    """Against one stage running the same M micro-batches, K stages of
+    identical layers speed the micro-batch loop up by K*M/(M+K-1). Links are
+    made free (no latency, 1 PB/s) so only the schedule shows; the embedding
+    and head ride on the first and last stage: under 3% of a layer here,
+    hence a 3% tolerance."""
+    big = build_model("gpt", layers=8, batch=64, seq=256, d_model=1024, heads=8, vocab=64)
+    hw = hardware("h100", fast_link_latency=0, fast_link_bandwidth=1e15)
+    one = estimate_pipeline(big, layout(1), hw, stage_axis="stage", microbatches=m)
+    many = estimate_pipeline(big, layout(k), hw, stage_axis="stage", microbatches=m)
+    assert one.pipeline_s / many.pipeline_s == pytest.approx(speedup(k, m), rel=0.03)
+    assert many.bubble_fraction == pytest.approx((k - 1) / (m + k - 1))
+    assert [len(s.units) - ("pre" in s.units) - ("post" in s.units) for s in many.stages] == [8 // k] * k
+
+
+def test_step_time_is_the_gpipe_formula_plus_once_per_step_work():
+    r = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8)
+    loop = (8 + 4 - 1) * max(s.microbatch_s for s in r.stages)
+    assert r.pipeline_s == pytest.approx(loop)
+    assert r.step_s == pytest.approx(loop + max(s.once_s for s in r.stages))  # embeddings untied: no stage sync
+    assert all(s.transfer_s > 0 for s in r.stages)
+
+
+def test_tied_embeddings_on_first_and_last_stage_add_a_gradient_all_reduce():
+    tied = build_model("gpt", layers=4, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=1)
+    r = estimate_pipeline(tied, layout(2), "h100", stage_axis="stage", microbatches=4)
+    assert r.step_s > r.pipeline_s + max(s.once_s for s in r.stages)
+
+
+def test_microbatching_keeps_activations_and_remat_trades_them_for_time():
+    """GPipe keeps the activations of all M micro-batches of batch/M until the
+    backward pass: as much as the whole batch, whatever M. With remat only the
+    block inputs are kept, plus one block's activations during recomputation,
+    so more micro-batches mean less memory."""
+    a = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=2, stages=_even(4))
+    b = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8, stages=_even(4))
+    ra = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=2, stages=_even(4), remat=True)
+    rb = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8, stages=_even(4), remat=True)
+    assert b.stages[1].activation_bytes == a.stages[1].activation_bytes
+    assert rb.memory_bytes < ra.memory_bytes < a.memory_bytes
+    assert ra.stages[1].microbatch_s > a.stages[1].microbatch_s  # recomputation costs time
+    assert a.stages[1].static_bytes == b.stages[1].static_bytes
+
+
+def _even(k):
+    layers = [f"layer.{i}" for i in range(8)]
+    per = len(layers) // k
+    groups = [layers[i * per:(i + 1) * per] for i in range(k)]
+    groups[0].insert(0, "pre")
+    groups[-1].append("post")
+    return groups
+
+
+def test_memory_limit_is_respected_and_impossible_limits_are_named():
+    free = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=4)
+    fit = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=4,
+                            memory_limit=free.memory_bytes)
+    assert fit.memory_bytes <= free.memory_bytes
+    with pytest.raises(PartitionError, match="smallest achievable largest-stage memory"):
+        estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=4, memory_limit=1e5)
+
+
+def test_bad_pipeline_requests_get_clear_errors():
+    with pytest.raises(CostModelError, match="do not divide batch=32"):
+        estimate_pipeline(GPT, layout(2), "h100", stage_axis="stage", microbatches=3)
+    with pytest.raises(CostModelError, match="into 16 stages"):
+        estimate_pipeline(GPT, Layout.from_rules("stage:16", ""), "h100", stage_axis="stage", microbatches=1)
+    ffn = build_model("mtf-ffn")
+    with pytest.raises(CostModelError, match="no repeated blocks"):
+        estimate_pipeline(ffn, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2)
