@@ -38,7 +38,7 @@ with :func:`~layoutsearch.solvers.partition.partition` (exact DP), or given.
 
 from __future__ import annotations
 
-import math
+import itertools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -215,10 +215,10 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str]) -> d
             units[u].saved += lb(out)
         for t in op.inputs:
             p = g.producer(t)
-            if (p is None and g.tensors[t].role == "input") or (p is not None and unit[p.name] != u):
-                if (u, "in:" + t) not in counted:
-                    counted.add((u, "in:" + t))
-                    units[u].boundary += lb(g.tensors[t])
+            entering = (p is None and g.tensors[t].role == "input") or (p is not None and unit[p.name] != u)
+            if entering and (u, "in:" + t) not in counted:
+                counted.add((u, "in:" + t))
+                units[u].boundary += lb(g.tensors[t])
     return units
 
 
@@ -256,7 +256,7 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
         act = d.boundary if remat else d.saved
         work = d.saved if remat else 0
         nodes.append(Node(u, d.compute_s, d.static + work, 0, act))
-    for a, b in zip(chain, chain[1:], strict=False):
+    for a, b in itertools.pairwise(chain):
         nbytes = units[b].boundary
         t = collective_time("collective-permute", nbytes, (stage_axis,), link_mesh, hw).seconds
         edges.append(Edge(a, b, 2 * t, nbytes))  # the activation forward, its gradient backward
