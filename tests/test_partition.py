@@ -466,3 +466,19 @@ def test_gpipe_gantt_chart():
     assert "stage 1 | .  F0 F1 F2 | B2 B1 B0 .  | busy 75%" in text
     assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
     assert "FFFFFFFFFFFFFFFFFFFFFFFF." in render_gantt(2, 24)  # compact cells for many micro-batches
+
+
+@pytest.mark.parametrize("seed", [4, 9, 14, 49])
+def test_ilp_memory_limits_in_gib_agree_with_the_dp(seed):
+    # Regression: with byte counts ~1e10 in the memory rows, SCIP's cuts, CP-SAT's presolve and CBC's
+    # feasibility test all went wrong (suboptimal or "infeasible"); the rows now use units of <= 2^31.
+    rng = random.Random(seed)
+    nodes = [Node(f"v{i}", rng.uniform(1e-3, 5e-3), memory_bytes=rng.randint(1, 8) * 2**30 + rng.randint(0, 1000))
+             for i in range(10)]
+    dag = CostDAG(tuple(nodes), tuple(Edge(f"v{i}", f"v{i + 1}", rng.uniform(0, 1e-3)) for i in range(9)))
+    limit = 2 * max(n.memory_bytes for n in nodes)
+    dp = partition(dag, 4, memory_limit=limit, solver="dp")
+    for solver in ("ilp-ortools", "ilp-pulp"):
+        part = partition(dag, 4, memory_limit=limit, solver=solver)
+        assert part.optimal and part.objective == pytest.approx(dp.objective, rel=1e-6)
+        assert max(part.memory) <= limit

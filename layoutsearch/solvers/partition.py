@@ -46,8 +46,10 @@ only.
   as "each prefix of stages is down-closed" (``sum_{i<=j} x[u,i] >= sum_{i<=j} x[v,i]`` per edge
   ``u -> v``); send/receive (throughput) or live-across-cut (GPipe) indicators linearized by
   ``s >= x[a,k] - x[b,k]``; ``L >= load_k`` minimized. ``n K`` binaries, ``O((n + |E|) K)`` constraints.
-  Solved by CBC through PuLP or by SCIP through OR-tools; a time limit returns the best partition found,
-  labelled not optimal, with its relative gap to the solver's bound.
+  Solved by CBC through PuLP, or by OR-tools' CP-SAT (times rounded to 1e-9 of a lower bound of the
+  optimum; memory rows in integer units of at most 2^31, exact when the sizes share a common unit, else
+  conservative). A time limit returns the best partition found, labelled not optimal, with its relative
+  gap to the solver's bound.
 * ``"brute"``: every (monotone, for contiguous) assignment, ``O(K^n (n + |E|))``; for tests (``n <= 12``).
 
 Every method's answer is re-evaluated by :func:`stage_loads`, the one definition of the objectives;
@@ -73,6 +75,7 @@ import numpy as np
 
 from layoutsearch.costdag import CostDAG
 from layoutsearch.errors import PartitionError
+from layoutsearch.gantt import bubble_fraction
 
 OBJECTIVES = ("throughput", "gpipe")
 SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute")
@@ -114,8 +117,7 @@ class Partition:
     @property
     def bubble_fraction(self) -> float:
         """GPipe's idle fraction ``(K - 1) / (M + K - 1)`` (with equal stage times)."""
-        k, m = self.num_stages, self.microbatches
-        return (k - 1) / (m + k - 1)
+        return bubble_fraction(self.num_stages, self.microbatches)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -365,6 +367,7 @@ class _DP:
     def solve(self, lower: float, upper: float | None = None) -> tuple[float, list[int]] | None:
         """The optimum and its chain of ideals ``∅ = I_0 ⊊ .. ⊊ I_K = V`` (None if infeasible). ``upper``:
         the value of a known solution, if any (one pass then suffices)."""
+        lower = max(lower, self.total / self.k)  # the key of a stage lower-bounds its load
         ub = upper if upper is not None else max(lower * 1.25, 1e-300)
         while True:
             self.rounds += 1
@@ -509,49 +512,77 @@ def _solve_pulp(model: _Model, goal: int, time_limit: float | None) -> _Solution
     return _Solution("optimal" if optimal else "feasible", values, values[goal], bound)
 
 
-def _solve_ortools(model: _Model, goal: int, time_limit: float | None) -> _Solution:
-    from ortools.linear_solver import pywraplp
+_CPSAT_RESOLUTION = 1e9
+"""CP-SAT works in integers: rows with fractional coefficients (scaled times, about 1 for the lower bound)
+are multiplied by this and rounded, and the goal variable counts units of ``1 / _CPSAT_RESOLUTION``."""
 
-    solver = pywraplp.Solver.CreateSolver("SCIP") or pywraplp.Solver.CreateSolver("CBC")
-    if solver is None:  # pragma: no cover - depends on the OR-tools build
-        raise PartitionError("OR-tools has neither SCIP nor CBC; use solver='ilp-pulp'")
-    inf = solver.infinity()
-    xs = [solver.IntVar(lb, ub if not math.isinf(ub) else inf, f"v{i}") if integer else
-          solver.NumVar(lb, ub if not math.isinf(ub) else inf, f"v{i}")
-          for i, (lb, ub, integer) in enumerate(model.vars)]
+
+def _solve_ortools(model: _Model, goal: int, time_limit: float | None) -> _Solution:
+    """OR-tools CP-SAT. Every variable but the goal is 0/1 in this model (send/receive/live indicators are
+    0/1 at any vertex), so only the goal and the time coefficients need the integer scaling."""
+    from ortools.sat.python import cp_model
+
+    res = _CPSAT_RESOLUTION
+    top = max(sum(round(-c * res) for i, c in coeffs.items() if c < 0) for coeffs, _, _ in model.rows
+              if goal in coeffs)  # the largest load any assignment can have
+    if top >= 2**61:
+        raise PartitionError("times span too many orders of magnitude for CP-SAT's integers; use solver 'ilp-pulp'")
+    cp = cp_model.CpModel()
+    xs = []
+    for i, (lb, ub, _) in enumerate(model.vars):
+        if i == goal:
+            xs.append(cp.new_int_var(0, top, "goal"))
+        else:
+            assert (lb, ub) == (0, 1), "CP-SAT backend: only 0/1 variables besides the goal"
+            xs.append(cp.new_bool_var(f"v{i}"))
     for coeffs, lo, hi in model.rows:
-        row = solver.Constraint(-inf if math.isinf(lo) else lo, inf if math.isinf(hi) else hi)
-        for i, c in coeffs.items():
-            row.SetCoefficient(xs[i], c)
-    solver.Objective().SetCoefficient(xs[goal], 1.0)
-    solver.Objective().SetMinimization()
+        scaled = goal in coeffs or any(not float(c).is_integer() for c in coeffs.values())
+        factor = res if scaled else 1.0
+        expr = sum((1 if i == goal else round(c * factor)) * xs[i] for i, c in coeffs.items())
+        if not math.isinf(lo):
+            cp.add(expr >= math.ceil(lo * factor))
+        if not math.isinf(hi):
+            cp.add(expr <= math.floor(hi * factor))
+    cp.minimize(xs[goal])
+    solver = cp_model.CpSolver()
     if time_limit is not None:
-        solver.SetTimeLimit(max(1, int(time_limit * 1000)))
-    params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, _RTOL)
-    status = solver.Solve(params)
-    if status == pywraplp.Solver.INFEASIBLE:
+        solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.relative_gap_limit = 0.0
+    status = solver.solve(cp)
+    if status == cp_model.INFEASIBLE:
         return _Solution("infeasible", [], math.inf, None)
-    if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return _Solution("none", [], math.inf, None)
-    values = [x.solution_value() for x in xs]
-    return _Solution("optimal" if status == pywraplp.Solver.OPTIMAL else "feasible", values, values[goal],
-                     solver.Objective().BestBound())
+    values = [float(solver.value(x)) for x in xs]
+    values[goal] /= res
+    return _Solution("optimal" if status == cp_model.OPTIMAL else "feasible", values, values[goal],
+                     solver.best_objective_bound / res)
 
 
 def _ilp(ctx: _Ctx, k: int, kind: str, mb: int, limit: int | None, contiguous: bool, backend: str,
-         time_limit: float | None) -> tuple[_Solution, list[int]]:
-    """Tarnawski et al.'s ILP: ``x[v][s] = 1`` iff node ``v`` is on stage ``s``; minimize ``L >= load_s``."""
+         time_limit: float | None, info: dict[str, Any]) -> tuple[_Solution, list[int]]:
+    """Tarnawski et al.'s ILP: ``x[v][s] = 1`` iff node ``v`` is on stage ``s``; minimize ``L >= load_s``.
+    Times are scaled by a lower bound of the optimum, so that the solvers' absolute tolerances (about 1e-6)
+    are relative ones; the solution is returned in seconds. Memory rows stay in integer bytes."""
     n, mdl = ctx.n, _Model()
+    scale = 1.0 / (_lower_bound(ctx, k) or 1.0)
     x = [[mdl.var(0, 1, True) for _ in range(k)] for _ in range(n)]
     for v in range(n):
         mdl.add({x[v][s]: 1 for s in range(k)}, 1, 1)
     for s in range(k):
         mdl.add({x[v][s]: 1 for v in range(n)}, 1)
     if limit is not None:
+        # Memory rows in integer units of g bytes: exact when g divides every size (g = their gcd); the
+        # solvers' presolve mishandles coefficients beyond ~2^32, so larger numbers are rounded to coarser
+        # units, conservatively (sizes up, the limit down): a stage may then be refused for lying within
+        # n * g bytes of the limit, never admitted over it.
         memw = ctx.memw(mb)
+        g = math.gcd(limit, *memw) or 1
+        if limit // g > 2**31:
+            g = -(-limit // 2**31)
+            info["memory_unit_bytes"] = g
         for s in range(k):
-            mdl.add({x[v][s]: w for v, w in enumerate(memw) if w}, hi=limit)
+            mdl.add({x[v][s]: -(-w // g) for v, w in enumerate(memw) if w}, hi=limit // g)
 
     def prefix(v: int, j: int, sign: float = 1.0) -> dict[int, float]:  # [stage of v <= j]
         return {x[v][i]: sign for i in range(j + 1)}
@@ -568,10 +599,12 @@ def _ilp(ctx: _Ctx, k: int, kind: str, mb: int, limit: int | None, contiguous: b
                     mdl.add({x[v][s]: 1}, hi=0)
                 else:
                     mdl.add({x[v][s]: 1} | {x[u][s - 1]: -1 for u in range(v)}, hi=0)
-    loads: list[dict[int, float]] = [{x[v][s]: ctx.comp[v] for v in range(n) if ctx.comp[v]} for s in range(k)]
+    loads: list[dict[int, float]] = [{x[v][s]: ctx.comp[v] * scale for v in range(n) if ctx.comp[v]}
+                                     for s in range(k)]
     for src, cons, c in ctx.tensors:
         if not c:
             continue
+        c *= scale
         if kind == "gpipe":  # live[j] >= [src in prefix j] - [w in prefix j]; paid by stages j and j + 1
             for j in range(k - 1):
                 live = mdl.var()
@@ -590,6 +623,7 @@ def _ilp(ctx: _Ctx, k: int, kind: str, mb: int, limit: int | None, contiguous: b
     for s in range(k):
         mdl.add({goal: 1} | {i: -c for i, c in loads[s].items()}, 0)
     sol = (_solve_pulp if backend == "ilp-pulp" else _solve_ortools)(mdl, goal, time_limit)
+    sol = sol._replace(objective=sol.objective / scale, bound=None if sol.bound is None else sol.bound / scale)
     sigma = [max(range(k), key=lambda s, v=v: sol.values[x[v][s]]) for v in range(n)] if sol.values else []
     return sol, sigma
 
@@ -692,7 +726,13 @@ def partition(dag: CostDAG, stages: int, *, objective: str = "throughput", micro
             assert limit is not None
             raise PartitionError(_memory_message(dag, stages, microbatches, limit, min_mem, exact=True))
         return _make(ctx, sigma, stages, objective, microbatches, "brute force", True, 0.0, info, limit)
-    sol, sigma = _ilp(ctx, stages, objective, microbatches, limit, contiguous, solver, time_limit)
+    sol, sigma = _ilp(ctx, stages, objective, microbatches, limit, contiguous, solver, time_limit, info)
+    if sigma and limit is not None and max(_evaluate(ctx, sigma, stages, objective, microbatches)[1]) > limit:
+        # The solver's feasibility tolerance (about 1e-6, relative) let a stage exceed the limit by a hair:
+        # solve again with the limit tightened by more than that tolerance.
+        tighter = limit - max(1, math.ceil(limit * 2e-6))
+        info["memory_limit_tightened_to"] = tighter
+        sol, sigma = _ilp(ctx, stages, objective, microbatches, tighter, contiguous, solver, time_limit, info)
     if sol.status == "infeasible":
         assert limit is not None
         raise PartitionError(_memory_error_bound(ctx, dag, stages, microbatches, limit, contiguous, max_ideals))
@@ -701,9 +741,8 @@ def partition(dag: CostDAG, stages: int, *, objective: str = "throughput", micro
                              "raise --time-limit")
     factor = microbatches + stages - 1 if objective == "gpipe" else 1
     part = _make(ctx, sigma, stages, objective, microbatches, solver, sol.status == "optimal", None, info, limit)
-    value = part.objective
-    if value > sol.objective * factor * (1 + 1e-6) + 1e-9 or (
-            sol.status == "optimal" and value < sol.objective * factor * (1 - 1e-6) - 1e-9):
+    value, tol = part.objective, 1e-5 * sol.objective * factor
+    if value > sol.objective * factor + tol or (sol.status == "optimal" and value < sol.objective * factor - tol):
         raise AssertionError(f"ILP value {sol.objective * factor} disagrees with stage_loads {value}")
     if sol.status == "optimal":
         gap = 0.0
