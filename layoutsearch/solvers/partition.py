@@ -514,7 +514,8 @@ def _solve_pulp(model: _Model, goal: int, time_limit: float | None) -> _Solution
 
 _CPSAT_RESOLUTION = 1e9
 """CP-SAT works in integers: rows with fractional coefficients (scaled times, about 1 for the lower bound)
-are multiplied by this and rounded, and the goal variable counts units of ``1 / _CPSAT_RESOLUTION``."""
+are multiplied by this (less if a coefficient would exceed 2^31) and rounded; the goal variable counts
+units of one over it."""
 
 
 def _solve_ortools(model: _Model, goal: int, time_limit: float | None) -> _Solution:
@@ -522,7 +523,8 @@ def _solve_ortools(model: _Model, goal: int, time_limit: float | None) -> _Solut
     0/1 at any vertex), so only the goal and the time coefficients need the integer scaling."""
     from ortools.sat.python import cp_model
 
-    res = _CPSAT_RESOLUTION
+    fractional = [abs(c) for coeffs, _, _ in model.rows for c in coeffs.values() if not float(c).is_integer()]
+    res = min(_CPSAT_RESOLUTION, 2**31 / max(fractional, default=1.0))  # keep coefficients below 2^31
     top = max(sum(round(-c * res) for i, c in coeffs.items() if c < 0) for coeffs, _, _ in model.rows
               if goal in coeffs)  # the largest load any assignment can have
     if top >= 2**61:
