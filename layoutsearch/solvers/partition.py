@@ -82,6 +82,8 @@ SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute")
 MAX_IDEALS = 200_000
 """Default cap on the number of ideals the DP enumerates (memory: about ``m * n / 8`` bytes)."""
 BRUTE_MAX_NODES = 12
+AUTO_ILP_TIME_LIMIT = 60.0
+"""Seconds given to the ILP when ``solver="auto"`` falls back to it without a ``time_limit``."""
 _RTOL = 1e-9
 
 
@@ -683,9 +685,10 @@ def partition(dag: CostDAG, stages: int, *, objective: str = "throughput", micro
 
     ``solver``: ``"dp"`` (exact, contiguous), ``"ilp-pulp"`` / ``"ilp-ortools"`` (exact unless stopped by
     ``time_limit`` seconds; contiguous or not), ``"brute"`` (tests), ``"auto"`` (the DP for contiguous
-    stages unless the DAG has more than ``max_ideals`` down-closed sets, then OR-tools; OR-tools for
-    non-contiguous ones). Raises :class:`PartitionError` when no partition fits the memory limit, naming
-    the smallest achievable largest-stage memory (or a lower bound on it).
+    stages unless the DAG has more than ``max_ideals`` down-closed sets, then OR-tools for at most
+    :data:`AUTO_ILP_TIME_LIMIT` seconds unless ``time_limit`` says otherwise; OR-tools for non-contiguous
+    ones). Raises :class:`PartitionError` when no partition fits the memory limit, naming the smallest
+    achievable largest-stage memory (or a lower bound on it).
     """
     _check_objective(objective, microbatches)
     if solver not in SOLVERS:
@@ -718,6 +721,8 @@ def partition(dag: CostDAG, stages: int, *, objective: str = "throughput", micro
                 ideals = _Ideals(ctx, max_ideals)
             except _TooManyIdeals:
                 solver, info["fallback"] = "ilp-ortools", f"more than {max_ideals} down-closed sets: used the ILP"
+                if time_limit is None:
+                    time_limit = info["time_limit"] = AUTO_ILP_TIME_LIMIT
     if solver == "dp":
         sigma = _run_dp(ctx, ideals, stages, objective, microbatches, limit,
                         max_ideals, info)
