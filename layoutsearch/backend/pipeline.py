@@ -194,7 +194,8 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
 
 
 class Pipeline:
-    """A GPipe training step for ``graph`` on a mesh ``{stage: K, data: D}`` (data optional).
+    """A GPipe training step for ``graph`` on a mesh ``{stage: K, data: D, ...}`` (data optional;
+    other axes are used by ``layout``).
 
     ``step(stacked, outer, inputs) -> (loss, (d_stacked, d_outer))`` is the jitted
     core on laid-out arrays (see :meth:`shardings`); :meth:`loss_and_grads` takes
@@ -218,6 +219,7 @@ class Pipeline:
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
         self.manual = (stage_axis, data_axis) if data_axis in mesh_shape else (stage_axis,)
         self.layout = self._check_layout(layout, mesh_shape)
+        self.loss_scale = self._data_scale()
         self.block_prefix = block_prefix
         devs = list(devices if devices is not None else jax.devices())
         n = int(np.prod(list(mesh_shape.values())))
@@ -316,8 +318,10 @@ class Pipeline:
 
         def constrain(names: Mapping[str, str]) -> Callable[[str, jax.Array], jax.Array] | None:
             """Apply the layout (other mesh axes) to every tensor the interpreter makes."""
-            return None if not self.layout.rules and not self.layout.tensors else lambda n, x: \
-                lax.with_sharding_constraint(x, NamedSharding(auto, P(*self._spec(names.get(n, n)))))
+            if not self.layout.rules and not self.layout.tensors:
+                return None
+            return lambda n, x: lax.with_sharding_constraint(x, NamedSharding(auto, P(*self._spec(names.get(n, n)))))
+
         # Cast to varying here, outside the loops: the transposes (gradient psums) then run once.
         stacked = {k: v[0] for k, v in stacked.items()}
         stacked, outer, inputs = _vary(stacked, everywhere), _vary(outer, everywhere), _vary(inputs, everywhere)
@@ -346,7 +350,7 @@ class Pipeline:
         _, ys = lax.scan(tick, carry, xs)
         env[p.exit] = self._merge(ys[K - 1:], dims)
         loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, constrain({}))[p.post.loss]
-        return lax.psum(jnp.where(stage == K - 1, loss * self._data_scale(), jnp.zeros_like(loss)), everywhere)
+        return lax.psum(jnp.where(stage == K - 1, loss * self.loss_scale, jnp.zeros_like(loss)), everywhere)
 
     def _data_scale(self) -> float:
         """What the per-data-shard losses are scaled by before summing: 1/D for a mean, 1 for a sum."""
