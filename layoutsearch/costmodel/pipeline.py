@@ -117,9 +117,11 @@ class StageReport:
     memory_bytes: int
     static_bytes: int         # parameters, gradients, optimizer state
     activation_bytes: int     # activations kept for all micro-batches in flight (+ remat workspace)
+    collectives: tuple[tuple[str, tuple[str, ...], int, int], ...] = ()  # (kind, axes, bytes, count) per step
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__, units=list(self.units))
+        colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
+        return dict(self.__dict__, units=list(self.units), collectives=colls)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class _Unit:
     static: int = 0
     saved: int = 0          # activations saved for backward per micro-batch (no remat)
     boundary: int = 0       # bytes of the tensors entering the unit per micro-batch (kept with remat)
+    sync: list[tuple[str, tuple[str, ...], int]] = field(default_factory=list)  # once-per-step collectives
 
 
 def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str]) -> dict[str, _Unit]:
@@ -195,9 +198,10 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str]) -> d
         if r.phase == "optimizer":
             u.once_s += r.seconds
             continue
-        sync = sum(c.seconds for c in r.collectives if c.tensor in grads)
-        u.compute_s += r.seconds - sync
-        u.once_s += sync
+        sync = [c for c in r.collectives if c.tensor in grads]
+        u.sync += [(c.kind, c.axes, c.bytes) for c in sync]
+        u.compute_s += r.seconds - sum(c.seconds for c in sync)
+        u.once_s += sum(c.seconds for c in sync)
     lb = layout.local_bytes
     counted: set[tuple[str, str]] = set()
     for op in g.ops:
@@ -259,7 +263,9 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
     for a, b in itertools.pairwise(chain):
         nbytes = units[b].boundary
         t = collective_time("collective-permute", nbytes, (stage_axis,), link_mesh, hw).seconds
-        edges.append(Edge(a, b, 2 * t, nbytes))  # the activation forward, its gradient backward
+        # Each loop step a stage sends one tensor per neighbour: the activation forward, its gradient
+        # backward. Paid on both sides of the cut, the two cuts of a stage add up to its two permutes.
+        edges.append(Edge(a, b, t, nbytes))
     dag = CostDAG(tuple(nodes), tuple(edges), name=graph.name)
     return dag, rep, {u: units[u] for u in chain}
 
@@ -294,6 +300,8 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
             raise PartitionError(f"{len(groups)} stages given for a stage axis of size {K}")
         method, optimal = "given", False
     loads = stage_loads(dag, groups, "gpipe", microbatches)
+    steps = microbatches + K - 1
+    cut = [units[groups[k + 1][0]].boundary for k in range(K - 1)]  # bytes entering stage k+1
     reports = []
     for k, names in enumerate(groups):
         us = [units[n] for n in names]
@@ -303,8 +311,12 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
             act = microbatches * sum(u.boundary for u in us) + max(u.saved for u in us)
         else:
             act = microbatches * sum(u.saved for u in us)
+        sends = [cut[k - 1]] if k > 0 else []  # gradients to the previous stage
+        sends += [cut[k]] if k < K - 1 else []  # activations to the next stage
+        colls = tuple(("collective-permute", (stage_axis,), b, steps) for b in sends)
+        colls += tuple((kind, axes, b, 1) for u in us for kind, axes, b in u.sync)
         reports.append(StageReport(tuple(names), loads.loads[k], transfer, sum(u.once_s for u in us),
-                                   static + act, static, act))
+                                   static + act, static, act, colls))
     shared = _shared_parameter_sync(graph, groups, inner, stage_axis, mesh, hw)
     step = (microbatches + K - 1) * max(s.microbatch_s for s in reports) + max(s.once_s for s in reports) + shared
     return PipelineReport(graph.name, mesh, stage_axis, microbatches, remat, inner.describe(), tuple(reports), step,
