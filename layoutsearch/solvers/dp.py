@@ -65,30 +65,19 @@ def _linear(nbrs: list[set[int]], hub: int | None) -> list[int] | None:
 def _edge_matrix(problem: Problem, a: int, b: int) -> np.ndarray:
     """Cost of every strategy pair (rows: node a, columns: node b) summed over their edges."""
     out = np.zeros((len(problem.unary[a]), len(problem.unary[b])))
-    for e in problem.edges:
-        if (e.u, e.v) == (a, b):
-            out += e.cost[np.ix_(e.ku, e.kv)]
-        elif (e.u, e.v) == (b, a):
-            out += e.cost[np.ix_(e.ku, e.kv)].T
+    for f in problem.factors:
+        if f.nodes == (a, b):
+            out += f.full()
+        elif f.nodes == (b, a):
+            out += f.full().T
     return out
-
-
-def _item_matrix(problem: Problem, i: int, a: int, b: int) -> np.ndarray | None:
-    it = problem.mem_items[i]
-    e = problem.edges[it.edge]
-    full = it.bytes[np.ix_(e.ku, e.kv)]
-    if (e.u, e.v) == (a, b):
-        return full
-    if (e.u, e.v) == (b, a):
-        return full.T
-    return None
 
 
 def solve(problem: Problem, memory_limit: float | None = None, top: int = 1) -> list[Solution]:
     """The ``top`` best assignments that fit ``memory_limit``; LayoutSearchError if the problem is not a chain
     (see :func:`chain_order`)."""
     t0 = time.perf_counter()
-    shape = chain_order(problem)
+    shape = chain_order(problem) if all(len(f.nodes) == 2 for f in problem.factors) else None
     if shape is None:
         raise LayoutSearchError("the DP solver needs a chain of layers (each interacting with its neighbours and "
                                 "at most one other node); use solver 'ilp-ortools' or 'ilp-pulp'")
@@ -178,11 +167,11 @@ def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
     for i, it in enumerate(problem.mem_items):
         if not counts[i].any():
             continue
-        if it.edge is None:
+        if it.factor is None:
             node_rows[it.node] += it.bytes[:, None] * counts[i][None, :]
         else:
-            e = problem.edges[it.edge]
-            pair_items.append((e.u, e.v, it.bytes[np.ix_(e.ku, e.kv)][:, :, None] * counts[i][None, None, :]))
+            f = problem.factors[it.factor]
+            pair_items.append((*f.nodes, f.full(it.bytes)[:, :, None] * counts[i][None, None, :]))
     trans = [_edge_matrix(problem, a, b) for a, b in zip(order, order[1:], strict=False)]
     tol = limit * 1e-12
 

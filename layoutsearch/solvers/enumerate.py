@@ -6,7 +6,7 @@ minimize unary + edge costs with every memory row under the limit.
 Algorithm: evaluate every assignment at once as a dense array of shape
 ``(K_1, ..., K_N)`` (each cost term broadcast along its nodes' axes), mask the
 assignments over the memory limit, take the ``top`` smallest. Time and memory
-``O(prod K_n * (N + E + rows * items))``; refused above ``max_assignments``.
+``O(prod K_n * (N + F + rows * items))``; refused above ``max_assignments``.
 Exact by construction, which is why the other solvers are tested against it.
 """
 
@@ -32,10 +32,10 @@ def _along(arr: np.ndarray, axes: tuple[int, ...], ndim: int) -> np.ndarray:
 
 def _item(problem: Problem, i: int, ndim: int) -> np.ndarray:
     it = problem.mem_items[i]
-    if it.edge is None:
+    if it.factor is None:
         return _along(it.bytes, (it.node,), ndim)
-    e = problem.edges[it.edge]
-    return _along(it.bytes[np.ix_(e.ku, e.kv)], (e.u, e.v), ndim)
+    f = problem.factors[it.factor]
+    return _along(f.full(it.bytes), f.nodes, ndim)
 
 
 def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
@@ -55,8 +55,8 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     total = np.full(shape, problem.const, dtype=float)
     for k, u in enumerate(problem.unary):
         total = total + _along(u, (k,), ndim)
-    for e in problem.edges:
-        total = total + _along(e.cost[np.ix_(e.ku, e.kv)], (e.u, e.v), ndim)
+    for f in problem.factors:
+        total = total + _along(f.full(), f.nodes, ndim)
     peak = np.zeros(shape)
     if problem.mem_rows:
         items = [_item(problem, i, ndim) for i in range(len(problem.mem_items))]

@@ -8,10 +8,11 @@ variables written as a joint distribution over key pairs, which keeps the LP
 relaxation tight on trees):
 
 * ``x[n,s]`` in {0,1}: node ``n`` takes strategy ``s``; ``sum_s x[n,s] = 1``;
-* ``y[e,a,b]`` in [0,1] for each edge ``e = (u,v)`` and key pair ``(a,b)``:
-  ``sum_b y[e,a,b] = sum_{s: ku[s]=a} x[u,s]`` and
-  ``sum_a y[e,a,b] = sum_{t: kv[t]=b} x[v,t]`` (integral whenever ``x`` is);
-* minimize ``sum unary[n,s] x[n,s] + sum cost[e,a,b] y[e,a,b]``;
+* ``y[f,a]`` in [0,1] for each factor ``f`` over nodes ``n_1..n_k`` and key
+  tuple ``a``: the joint distribution of the nodes' keys, tied to each node
+  by ``sum_{a: a_j = b} y[f,a] = sum_{s: key_j[s] = b} x[n_j,s]`` (for an
+  edge, the two marginals; ``y`` is integral whenever ``x`` is);
+* minimize ``sum unary[n,s] x[n,s] + sum cost[f,a] y[f,a]``;
 * for every memory row: ``const + sum count * (bytes x or bytes y) <= limit``.
 
 Runner-up plans come from re-solving with a no-good cut excluding the plans
@@ -22,9 +23,9 @@ plan needs. NP-hard in general; CBC (branch and cut) or CP-SAT (lazy clause
 generation with LP relaxations) solve the tied problems of real models in
 seconds.
 
-Backends: ``"pulp"`` (PuLP's bundled CBC), ``"ortools"`` (CP-SAT; costs are
-scaled to integers with 2**50 / their range, an error below 1e-13 relative),
-``"ortools-mip"`` (OR-tools' MIP interface with SCIP).
+Backends: ``"pulp"`` (PuLP's bundled CBC) and ``"ortools"`` (CP-SAT; costs
+are scaled to integers with 2**50 / their range, an error below 1e-13
+relative).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import numpy as np
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.solvers.problem import FEASIBLE, OPTIMAL, Problem, Solution, infeasible, solution
 
-BACKENDS = ("pulp", "ortools", "ortools-mip")
+BACKENDS = ("pulp", "ortools")
 
 
 @dataclass
@@ -73,30 +74,29 @@ def _build(problem: Problem) -> _Model:
             if c:
                 m.obj[i] = float(c)
     ys: list[np.ndarray] = []
-    for e in problem.edges:
-        ka, kb = e.cost.shape
-        y = np.array([m.var(False) for _ in range(ka * kb)]).reshape(ka, kb)
+    for f in problem.factors:
+        shape = f.cost.shape
+        y = np.arange(m.nvars, m.nvars + f.cost.size).reshape(shape)
+        for _ in range(f.cost.size):
+            m.var(False)
         ys.append(y)
-        for a in range(ka):
-            row = {int(y[a, b]): 1.0 for b in range(kb)}
-            for s in np.nonzero(e.ku == a)[0]:
-                row[m.x[e.u][s]] = -1.0
-            m.eqs.append((row, 0.0))
-        for b in range(kb):
-            row = {int(y[a, b]): 1.0 for a in range(ka)}
-            for t in np.nonzero(e.kv == b)[0]:
-                row[m.x[e.v][t]] = -1.0
-            m.eqs.append((row, 0.0))
-        for (a, b), c in np.ndenumerate(e.cost):
+        for j, (n, k) in enumerate(zip(f.nodes, f.keys, strict=True)):
+            moved = np.moveaxis(y, j, 0)
+            for a in range(shape[j]):
+                row = {int(v): 1.0 for v in moved[a].reshape(-1)}
+                for s in np.nonzero(k == a)[0]:
+                    row[m.x[n][s]] = -1.0
+                m.eqs.append((row, 0.0))
+        for idx, c in np.ndenumerate(f.cost):
             if c:
-                m.obj[int(y[a, b])] = float(c)
+                m.obj[int(y[idx])] = float(c)
     terms: list[dict[int, float]] = []
     for it in problem.mem_items:
-        if it.edge is None:
+        if it.factor is None:
             terms.append({m.x[it.node][s]: float(b) for s, b in enumerate(it.bytes) if b})
         else:
-            y = ys[it.edge]
-            terms.append({int(y[a, b]): float(v) for (a, b), v in np.ndenumerate(it.bytes) if v})
+            y = ys[it.factor]
+            terms.append({int(y[idx]): float(v) for idx, v in np.ndenumerate(it.bytes) if v})
     for r in problem.mem_rows:
         row: dict[int, float] = {}
         for i, c in r.items:
@@ -205,50 +205,13 @@ def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float
     return _Result(status, values, solver.BestObjectiveBound() / scale)
 
 
-def _solve_mip(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
-               cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
-    from ortools.linear_solver import pywraplp
-
-    solver = pywraplp.Solver.CreateSolver("SCIP")
-    if solver is None:  # pragma: no cover - depends on the OR-tools build
-        raise LayoutSearchError("OR-tools was built without SCIP: use backend 'ortools' (CP-SAT) or 'pulp'")
-    v = [solver.BoolVar(f"v{i}") if i in m.binary else solver.NumVar(0, 1, f"v{i}") for i in range(m.nvars)]
-    for row, rhs in m.eqs:
-        solver.Add(sum(c * v[i] for i, c in row.items()) == rhs)
-    mscale = 1.0 / max(limit or 1.0, 1.0)
-    peak = solver.NumVar(0, solver.infinity(), "peak") if minimize_peak else None
-    for row, const in m.mem:
-        if minimize_peak:
-            solver.Add(sum(c * mscale * v[i] for i, c in row.items()) + const * mscale <= peak)
-        elif limit is not None:
-            solver.Add(sum(c * mscale * v[i] for i, c in row.items()) <= (limit - const) * mscale)
-    for cut in cuts:
-        solver.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
-    solver.Minimize(peak if minimize_peak else sum(c * scale * v[i] for i, c in m.obj.items()))
-    if time_limit is not None:
-        solver.SetTimeLimit(int(time_limit * 1000))
-    solver.SetNumThreads(threads)
-    params = pywraplp.MPSolverParameters()
-    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, 0.0)
-    st = solver.Solve(params)
-    if st == pywraplp.Solver.INFEASIBLE:
-        return _Result("infeasible", None, None)
-    if st not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
-        return _Result("unknown", None, None)
-    values = [x.solution_value() for x in v]
-    if minimize_peak:
-        return _Result("optimal", values, peak.solution_value() / mscale)
-    status = "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible"
-    return _Result(status, values, solver.Objective().BestBound() / scale)
-
-
-_SOLVE = {"pulp": _solve_pulp, "ortools": _solve_cpsat, "ortools-mip": _solve_mip}
+_SOLVE = {"pulp": _solve_pulp, "ortools": _solve_cpsat}
 
 
 def _scale(problem: Problem, backend: str) -> float:
     """Objective multiplier: costs to ~1e6 for the MIP solvers, to integers below 2**50 for CP-SAT."""
     span = sum(float(np.abs(u).max()) for u in problem.unary if len(u)) + sum(
-        float(np.abs(e.cost).max()) for e in problem.edges)
+        float(np.abs(f.cost).max()) for f in problem.factors)
     span = span or 1.0
     return (2.0**50 if backend == "ortools" else 1e6) / span
 

@@ -5,16 +5,18 @@ Problem
 Nodes ``n = 0..N-1`` each pick one strategy ``s_n`` from ``0..K_n-1``. Costs:
 
 * a unary cost ``unary[n][s_n]`` (seconds);
-* pairwise costs on edges ``(u, v)``: each side's strategies map to *keys*
-  (``ku[s_u]``, ``kv[s_v]``: the projections of the strategy that the
-  interaction depends on, e.g. the layout of the tensor crossing the edge) and
-  the edge costs ``cost[ku[s_u], kv[s_v]]``.
+* costs of *factors* over two nodes (edges) or more: each node's strategies
+  map to *keys* (the projection of the strategy the interaction depends on,
+  e.g. the layout of the tensor crossing the edge) and the factor costs
+  ``cost[key_0(s_0), key_1(s_1), ...]``. A factor over more than two nodes
+  prices a collective that several consumers of one tensor share (XLA
+  computes the same reshard once).
 
-The objective is ``const + sum unary + sum edge costs``. The memory per device
+The objective is ``const + sum unary + sum factor costs``. The memory per device
 is the maximum over *memory rows* (one per point of the schedule, after
 dropping rows that another row dominates): a row is ``const`` plus, for each
 memory item it counts, ``count * bytes`` where an item's bytes depend on one
-node's strategy (``bytes[s_n]``) or on an edge's key pair (``bytes[ku, kv]``).
+node's strategy (``bytes[s_n]``) or on a factor's keys.
 With a memory limit ``L`` every row must be ``<= L``.
 
 This is the formulation of Alpa's intra-operator pass (Zheng et al. 2022,
@@ -41,26 +43,33 @@ FEASIBLE = "feasible"
 
 
 @dataclass(frozen=True)
-class Edge:
-    """A pairwise cost between nodes ``u < v``: ``cost[ku[s_u], kv[s_v]]``."""
+class Factor:
+    """A cost shared by several nodes: ``cost[keys[0][s_0], keys[1][s_1], ...]`` for the strategies
+    ``s_j`` of ``nodes[j]`` (distinct, increasing); two nodes make an edge."""
 
-    u: int
-    v: int
-    ku: np.ndarray
-    kv: np.ndarray
+    nodes: tuple[int, ...]
+    keys: tuple[np.ndarray, ...]
     cost: np.ndarray
 
-    def value(self, su: int, sv: int) -> float:
-        return float(self.cost[self.ku[su], self.kv[sv]])
+    def index(self, assign: Sequence[int]) -> tuple[int, ...]:
+        return tuple(int(k[assign[n]]) for n, k in zip(self.nodes, self.keys, strict=True))
+
+    def value(self, assign: Sequence[int]) -> float:
+        return float(self.cost[self.index(assign)])
+
+    def full(self, arr: np.ndarray | None = None) -> np.ndarray:
+        """``arr`` (default: the cost) indexed by strategies instead of keys: shape ``(K_n for n in nodes)``."""
+        a = self.cost if arr is None else arr
+        return a[np.ix_(*self.keys)]
 
 
 @dataclass(frozen=True)
 class MemItem:
-    """Bytes per device that depend on one node's strategy (``edge is None``:
-    ``bytes[s_node]``) or on an edge's key pair (``bytes[ku, kv]``)."""
+    """Bytes per device that depend on one node's strategy (``factor is None``:
+    ``bytes[s_node]``) or on a factor's keys (``bytes[key_0, key_1, ...]``)."""
 
     node: int | None
-    edge: int | None
+    factor: int | None
     bytes: np.ndarray
 
 
@@ -75,11 +84,11 @@ class MemRow:
 
 @dataclass
 class Problem:
-    """Nodes with strategies, unary and edge costs, memory rows (see the module docstring)."""
+    """Nodes with strategies, unary and factor costs, memory rows (see the module docstring)."""
 
     names: list[str]
     unary: list[np.ndarray]
-    edges: list[Edge] = field(default_factory=list)
+    factors: list[Factor] = field(default_factory=list)
     mem_items: list[MemItem] = field(default_factory=list)
     mem_rows: list[MemRow] = field(default_factory=list)
     const: float = 0.0
@@ -95,16 +104,13 @@ class Problem:
     def cost(self, assign: Sequence[int]) -> float:
         """The objective of a full assignment (one strategy index per node)."""
         total = self.const + sum(float(u[s]) for u, s in zip(self.unary, assign, strict=True))
-        for e in self.edges:
-            total += e.value(assign[e.u], assign[e.v])
-        return total
+        return total + sum(f.value(assign) for f in self.factors)
 
     def item_bytes(self, i: int, assign: Sequence[int]) -> float:
         it = self.mem_items[i]
-        if it.edge is None:
+        if it.factor is None:
             return float(it.bytes[assign[it.node]])
-        e = self.edges[it.edge]
-        return float(it.bytes[e.ku[assign[e.u]], e.kv[assign[e.v]]])
+        return float(it.bytes[self.factors[it.factor].index(assign)])
 
     def rows(self, assign: Sequence[int]) -> np.ndarray:
         """Memory of every row under ``assign``."""
@@ -124,11 +130,11 @@ class Problem:
         return limit is None or self.memory(assign) <= limit * (1 + 1e-12)
 
     def neighbors(self) -> list[set[int]]:
-        """Nodes sharing an edge with each node."""
+        """Nodes sharing a factor with each node."""
         out: list[set[int]] = [set() for _ in self.unary]
-        for e in self.edges:
-            out[e.u].add(e.v)
-            out[e.v].add(e.u)
+        for f in self.factors:
+            for n in f.nodes:
+                out[n].update(m for m in f.nodes if m != n)
         return out
 
 
@@ -177,44 +183,55 @@ def infeasible(solver: str, seconds: float, min_memory: float | None) -> Solutio
 
 
 def restrict(problem: Problem, keep: Sequence[np.ndarray]) -> Problem:
-    """The problem with node ``n`` limited to strategies ``keep[n]`` (indices into its strategies); edges
-    whose cost depends on one side only are folded into that node, and unused keys dropped."""
+    """The problem with node ``n`` limited to strategies ``keep[n]`` (indices into its strategies); unused
+    keys are dropped, and factors whose cost depends on one node only are folded into it."""
     unary = [u[k] for u, k in zip(problem.unary, keep, strict=True)]
-    items: list[MemItem | None] = [MemItem(it.node, None, it.bytes[keep[it.node]]) if it.edge is None else None
+    items: list[MemItem | None] = [MemItem(it.node, None, it.bytes[keep[it.node]]) if it.factor is None else None
                                    for it in problem.mem_items]
-    on_edge: dict[int, list[int]] = {}
+    on: dict[int, list[int]] = {}
     for i, it in enumerate(problem.mem_items):
-        if it.edge is not None:
-            on_edge.setdefault(it.edge, []).append(i)
-    edges: list[Edge] = []
-    for ei, e in enumerate(problem.edges):
-        au, iu = np.unique(e.ku[keep[e.u]], return_inverse=True)
-        av, iv = np.unique(e.kv[keep[e.v]], return_inverse=True)
-        iu, iv = iu.reshape(-1), iv.reshape(-1)
-        cost = e.cost[np.ix_(au, av)]
-        if len(au) == 1 or len(av) == 1:  # depends on one side only: fold into that node
-            side, idx = (e.v, iv) if len(au) == 1 else (e.u, iu)
-            unary[side] = unary[side] + cost.reshape(-1)[idx]
-            for i in on_edge.get(ei, []):
-                items[i] = MemItem(side, None, problem.mem_items[i].bytes[np.ix_(au, av)].reshape(-1)[idx])
+        if it.factor is not None:
+            on.setdefault(it.factor, []).append(i)
+    factors: list[Factor] = []
+    for fi, f in enumerate(problem.factors):
+        used, inv = [], []
+        for n, k in zip(f.nodes, f.keys, strict=True):
+            a, i = np.unique(k[keep[n]], return_inverse=True)
+            used.append(a)
+            inv.append(i.reshape(-1))
+        cost = f.cost[np.ix_(*used)]
+        live = [j for j, a in enumerate(used) if len(a) > 1]
+        if len(live) <= 1:  # depends on one node (or none): fold into it
+            j = live[0] if live else 0
+            n, idx = f.nodes[j], inv[j]
+            unary[n] = unary[n] + cost.reshape(-1)[idx]
+            for i in on.get(fi, []):
+                items[i] = MemItem(n, None, problem.mem_items[i].bytes[np.ix_(*used)].reshape(-1)[idx])
             continue
-        for i in on_edge.get(ei, []):
-            items[i] = MemItem(None, len(edges), problem.mem_items[i].bytes[np.ix_(au, av)])
-        edges.append(Edge(e.u, e.v, iu, iv, cost))
-    return Problem(list(problem.names), unary, edges, items, list(problem.mem_rows), problem.const)
+        if len(live) < len(used):  # drop nodes with one key left
+            sq = tuple(j for j in range(len(used)) if j not in live)
+            cost = cost.squeeze(axis=sq)
+        nodes = tuple(f.nodes[j] for j in live)
+        for i in on.get(fi, []):
+            b = problem.mem_items[i].bytes[np.ix_(*used)]
+            if len(live) < len(used):
+                b = b.squeeze(axis=tuple(j for j in range(len(used)) if j not in live))
+            items[i] = MemItem(None, len(factors), b)
+        factors.append(Factor(nodes, tuple(inv[j] for j in live), cost))
+    return Problem(list(problem.names), unary, factors, items, list(problem.mem_rows), problem.const)
 
 
 def lower_bound_terms(problem: Problem) -> tuple[float, list[np.ndarray]]:
     """A lower bound of the objective, and per node the bound when that node takes each strategy
-    (every other term at its minimum; edge terms of the node at their minimum over the other side)."""
+    (every other term at its minimum; factor terms of the node at their minimum over the other nodes)."""
     base = problem.const + sum(float(u.min()) for u in problem.unary)
     per = [u - u.min() for u in problem.unary]
-    for e in problem.edges:
-        full = e.cost
-        lo = float(full.min())
+    for f in problem.factors:
+        lo = float(f.cost.min())
         base += lo
-        per[e.u] = per[e.u] + (full.min(axis=1)[e.ku] - lo)
-        per[e.v] = per[e.v] + (full.min(axis=0)[e.kv] - lo)
+        for j, (n, k) in enumerate(zip(f.nodes, f.keys, strict=True)):
+            other = tuple(a for a in range(f.cost.ndim) if a != j)
+            per[n] = per[n] + (f.cost.min(axis=other)[k] - lo)
     return base, [base + p for p in per]
 
 
@@ -225,12 +242,10 @@ def prune(problem: Problem, upper: float, rel: float = 1e-9) -> tuple[Problem, l
     keep = [np.arange(len(u)) for u in problem.unary]
     cur = problem
     tol = abs(upper) * rel + 1e-300
-    for _ in range(4):
+    for _ in range(8):
         _, per = lower_bound_terms(cur)
         sel = [np.nonzero(p <= upper + tol)[0] for p in per]
-        if all(len(s) == len(p) for s, p in zip(sel, per, strict=True)):
-            break
-        if any(len(s) == 0 for s in sel):
+        if all(len(s) == len(p) for s, p in zip(sel, per, strict=True)) or any(len(s) == 0 for s in sel):
             break
         keep = [k[s] for k, s in zip(keep, sel, strict=True)]
         cur = restrict(cur, sel)
