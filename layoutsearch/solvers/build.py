@@ -131,7 +131,7 @@ class _Builder:
         self.op_node: dict[str, int] = {}
         self.owner: dict[str, int] = {}
         self._keys: dict[tuple, np.ndarray] = {}
-        self._fcache: dict[tuple, Any] = {}
+        self._fcache: dict[tuple, Any] = self.p.cache
         self._mask_cache: dict[tuple[str, ...], np.ndarray] = {}
 
     def mask(self, names: Iterable[str]) -> np.ndarray:

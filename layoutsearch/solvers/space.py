@@ -46,16 +46,19 @@ layer's variables. Strategies provably absent from an optimum are pruned by
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from typing import Any
+
+import networkx as nx
 import numpy as np
 
 from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
-from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
@@ -109,10 +112,14 @@ def project(maps: np.ndarray, mask: np.ndarray) -> np.ndarray:
 class RuleSets:
     """Candidates of the global-rules space, as arrays.
 
-    ``primary[r, a]``: the dim axis ``a`` splits; ``fallback[r]``: the dim
-    taking the axes ``fallback_axes[r]`` where no axis of them is used
+    ``primary[r, a]``: the *choice* of mesh axis ``a`` (NONE: splits
+    nothing); choice ``c`` splits the dims ``choices[c]``: one dim, or a
+    *group* of dims no op or tensor has two of (``heads``, ``d_ff`` and
+    ``vocab`` on one ``model`` axis, as Megatron does). ``fallback[r]``: the
+    dim taking the axes ``fallback_axes[r]`` wherever none of them is used
     (NONE: no fallback)."""
 
+    choices: tuple[tuple[int, ...], ...]
     primary: np.ndarray
     fallback: np.ndarray
     fallback_axes: np.ndarray
@@ -122,7 +129,8 @@ class RuleSets:
 
     def project(self, mask: np.ndarray) -> np.ndarray:
         """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence)."""
-        proj = project(self.primary, mask)
+        table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
+        proj = table[self.primary]
         fb = self.fallback
         has = (fb >= 0) & mask[fb]
         already = (proj == fb[:, None]).any(axis=1)
@@ -132,68 +140,145 @@ class RuleSets:
 
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
-        return RuleSets(self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
+        return RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
 
     def concat(self, other: RuleSets) -> RuleSets:
-        return RuleSets(np.concatenate([self.primary, other.primary]), np.concatenate([self.fallback, other.fallback]),
-                        np.concatenate([self.fallback_axes, other.fallback_axes]))
+        """Both candidate lists, duplicates (of ``other``) dropped; ``other``'s choices are mapped to ours."""
+        choices = list(self.choices)
+        remap = []
+        for c in other.choices:
+            if c not in choices:
+                choices.append(c)
+            remap.append(choices.index(c))
+        remap.append(NONE)
+        prim = np.array(remap, dtype=np.int32)[other.primary]
+        P = np.concatenate([self.primary, prim])
+        F = np.concatenate([self.fallback, other.fallback])
+        FA = np.concatenate([self.fallback_axes, other.fallback_axes])
+        code = np.concatenate([P, F[:, None], FA.astype(np.int32)], axis=1)
+        _, first = np.unique(code, axis=0, return_index=True)
+        keep = np.sort(first)
+        return RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
+
+    def index(self, other: RuleSets, r: int = 0) -> int | None:
+        """The index of candidate ``r`` of ``other`` among ours, if present."""
+        choices = list(self.choices)
+        remap = [choices.index(c) if c in choices else -2 for c in other.choices] + [NONE]
+        code = np.concatenate([np.array(remap, dtype=np.int32)[other.primary[r]], [other.fallback[r]],
+                               other.fallback_axes[r].astype(np.int32)])
+        ours = np.concatenate([self.primary, self.fallback[:, None], self.fallback_axes.astype(np.int32)], axis=1)
+        hit = np.nonzero((ours == code).all(axis=1))[0]
+        return int(hit[0]) if len(hit) else None
 
 
-def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True) -> RuleSets:
-    """Every candidate of the global-rules space (see the module docstring)."""
+def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
+    """Groups of parameter dims no op or tensor has two of (maximal, at least two dims, largest first): each
+    can share one mesh axis, as ``heads``, ``d_ff`` and ``vocab`` share Megatron's model axis."""
+    pdims = sorted({d for t in graph.parameters for d in t.dim_names}, key=list(graph.dims).index)
+    together: set[frozenset[str]] = set()
+    spaces = [op.iteration_dims(graph.tensors) for op in graph.ops] + [t.dim_names for t in graph.tensors.values()]
+    for dims in {tuple(sorted(set(s) & set(pdims))) for s in spaces}:
+        for a, b in itertools.combinations(dims, 2):
+            together.add(frozenset((a, b)))
+    apart = [(a, b) for a, b in itertools.combinations(pdims, 2) if frozenset((a, b)) not in together]
+    g = nx.Graph()
+    g.add_nodes_from(pdims)
+    g.add_edges_from(apart)
+    order = {d: i for i, d in enumerate(pdims)}
+    cliques = [tuple(sorted(c, key=order.__getitem__)) for c in nx.find_cliques(g) if len(c) >= 2]
+    weight = {d: sum(t.nbytes for t in graph.parameters if d in t.dim_names) for d in pdims}
+    cliques.sort(key=lambda c: (-len(c), -sum(weight[d] for d in c), c))
+    return cliques[:limit]
+
+
+def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True) -> RuleSets:
+    """Every candidate of the global-rules space (see the module docstring): each mesh axis splits one dim, a
+    group of dims (:func:`model_groups`) or nothing, divisibly; plus, when some axes split no parameter dim,
+    a fallback parameter dim taking them (ZeRO/FSDP)."""
     dims = list(graph.dims)
     sizes = [graph.dims[d] for d in dims]
     axes = [s for _, s in mesh.axes]
-    prim = axis_maps(range(len(dims)), sizes, axes)
+    choices: list[tuple[int, ...]] = [(d,) for d in range(len(dims))]
+    if groups:
+        choices += [tuple(dims.index(d) for d in grp) for grp in model_groups(graph)]
+    pdims = sorted({dims.index(d) for t in graph.parameters for d in t.dim_names})
+    rows: list[tuple[int, ...]] = []
+    split = [1] * len(dims)
+
+    def rec(a: int, cur: list[int]) -> None:
+        if a == len(axes):
+            rows.append(tuple(cur))
+            return
+        cur.append(NONE)
+        rec(a + 1, cur)
+        cur.pop()
+        if axes[a] == 1:
+            return
+        for c, members in enumerate(choices):
+            if all(sizes[d] % (split[d] * axes[a]) == 0 for d in members):
+                for d in members:
+                    split[d] *= axes[a]
+                cur.append(c)
+                rec(a + 1, cur)
+                cur.pop()
+                for d in members:
+                    split[d] //= axes[a]
+
+    rec(0, [])
+    prim = np.array(rows, dtype=np.int32).reshape(len(rows), len(axes))
     n = len(prim)
     P, F, FA = [prim], [np.full(n, NONE, np.int32)], [np.zeros((n, len(axes)), bool)]
     if fallbacks:
-        pdims = sorted({dims.index(d) for t in graph.parameters for d in t.dim_names})
         big = np.array([s > 1 for s in axes])
-        for r, row in enumerate(prim):
-            free = big & ~np.isin(row, pdims)
-            group = int(np.prod([s for s, f in zip(axes, free, strict=True) if f]))
+        param_choice = np.array([any(d in pdims for d in c) for c in choices] + [False])
+        for row in prim:
+            free = big & ~param_choice[row]
             if not free.any():
                 continue
+            group = int(np.prod([s for s, f in zip(axes, free, strict=True) if f]))
+            used = {d for c in row if c >= 0 for d in choices[c]}
             for f in pdims:
-                if f not in row and sizes[f] % group == 0:
+                if f not in used and sizes[f] % group == 0:
                     P.append(row[None])
                     F.append(np.array([f], np.int32))
                     FA.append(free[None])
-    return RuleSets(np.concatenate(P), np.concatenate(F), np.concatenate(FA))
+    return RuleSets(tuple(choices), np.concatenate(P), np.concatenate(F), np.concatenate(FA))
 
 
 def rules_of(sets: RuleSets, r: int, dims: Sequence[str], mesh: Mesh) -> tuple[tuple[str, Axes], ...]:
     """Rule set ``r`` as ordered (dim, axes) rules: primaries (graph dim order), then the fallback."""
     row = sets.primary[r]
-    out = [(dims[d], tuple(a for a, x in zip(mesh.names, row, strict=True) if x == d))
-           for d in sorted({int(x) for x in row if x >= 0})]
+    split: dict[int, list[str]] = {}
+    for a, c in zip(mesh.names, row, strict=True):
+        if c >= 0:
+            for d in sets.choices[c]:
+                split.setdefault(d, []).append(a)
+    out = [(dims[d], tuple(split[d])) for d in sorted(split)]
     if sets.fallback[r] >= 0:
         out.append((dims[int(sets.fallback[r])],
                     tuple(a for a, m in zip(mesh.names, sets.fallback_axes[r], strict=True) if m)))
     return tuple(out)
 
 
-def rule_set_of(rules: Iterable[tuple[str, Iterable[str]]], dims: Sequence[str], mesh: Mesh) -> RuleSets:
-    """The one-candidate :class:`RuleSets` of simple rules (each axis in at most one primary rule, at most
-    one fallback rule naming a dim without a primary rule); LayoutSearchError otherwise."""
-    row = np.full(len(mesh.names), NONE, np.int32)
-    fb, fa = NONE, np.zeros(len(mesh.names), bool)
-    seen: set[str] = set()
-    for d, axes in rules:
-        axes = tuple(axes)
-        if not axes:
+def rule_set(choices: Sequence[Iterable[str] | str | None], dims: Sequence[str], mesh: Mesh,
+             fallback: str | None = None, fallback_axes: Iterable[str] = ()) -> RuleSets:
+    """A one-candidate :class:`RuleSets`: ``choices[a]`` is what mesh axis ``a`` splits (a dim name, several
+    dim names no tensor has two of, or None)."""
+    chosen: list[tuple[int, ...]] = []
+    row = []
+    for c in choices:
+        if c is None:
+            row.append(NONE)
             continue
-        idx = [mesh.names.index(a) for a in axes]
-        if d in seen or any(row[i] != NONE for i in idx):
-            if fb != NONE or d in seen:
-                raise LayoutSearchError(f"rules {list(rules)} are not in the search space (one fallback rule at most)")
-            fb = dims.index(d)
-            fa[idx] = True
-            continue
-        seen.add(d)
-        row[idx] = dims.index(d)
-    return RuleSets(row[None], np.array([fb], np.int32), fa[None])
+        members = (c,) if isinstance(c, str) else tuple(c)
+        key = tuple(dims.index(d) for d in members)
+        if key not in chosen:
+            chosen.append(key)
+        row.append(chosen.index(key))
+    fa = np.array([a in set(fallback_axes) for a in mesh.names], bool)
+    fb = dims.index(fallback) if fallback is not None else NONE
+    return RuleSets(tuple(chosen), np.array([row], np.int32).reshape(1, len(mesh.names)),
+                    np.array([fb], np.int32), fa[None])
 
 
 def to_dim_layout(amap: Sequence[int], dims: Sequence[str], mesh: Mesh) -> DimLayout:
@@ -352,6 +437,8 @@ class Pricer:
         self.graph, self.mesh, self.hw = graph, mesh, hw
         self.rules = OpRules(graph, mesh, hw.reduce_scatter)
         self._coll: dict[tuple, float] = {}
+        self.cache: dict[tuple, Any] = {}
+        """Prices of op and reshard variants, shared by the spaces built with this pricer."""
 
     def collective(self, kind: str, nbytes: int, axes: Axes) -> float:
         key = (kind, nbytes, axes)

@@ -1,0 +1,456 @@
+"""Search: the optimal layout of a training step on a mesh, proven, with baselines.
+
+Problem: given a model, a mesh, hardware and a per-device memory limit, find
+the layout minimizing the predicted step time (compute + communication of
+the cost model, :func:`~layoutsearch.costmodel.estimate`) whose peak memory
+per device fits the limit, in one of the spaces of :mod:`.space`.
+
+Method. The rules space is solved first, exactly, by bound-and-evaluate: a
+lower bound of every candidate (the einsums' roofline compute alone, which
+the step can only exceed) orders the candidates; they are priced in that
+order, in batches, until the ``top``-th best plan that fits costs less than
+the bound of every candidate left (Land & Doig 1960's branch and bound with
+one level). The priced candidates form a one-node problem, which the chosen
+solver solves (enumeration, ILP or DP: the same answer). The ``layers`` and
+``ops`` spaces then start from the rules optimum: it is a plan of theirs
+(their candidates include its projections), so its cost is an upper bound
+and :func:`~.problem.prune` drops every strategy whose lower bound exceeds
+it before the solver runs. Their plans are priced again by the cost model's
+op rules (:func:`~.space.evaluate`); the better of the two is returned, so a
+plan is never worse than the rules optimum, nor than any baseline (every
+baseline is a rule set of the space).
+
+Baselines: data parallelism (batch over every axis), FSDP (data parallelism
+with parameters, gradients and optimizer state split over the same axes),
+Megatron-style tensor parallelism (the heads / feed-forward / vocabulary dims
+over the minor axis, batch over the others; Shoeybi et al. 2019) and the
+Mesh-TensorFlow 2-D layout (batch over the major axis, the model dims over
+the others; Shazeer et al. 2018).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from layoutsearch.costmodel.ops import op_flops
+from layoutsearch.costmodel.report import estimate
+from layoutsearch.costmodel.step import training_step
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Layout, format_rules
+from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.mesh import hardware as _hardware
+from layoutsearch.solvers import dp, ilp
+from layoutsearch.solvers import enumerate as enum
+from layoutsearch.solvers.build import build_space
+from layoutsearch.solvers.plan import Baseline, Costed, Plan
+from layoutsearch.solvers.problem import Problem, Solution, prune
+from layoutsearch.solvers.space import (
+    NONE,
+    SPACES,
+    Pricer,
+    RuleSets,
+    Space,
+    evaluate,
+    model_groups,
+    rule_set,
+    rule_sets,
+    rules_of,
+)
+
+SOLVERS = ("auto", "enumerate", "ilp-pulp", "ilp-ortools", "dp")
+"""Solver names: ``auto`` picks enumeration for one node, the DP for chains, CP-SAT otherwise."""
+
+Progress = Callable[[str], None]
+
+
+class InfeasibleError(LayoutSearchError):
+    """No layout of the space fits the memory limit; ``min_memory`` is the smallest peak any layout needs."""
+
+    def __init__(self, message: str, min_memory: float | None) -> None:
+        super().__init__(message)
+        self.min_memory = min_memory
+
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_bytes(text: str | float | int) -> float:
+    """``16GiB``, ``1.5e9``, ``800MB`` -> bytes."""
+    if isinstance(text, float | int) and not isinstance(text, bool):
+        return float(text)
+    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise LayoutSearchError(f"bad memory size {text!r}: write e.g. 16GiB, 800MB or 1.5e9")
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+# -- baselines ------------------------------------------------------------------------------------------------------
+
+_MODEL_DIMS = ("heads", "d_ff", "hidden", "vocab", "experts")
+
+
+def _dividing(axes: list[tuple[str, int]], size: int) -> list[str]:
+    """The longest prefix of ``axes`` whose product divides ``size``."""
+    out, prod = [], 1
+    for a, s in axes:
+        if size % (prod * s):
+            break
+        out.append(a)
+        prod *= s
+    return out
+
+
+def baseline_rules(graph: Graph, mesh: Mesh) -> dict[str, tuple[RuleSets | None, str]]:
+    """The baselines as one-candidate rule sets (None, with the reason, when one does not apply)."""
+    dims = list(graph.dims)
+    big = [(a, s) for a, s in mesh.axes if s > 1]
+    batch = "batch" if "batch" in dims else (graph.inputs[0].dim_names[0] if graph.inputs else dims[0])
+    out: dict[str, tuple[RuleSets | None, str]] = {}
+    data = _dividing(big, graph.dims[batch])
+    choice: dict[str, Any] = {a: batch for a in data}
+    pick = lambda ch: [ch.get(a) for a in mesh.names]
+    out["data-parallel"] = (rule_set(pick(choice), dims, mesh), "") if data else (None, f"{batch} is not divisible")
+    pbytes: dict[str, int] = {}
+    for t in graph.parameters:
+        for d in t.dim_names:
+            pbytes[d] = pbytes.get(d, 0) + t.nbytes
+    group = math.prod(s for a, s in big if a in data)
+    fsdp_dim = next((d for d in sorted(pbytes, key=lambda d: -pbytes[d]) if graph.dims[d] % group == 0), None)
+    if data and fsdp_dim is not None:
+        out["fsdp"] = (rule_set(pick(choice), dims, mesh, fsdp_dim, data), "")
+    else:
+        out["fsdp"] = (None, "no parameter dim divisible by the data-parallel axes")
+    groups = model_groups(graph)
+    named = [d for d in _MODEL_DIMS if d in dims]
+    ranked = sorted(groups, key=lambda g: -sum(d in named for d in g))
+    model: tuple[str, ...] | None = ranked[0] if ranked and any(d in named for d in ranked[0]) else None
+    if model is None:
+        model = (named[0],) if named else (max(pbytes, key=lambda d: (pbytes[d], d)),) if pbytes else None
+    if len(big) < 2 or model is None:
+        why = "needs at least two mesh axes" if len(big) < 2 else "no model dims"
+        out["megatron"] = (None, why)
+        out["mesh-tf-2d"] = (None, why)
+        return out
+
+    def tensor_parallel(data_axes: list[tuple[str, int]], model_axes: list[tuple[str, int]]) -> RuleSets | None:
+        size = math.prod(s for _, s in model_axes)
+        members = tuple(d for d in model if graph.dims[d] % size == 0)
+        d_axes = _dividing(data_axes, graph.dims[batch])
+        if not members:
+            return None
+        ch: dict[str, Any] = {a: batch for a in d_axes}
+        ch.update({a: members if len(members) > 1 else members[0] for a, _ in model_axes})
+        return rule_set(pick(ch), dims, mesh)
+
+    mega = tensor_parallel(big[:-1], big[-1:])
+    out["megatron"] = (mega, "") if mega is not None else (None, "no model dim divisible by the minor axis")
+    two_d = tensor_parallel(big[:1], big[1:])
+    out["mesh-tf-2d"] = (two_d, "") if two_d is not None else (None, "no model dim divisible by the minor axes")
+    return out
+
+
+# -- the rules space ------------------------------------------------------------------------------------------------
+
+def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str]) -> np.ndarray:
+    """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
+    of their inputs), which communication and the other ops only add to."""
+    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    total = np.zeros(len(cands))
+    seen: dict[tuple, int] = {}
+    reps: dict[tuple, O.Op] = {}
+    for op in g.ops:
+        if isinstance(op, O.Einsum):
+            key = tuple((g.tensors[x].dims, g.tensors[x].dtype) for x in (*op.inputs, op.output))
+            seen[key] = seen.get(key, 0) + 1
+            reps.setdefault(key, op)
+
+    def mask(names: tuple[str, ...]) -> np.ndarray:
+        m = np.zeros(len(dims) + 1, bool)
+        m[[dims.index(d) for d in names]] = True
+        return m
+
+    for key, op in reps.items():
+        proj = cands.project(mask(op.iteration_dims(g.tensors)))
+        split = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
+        flops = op_flops(g, op) / split / (hw.peak_flops * hw.matmul_efficiency)
+        hbm = np.zeros(len(cands))
+        for x in op.inputs:
+            t = g.tensors[x]
+            px = cands.project(mask(t.dim_names))
+            hbm += t.nbytes / np.where(px >= 0, axis[None, :], 1.0).prod(axis=1)
+        total += seen[key] * np.maximum(flops, hbm / (hw.hbm_bandwidth * hw.memory_efficiency))
+    return total
+
+
+def _resident_bounds(g: Graph, mesh: Mesh, cands: RuleSets, dims: list[str]) -> np.ndarray:
+    """A lower bound of each candidate's peak memory: the fed tensors, live the whole step."""
+    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    total = np.zeros(len(cands))
+    for t in g.fed:
+        m = np.zeros(len(dims) + 1, bool)
+        m[[dims.index(d) for d in t.dim_names]] = True
+        p = cands.project(m)
+        total += t.nbytes / np.where(p >= 0, axis[None, :], 1.0).prod(axis=1)
+    return total
+
+
+def _values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, peak memory) of every strategy of a one-node problem."""
+    cost = problem.const + problem.unary[0]
+    if not problem.mem_rows:
+        return cost, np.zeros_like(cost)
+    B = np.stack([it.bytes for it in problem.mem_items])  # items x strategies
+    R = np.zeros((len(problem.mem_rows), len(problem.mem_items)))
+    for r, row in enumerate(problem.mem_rows):
+        for i, c in row.items:
+            R[r, i] += c
+    return cost, (R @ B).max(axis=0)
+
+
+class _RulesSearch:
+    """The rules space of one graph, priced lazily in bound order."""
+
+    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None) -> None:
+        self.g, self.mesh, self.hw, self.pricer = g, mesh, hw, pricer
+        self.dims = list(g.dims)
+        cands = rule_sets(g, mesh)
+        self.cands = cands.concat(extra) if extra is not None else cands
+        self.lb = _compute_bounds(g, mesh, hw, self.cands, self.dims)
+        self.mem_lb = _resident_bounds(g, mesh, self.cands, self.dims)
+        self.cost = np.full(len(self.cands), np.nan)
+        self.mem = np.full(len(self.cands), np.nan)
+
+    def price(self, idx: np.ndarray) -> None:
+        idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
+        if len(idx):
+            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer)
+            self.cost[idx], self.mem[idx] = _values(space.problem)
+
+    def bound_and_price(self, limit: float | None, top: int, progress: Progress | None) -> np.ndarray:
+        """Price candidates in bound order until the ``top`` best that fit are proven; returns the priced."""
+        order = np.argsort(self.lb, kind="stable")
+        batch, start = 32, 0
+        while start < len(order):
+            self.price(order[start:start + batch])
+            start += batch
+            done = ~np.isnan(self.cost)
+            ok = done & (self.mem <= limit * (1 + 1e-12) if limit is not None else done)
+            if ok.sum() >= top:
+                kth = np.sort(self.cost[ok])[top - 1]
+                if start >= len(order) or self.lb[order[start]] > kth * (1 + 1e-9):
+                    break
+            if progress is not None:
+                progress(f"rules space: priced {int(done.sum())} of {len(order)} candidates")
+            batch = min(batch * 2, 512)
+        return np.nonzero(~np.isnan(self.cost))[0]
+
+    def min_memory(self) -> tuple[float, int]:
+        """The smallest peak memory of any candidate (priced in resident-bytes bound order) and its index."""
+        order = np.argsort(self.mem_lb, kind="stable")
+        batch, start = 64, 0
+        while start < len(order):
+            self.price(order[start:start + batch])
+            start += batch
+            done = ~np.isnan(self.mem)
+            best = float(np.min(self.mem[done]))
+            if start >= len(order) or self.mem_lb[order[start]] > best:
+                break
+            batch = min(batch * 2, 512)
+        done = np.nonzero(~np.isnan(self.mem))[0]
+        k = done[int(np.argmin(self.mem[done]))]
+        return float(self.mem[k]), int(k)
+
+
+# -- solving --------------------------------------------------------------------------------------------------------
+
+def _solver_for(problem: Problem, solver: str) -> str:
+    if solver != "auto":
+        return solver
+    if len(problem.unary) == 1 or problem.num_assignments <= 4096:
+        return "enumerate"
+    if all(len(f.nodes) == 2 for f in problem.factors) and dp.chain_order(problem) is not None:
+        return "dp"
+    return "ilp-ortools"
+
+
+def _solve(problem: Problem, solver: str, limit: float | None, top: int, time_limit: float | None) -> list[Solution]:
+    if solver == "enumerate":
+        return enum.solve(problem, limit, top)
+    if solver == "dp":
+        return dp.solve(problem, limit, top)
+    if solver in ("ilp-pulp", "ilp-ortools"):
+        return ilp.solve(problem, limit, backend=solver[4:], top=top, time_limit=time_limit)
+    raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
+
+
+def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign: tuple[int, ...],
+            limit: float | None, optimizer: str) -> Costed:
+    """A plan of ``space`` priced by the cost model: by its report when rules describe it, else op by op."""
+    rules = space.rules(assign)
+    fit = limit if limit is not None else hw.hbm_bytes
+    if rules is not None:
+        layout = Layout(mesh, rules).check(g)
+        rep = estimate(g, layout, hw, optimizer=optimizer)
+        return Costed(name, layout, rules, rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
+                      rep.memory_bytes <= fit, None, rep)
+    iteration = space.op_layouts(assign)
+    storage = {t: space.storage(assign, t) for t in g.tensors}
+    comp, comm, mem = evaluate(g, mesh, hw, iteration, storage)
+    return Costed(name, space.layout(assign), None, comp + comm, comp, comm, mem, mem <= fit, iteration, None)
+
+
+def _costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None,
+                  optimizer: str) -> Costed:
+    layout = Layout(mesh, rules).check(g)
+    rep = estimate(g, layout, hw, optimizer=optimizer)
+    fit = limit if limit is not None else hw.hbm_bytes
+    return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
+                  rep.memory_bytes <= fit, None, rep)
+
+
+def _stats(problem: Problem) -> dict[str, Any]:
+    return {"nodes": len(problem.unary), "strategies": int(sum(problem.sizes)), "factors": len(problem.factors),
+            "memory_rows": len(problem.mem_rows),
+            "variables": int(sum(problem.sizes) + sum(f.cost.size for f in problem.factors))}
+
+
+def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = None, solver: str = "auto", *,
+           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam", top: int = 3,
+           time_limit: float | None = None, tie: bool = True, progress: Progress | None = None) -> Plan:
+    """The layout of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
+    ``memory_limit`` (bytes per device, or a string like ``16GiB``; None: no limit), in ``space``
+    (``rules``, ``layers`` or ``ops``, see :mod:`.space`), found by ``solver`` (:data:`SOLVERS`).
+
+    Returns a :class:`Plan` with the layout, its cost report, the proof status, ``top - 1`` runner-ups and
+    the baselines. Raises :class:`InfeasibleError` naming the smallest peak memory any layout needs when none
+    fits, LayoutSearchError for an unknown space or solver.
+    """
+    t0 = time.perf_counter()
+    if space not in SPACES:
+        raise LayoutSearchError(f"unknown search space {space!r} (known: {', '.join(SPACES)})")
+    if solver not in SOLVERS:
+        raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
+    if top < 1:
+        raise LayoutSearchError(f"top must be at least 1, got {top}")
+    mesh = Mesh.of(mesh)
+    hw = _hardware(hardware)
+    limit = parse_bytes(memory_limit) if memory_limit is not None else None
+    g = training_step(graph, optimizer)
+    dims = list(g.dims)
+    pricer = Pricer(g, mesh, hw)
+    base = baseline_rules(g, mesh)
+    extra = None
+    for rs, _ in base.values():
+        if rs is not None:
+            extra = rs if extra is None else extra.concat(rs)
+    rs = _RulesSearch(g, mesh, hw, pricer, extra)
+    priced = rs.bound_and_price(limit, top, progress)
+    sub = rs.cands.take(priced)
+    rules_space = build_space(g, mesh, hw, "rules", rules=sub, pricer=pricer)
+    name = _solver_for(rules_space.problem, solver) if space == "rules" else "enumerate"
+    sols = _solve(rules_space.problem, name, limit, top, time_limit)
+    if not sols[0].assign:
+        peak, k = rs.min_memory()
+        lay = format_rules(rules_of(rs.cands, k, dims, mesh)) or "replicated"
+        raise InfeasibleError(
+            f"no layout of {g.name!r} on mesh {mesh} fits {_gib(limit)} per device: the smallest peak memory "
+            f"any layout needs is {_gib(peak)} ({lay}); raise the memory limit or use a larger mesh", peak)
+    stats = _stats(rules_space.problem) | {"candidates": len(rs.cands), "priced": len(priced)}
+    if space == "rules":
+        costed = [_costed(f"#{i + 1}", g, mesh, hw, rules_space, s.assign, limit, optimizer)
+                  for i, s in enumerate(sols)]
+        chosen, runner_ups, used = costed[0], tuple(costed[1:]), name
+        optimal, gap = all(s.optimal for s in sols[:1]), sols[0].gap
+    else:
+        chosen, runner_ups, used, optimal, gap, stats = _finer(
+            g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, sub, sols[0], optimizer, progress)
+    baselines = []
+    for bname, (brs, why) in base.items():
+        if brs is None:
+            baselines.append(Baseline(bname, None, why))
+        else:
+            baselines.append(Baseline(bname, _costed_rules(bname, g, mesh, hw, rules_of(brs, 0, dims, mesh), limit,
+                                                           optimizer)))
+    return Plan(g, hw, space, used, chosen, optimal, gap, limit, time.perf_counter() - t0, runner_ups,
+                tuple(baselines), stats)
+
+
+def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: float | None, top: int,
+           time_limit: float | None, tie: bool, pricer: Pricer, rs: _RulesSearch, sub: RuleSets,
+           best: Solution, optimizer: str, progress: Progress | None) -> tuple:
+    """Solve the layers or ops space, starting from the rules optimum ``best`` (an upper bound)."""
+    dims = list(g.dims)
+    start = sub.take([best.assign[0]])
+    if progress is not None:
+        progress(f"{kind} space: building")
+    if kind == "layers":
+        cands = rs.cands
+        space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer)
+        r = cands.index(start)
+        assign = tuple(r for _ in space.nodes)
+    else:
+        space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer)
+        assign = _locate(space, start)
+    problem = space.problem
+    upper = problem.cost(assign)
+    feasible = problem.fits(assign, limit)
+    reduced, keep = prune(problem, upper) if feasible else (problem, [np.arange(k) for k in problem.sizes])
+    name = _solver_for(reduced, solver)
+    if progress is not None:
+        progress(f"{kind} space: solving with {name} ({_stats(reduced)['variables']} variables)")
+    sols = _solve(reduced, name, limit, top, time_limit)
+    stats = _stats(reduced) | {"unpruned": _stats(problem)}
+    rules_plan = _costed_rules("rules optimum", g, mesh, hw, rules_of(sub, best.assign[0], dims, mesh), limit,
+                               optimizer)
+    if not sols[0].assign:
+        return rules_plan, (), name, False, None, stats
+    full = [tuple(int(k[s]) for k, s in zip(keep, sol.assign, strict=True)) for sol in sols]
+    costed = [_costed(f"#{i + 1}", g, mesh, hw, space, a, limit, optimizer) for i, a in enumerate(full)]
+    chosen = costed[0]
+    optimal, gap = sols[0].optimal, sols[0].gap
+    if (rules_plan.fits or not chosen.fits) and rules_plan.step_s < chosen.step_s * (1 - 1e-12):
+        # priced by the cost model itself, the rules optimum is better: keep it (see the module docstring)
+        costed.insert(0, rules_plan)
+        chosen = rules_plan
+    return chosen, tuple(costed[1:top]), name, optimal, gap, stats
+
+
+def _locate(space: Space, rules: RuleSets) -> tuple[int, ...]:
+    """The assignment of the ops space that lays out every op and tensor as ``rules`` does."""
+    out = []
+    for node in space.nodes:
+        if node.kind == "source":
+            m = np.zeros(len(space.dims) + 1, bool)
+            m[[space.dims.index(d) for d in node.tensor.dim_names]] = True
+            want = rules.project(m)[0]
+            hit = np.nonzero((node.storage == want).all(axis=1))[0]
+        else:
+            op = node.op
+            t = space.graph.tensors
+            mi = np.zeros(len(space.dims) + 1, bool)
+            mi[[space.dims.index(d) for d in op.iteration_dims(t)]] = True
+            mo = np.zeros(len(space.dims) + 1, bool)
+            mo[[space.dims.index(d) for d in t[op.output].dim_names]] = True
+            it = rules.project(mi)[0]
+            if isinstance(op, O.Reshape):
+                it = np.full_like(it, NONE)
+            owns = t[op.output].updates is None
+            ot = rules.project(mo)[0] if owns else np.where(mo[it], it, NONE)
+            hit = np.nonzero((node.iteration == it).all(axis=1) & (node.output == ot).all(axis=1))[0]
+        if not len(hit):
+            raise AssertionError(f"node {node.name} lacks the projection of the rules plan")  # pragma: no cover
+        out.append(int(hit[0]))
+    return tuple(out)
