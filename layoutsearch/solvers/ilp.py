@@ -35,6 +35,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,10 +125,10 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
     import pulp
 
     prob = pulp.LpProblem("layout", pulp.LpMinimize)
-    v = [pulp.LpVariable(f"v{i}", 0, 1, cat=pulp.LpBinary if i in m.binary else pulp.LpContinuous)
+    v = [prob.add_variable(f"v{i}", 0, 1, cat=pulp.LpBinary if i in m.binary else pulp.LpContinuous)
          for i in range(m.nvars)]
     expr = lambda row, k=1.0: pulp.lpSum(c * k * v[i] for i, c in row.items())
-    peak = pulp.LpVariable("peak", 0) if minimize_peak else None
+    peak = prob.add_variable("peak", 0) if minimize_peak else None
     if minimize_peak:
         prob += peak
     else:
@@ -144,10 +145,15 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
         prob += pulp.lpSum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
-                                   logPath=log)
-        prob.solve(solver)
-        text = open(log).read() if os.path.exists(log) else ""
+        with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC for PuLP 4
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
+                                       logPath=log)
+            prob.solve(solver)
+        text = ""
+        if os.path.exists(log):
+            with open(log) as f:
+                text = f.read()
     if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
         return _Result("infeasible", None, None)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):

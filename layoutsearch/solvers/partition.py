@@ -248,8 +248,9 @@ def _check_objective(objective: str, microbatches: int) -> None:
 class _Ideals:
     """Every ideal of the DAG with what the DP needs to price a stage ``I \\ J``: compute (exactly
     rounded, so ``J ⊆ I`` implies ``comp[J] <= comp[I]``), memory, the tensors live across it (padded
-    with a dummy tensor of cost 0), its maximal nodes (padded with a dummy node that every ideal holds)
-    and its membership bits packed 8 nodes per byte."""
+    with a dummy tensor of cost 0) and their consumers outside it (``pending``, padded with a dummy node
+    no ideal holds), its maximal nodes (padded with a dummy node that every ideal holds) and its members
+    (one byte per node, or bits packed 8 per byte when that would exceed ``_UNPACKED_BYTES``)."""
 
     def __init__(self, ctx: _Ctx, limit: int) -> None:
         n, tensors = ctx.n, ctx.tensors
@@ -303,12 +304,31 @@ class _Ideals:
         self.front = _pad([r[5] for r in records], len(tensors))
         self.maxel = _pad([r[6] for r in records], n)
         self.cut = tc[self.front].sum(axis=1)
-        nb = n // 8 + 1
-        dummy = 1 << n
-        self.packed = np.frombuffer(b"".join((b | dummy).to_bytes(nb, "little") for b in self.bits),
-                                    dtype=np.uint8).reshape(m, nb)
+        never = n + 1
+        self.pending = np.full((m, self.front.shape[1], dmax), never, dtype=np.int32)
+        for i, r in enumerate(records):
+            for j, t in enumerate(r[5]):
+                out = [w for w in tensors[t][1] if not r[0] >> w & 1]
+                self.pending[i, j, :len(out)] = out
+        nb = (n + 2) // 8 + 1
+        always = 1 << n
+        packed = np.frombuffer(b"".join((b | always).to_bytes(nb, "little") for b in self.bits),
+                               dtype=np.uint8).reshape(m, nb)
+        self.unpacked = m * (n + 2) <= _UNPACKED_BYTES
+        if self.unpacked:
+            self.stride = n + 2
+            self.member = np.ascontiguousarray(np.unpackbits(packed, axis=1, bitorder="little")[:, :n + 2]).ravel()
+        else:
+            self.stride, self.member = nb, packed.ravel()
         self.index = seen
         self.empty, self.full = 0, seen[(1 << n) - 1]
+
+    def has(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Whether ideal ``rows`` holds node ``cols`` (broadcast), as uint8 0/1."""
+        rows = rows.astype(np.int64) * self.stride
+        if self.unpacked:
+            return np.take(self.member, rows + cols)
+        return (np.take(self.member, rows + (cols >> 3)) >> (cols & 7).astype(np.uint8)) & 1
 
 
 class _TooManyIdeals(Exception):
@@ -325,9 +345,7 @@ def _pad(rows: list[tuple[int, ...]], fill: int) -> np.ndarray:
     return out
 
 
-def _bit(packed: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Membership of node ``cols`` in ideal ``rows`` (broadcast), as uint8 0/1."""
-    return (packed[rows, cols >> 3] >> (cols & 7).astype(np.uint8)) & 1
+_UNPACKED_BYTES = 256 * 2**20
 
 
 def count_ideals(dag: CostDAG, limit: int = MAX_IDEALS) -> int:
@@ -432,7 +450,7 @@ class _DP:
         keep = ideals.size[p] < ideals.size[q]
         q, p = q[keep], p[keep]
         # J ⊆ I iff every maximal node of J is in I.
-        keep = _bit(ideals.packed, q[:, None], ideals.maxel[p]).all(axis=1)
+        keep = ideals.has(q[:, None], ideals.maxel[p]).all(axis=1)
         q, p = q[keep], p[keep]
         memw = self.memw[q] - self.memw[p]
         if self.limit is not None:
@@ -445,11 +463,9 @@ class _DP:
             load = ideals.comp[q] - ideals.comp[p] + ideals.cut[q] + ideals.cut[p]
         else:
             fq = ideals.front[q]
-            send = (ideals.tc[fq] * (1 - _bit(ideals.packed, p[:, None], ideals.tsrc[fq]))).sum(axis=1)
-            fp = ideals.front[p]
-            cons = ideals.tcons[fp]
-            fresh = _bit(ideals.packed, q[:, None, None], cons) > _bit(ideals.packed, p[:, None, None], cons)
-            recv = (ideals.tc[fp] * fresh.any(axis=2)).sum(axis=1)
+            send = (ideals.tc[fq] * (1 - ideals.has(p[:, None], ideals.tsrc[fq]))).sum(axis=1)
+            fresh = ideals.has(q[:, None, None], ideals.pending[p]).any(axis=2)  # consumed in I \ J
+            recv = (ideals.tc[ideals.front[p]] * fresh).sum(axis=1)
             load = ideals.comp[q] - ideals.comp[p] + send + recv
         return q, p, load
 

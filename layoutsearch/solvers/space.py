@@ -316,7 +316,7 @@ def block_families(graph: Graph, tie: bool = True) -> dict[str, str]:
             inside[op.block].add(op.output)
     for op in graph.ops:
         if op.block is not None:
-            ins = tuple(_strip(i, op.block) if i in inside[op.block] or graph.producer(i) is None else "<in>"
+            ins = tuple(_strip(i, op.block) if i in inside[op.block] or _strip(i, op.block) != i else "<in>"
                         for i in op.inputs)
             sigs[op.block].append((_strip(op.name, op.block), ins, _op_sig(graph, op)))
     fam: dict[str, str] = {}

@@ -1,0 +1,279 @@
+"""Solvers against the enumeration oracle: random problems, random small graphs and meshes, chains for the DP.
+
+``pytest -m slow`` runs the same properties on many more examples.
+"""
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir import GraphBuilder
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Mesh, hardware
+from layoutsearch.solvers import dp, ilp
+from layoutsearch.solvers import enumerate as enum
+from layoutsearch.solvers.build import build_space
+from layoutsearch.solvers.problem import Factor, MemItem, MemRow, Problem, prune, restrict
+from layoutsearch.solvers.space import evaluate, rule_sets, rules_of
+
+HW = hardware("cpu-sim")
+REL = 1e-9
+FAST = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+SLOW = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+# -- random problems ------------------------------------------------------------------------------------------------
+
+def random_problem(seed: int, chain: bool = False) -> Problem:
+    """A random problem: 2-5 nodes, 1-4 strategies, edges (a chain with a hub when ``chain``) or factors over
+    three nodes, nonnegative costs, memory items on nodes and factors, a few rows."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 6))
+    sizes = [int(rng.integers(1, 5)) for _ in range(n)]
+    unary = [rng.random(k) * rng.choice([1e-3, 1.0]) for k in sizes]
+    factors: list[Factor] = []
+
+    def factor(nodes: tuple[int, ...]) -> Factor:
+        keys = tuple(rng.integers(0, max(1, sizes[m] - int(rng.integers(0, 2))), sizes[m]) for m in nodes)
+        shape = tuple(int(k.max()) + 1 for k in keys)
+        return Factor(nodes, keys, rng.random(shape) * rng.choice([0.1, 1.0]))
+
+    if chain:
+        hub = n - 1 if n > 2 and rng.random() < 0.5 else None
+        path = [m for m in range(n) if m != hub]
+        for a, b in zip(path, path[1:], strict=False):
+            factors.append(factor((min(a, b), max(a, b))))
+        if hub is not None:
+            for m in path:
+                if rng.random() < 0.6:
+                    factors.append(factor((m, hub)))
+    else:
+        for a in range(n):
+            for b in range(a + 1, n):
+                if rng.random() < 0.5:
+                    factors.append(factor((a, b)))
+        if n >= 3 and rng.random() < 0.5:
+            factors.append(factor((0, 1, 2)))
+    items = [MemItem(m, None, rng.integers(0, 100, sizes[m]).astype(float)) for m in range(n)]
+    items += [MemItem(None, i, rng.integers(0, 50, f.cost.shape).astype(float)) for i, f in enumerate(factors)
+              if rng.random() < 0.5]
+    rows = [MemRow(float(rng.integers(0, 20)), tuple((i, int(rng.integers(1, 4))) for i in range(len(items))
+                                                    if rng.random() < 0.6)) for _ in range(int(rng.integers(1, 4)))]
+    return Problem([f"n{m}" for m in range(n)], unary, factors, items, rows)
+
+
+def limits(problem: Problem) -> list[float | None]:
+    """No limit, a limit between the smallest and largest peak, and one below every peak."""
+    lo = enum.min_memory(problem)
+    hi = max(problem.memory(a) for a in np.ndindex(*problem.sizes))
+    return [None, (lo + hi) / 2, lo, lo - 1]
+
+
+def same(a: list, b: list) -> None:
+    """Two solvers' answers agree: both infeasible with the same smallest peak, or the same optimal cost."""
+    assert bool(a[0].assign) == bool(b[0].assign)
+    if not a[0].assign:
+        assert a[0].min_memory == pytest.approx(b[0].min_memory, rel=REL)
+        return
+    assert a[0].cost == pytest.approx(b[0].cost, rel=REL, abs=1e-300)
+
+
+def check_problem(problem: Problem, solvers: tuple[str, ...]) -> None:
+    for limit in limits(problem):
+        want = enum.solve(problem, limit)
+        for s in solvers:
+            got = dp.solve(problem, limit) if s == "dp" else ilp.solve(problem, limit, backend=s)
+            same(want, got)
+            if got[0].assign:
+                assert got[0].optimal
+                assert problem.fits(got[0].assign, limit)
+
+
+@FAST
+@given(st.integers(0, 2**31 - 1))
+def test_ilp_backends_reach_the_enumeration_optimum_on_random_problems(seed):
+    check_problem(random_problem(seed), ("pulp", "ortools"))
+
+
+@FAST
+@given(st.integers(0, 2**31 - 1))
+def test_dp_reaches_the_enumeration_optimum_on_random_chains(seed):
+    problem = random_problem(seed, chain=True)
+    assert dp.chain_order(problem) is not None
+    check_problem(problem, ("dp", "ortools"))
+
+
+@pytest.mark.slow
+@SLOW
+@given(st.integers(0, 2**31 - 1), st.booleans())
+def test_every_solver_reaches_the_enumeration_optimum_slow(seed, chain):
+    problem = random_problem(seed, chain=chain)
+    check_problem(problem, ("pulp", "ortools", "dp") if chain else ("pulp", "ortools"))
+
+
+def test_runner_ups_are_the_next_best_assignments():
+    problem = random_problem(7)
+    want = enum.solve(problem, top=4)
+    for backend in ("pulp", "ortools"):
+        got = ilp.solve(problem, top=4, backend=backend)
+        assert [s.cost for s in got] == pytest.approx([s.cost for s in want], rel=REL)
+        assert len({s.assign for s in got}) == len(got)
+    chain = random_problem(11, chain=True)
+    assert [s.cost for s in dp.solve(chain, top=3)] == pytest.approx([s.cost for s in enum.solve(chain, top=3)])
+
+
+def test_time_limited_ilp_reports_feasible_plan_and_gap():
+    problem = random_problem(3)
+    sol = ilp.solve(problem, backend="ortools", time_limit=30)[0]
+    assert sol.optimal and sol.gap == 0.0
+
+
+def test_pruning_keeps_the_optimum():
+    for seed in range(20):
+        problem = random_problem(seed)
+        best = enum.solve(problem)[0]
+        reduced, keep = prune(problem, best.cost)
+        got = enum.solve(reduced)[0]
+        assert got.cost == pytest.approx(best.cost, rel=REL)
+        back = tuple(int(k[s]) for k, s in zip(keep, got.assign, strict=True))
+        assert problem.cost(back) == pytest.approx(best.cost, rel=REL)
+
+
+def test_restrict_evaluates_like_the_original():
+    problem = random_problem(5)
+    rng = random.Random(0)
+    keep = [np.array(sorted(rng.sample(range(k), max(1, k - 1)))) for k in problem.sizes]
+    small = restrict(problem, keep)
+    for a in np.ndindex(*small.sizes):
+        orig = tuple(int(k[s]) for k, s in zip(keep, a, strict=True))
+        assert small.cost(a) == pytest.approx(problem.cost(orig), rel=1e-12)
+        assert small.memory(a) == pytest.approx(problem.memory(orig), rel=1e-12)
+
+
+def test_dp_refuses_a_problem_that_is_not_a_chain():
+    problem = Problem(["a", "b", "c", "d"], [np.zeros(2)] * 4,
+                      [Factor((a, b), (np.arange(2), np.arange(2)), np.ones((2, 2)))
+                       for a in range(4) for b in range(a + 1, 4)])
+    with pytest.raises(LayoutSearchError, match="chain"):
+        dp.solve(problem)
+
+
+def test_enumeration_refuses_huge_problems():
+    problem = Problem([str(i) for i in range(30)], [np.zeros(4)] * 30)
+    with pytest.raises(LayoutSearchError, match="ilp"):
+        enum.solve(problem)
+
+
+# -- random graphs and meshes ---------------------------------------------------------------------------------------
+
+@st.composite
+def small_graphs(draw, blocks: int = 0):
+    """A random small model (einsums with parameters, elementwise ops, a mean-square loss) and a 1-2 axis mesh
+    whose axis sizes divide every dim."""
+    axes = draw(st.lists(st.sampled_from([2, 4]), min_size=1, max_size=2))
+    mesh = Mesh(tuple((f"a{i}", s) for i, s in enumerate(axes)))
+    unit = math.lcm(*axes)
+    b = GraphBuilder("random")
+    names = ["batch", "x", "y", "z"][: draw(st.integers(2, 4))]
+    dims = {n: b.dim(n, unit * draw(st.sampled_from([1, 2]))) for n in names}
+    cur = b.input("inp", [dims["batch"], dims[names[1]]])
+    n_ops = draw(st.integers(1, 3 if not blocks else 2))
+    plan = [(draw(st.sampled_from(["einsum", "unary", "bias"])), draw(st.sampled_from(names[1:])),
+             draw(st.sampled_from(["relu", "gelu", "tanh"]))) for _ in range(n_ops)]
+    for layer in range(draw(st.integers(blocks, 4)) if blocks else 1):
+        with b.block(f"layer.{layer}") if blocks else _null():
+            for j, (kind, target, fn) in enumerate(plan):
+                feat = cur.dims[-1]
+                new = dims[target] if dims[target] != feat else None
+                if kind == "einsum" and new is not None:
+                    w = b.parameter(f"w{j}", [feat, new])
+                    cur = b.einsum([cur, w], [dims["batch"], new])
+                elif kind == "bias":
+                    cur = cur + b.parameter(f"bias{j}", [feat])
+                else:
+                    cur = b.unary(fn, cur)
+            if blocks and cur.dims[-1] != dims[names[1]]:
+                w = b.parameter("back", [cur.dims[-1], dims[names[1]]])
+                cur = b.einsum([cur, w], [dims["batch"], dims[names[1]]])
+    loss = b.reduce(b.square(cur), [], fn="mean", name="loss")
+    return b.build(loss), mesh
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def check_space(space, solvers):
+    problem = space.problem
+    assume(problem.num_assignments <= 150_000)
+    for limit in limits(problem)[:3]:
+        want = enum.solve(problem, limit)
+        for s in solvers:
+            got = dp.solve(problem, limit) if s == "dp" else ilp.solve(problem, limit, backend=s)
+            same(want, got)
+
+
+@FAST
+@given(small_graphs())
+def test_ilp_matches_enumeration_on_random_graphs_in_the_ops_space(gm):
+    g, mesh = gm
+    check_space(build_space(g, mesh, HW, "ops"), ("pulp", "ortools"))
+
+
+@FAST
+@given(small_graphs(blocks=2))
+def test_dp_matches_enumeration_on_random_chains_of_layers(gm):
+    g, mesh = gm
+    rules = rule_sets(g, mesh)
+    assume(len(rules) <= 12)
+    space = build_space(g, mesh, HW, "layers", tie=False, rules=rules)
+    assert dp.chain_order(space.problem) is not None
+    check_space(space, ("dp", "ortools"))
+
+
+@pytest.mark.slow
+@SLOW
+@given(small_graphs())
+def test_solvers_match_enumeration_on_random_graphs_slow(gm):
+    g, mesh = gm
+    check_space(build_space(g, mesh, HW, "ops"), ("pulp", "ortools"))
+
+
+@FAST
+@given(small_graphs())
+def test_rules_space_prices_every_candidate_as_the_cost_model(gm):
+    g, mesh = gm
+    space = build_space(g, mesh, HW, "rules")
+    problem = space.problem
+    for r in range(0, problem.sizes[0], max(1, problem.sizes[0] // 6)):
+        rules = rules_of(space.nodes[0].rules, r, space.dims, mesh)
+        lay = Layout(mesh, rules).check(g)
+        assert space.layout((r,)).rules == rules
+        comp, comm, mem = evaluate(g, mesh, HW, space.op_layouts((r,)),
+                                   {t: lay.dim_layout(g.tensors[t]) for t in g.tensors})
+        assert problem.cost((r,)) == pytest.approx(comp + comm, rel=REL)
+        assert problem.memory((r,)) == mem
+
+
+@FAST
+@given(small_graphs(blocks=3))
+def test_tied_layers_price_as_untied_ones(gm):
+    g, mesh = gm
+    rules = rule_sets(g, mesh)
+    assume(len(rules) <= 40)
+    tied = build_space(g, mesh, HW, "layers", tie=True, rules=rules)
+    untied = build_space(g, mesh, HW, "layers", tie=False, rules=rules)
+    assert len(tied.nodes) < len(untied.nodes)
+    for r in range(len(rules)):
+        assert tied.problem.cost((r,) * len(tied.nodes)) == pytest.approx(
+            untied.problem.cost((r,) * len(untied.nodes)), rel=REL)
+        assert tied.problem.memory((r,) * len(tied.nodes)) == untied.problem.memory((r,) * len(untied.nodes))
