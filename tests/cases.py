@@ -14,9 +14,19 @@ from functools import cache
 from typing import Any
 
 from graphs import build_model
-from layoutsearch.ir import Graph, training_graph
+from layoutsearch.ir import Graph, Optimizer, training_graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
+
+SGD = Optimizer(kind="sgd", lr=1.0)
+"""SGD with lr 1: ``P - new/P`` is the gradient itself, so comparing the new
+parameters checks the gradients at full strength (a small lr would hide them)."""
+
+ADAM = Optimizer(kind="adam", lr=1e-3, eps=1e-3, step=1)
+"""Adam with ``eps = lr``: at step 1 the update is ``lr * g / (|g| + eps)``, whose
+derivative in ``g`` is at most ``lr / eps = 1``, so rounding noise in a gradient
+that is exactly zero in exact arithmetic (GPT's key bias: softmax is invariant
+to it) is not amplified into a +-lr step, as it is with ``eps = 1e-8``."""
 
 SIZES: dict[str, dict[str, Any]] = {
     "mtf-ffn": {"batch": 16, "io": 32, "hidden": 64},
@@ -51,8 +61,8 @@ class Case:
     def graph(self) -> Graph:
         return _forward(self.model, tuple(sorted(self.sizes.items())))
 
-    def training(self, optimizer: str = "sgd") -> Graph:
-        return _training(self.model, tuple(sorted(self.sizes.items())), optimizer)
+    def training(self, optimizer: Optimizer | str = SGD) -> Graph:
+        return _training(self.model, tuple(sorted(self.sizes.items())), Optimizer.of(optimizer))
 
     def layout(self) -> Layout:
         return Layout.from_rules(Mesh.parse(self.mesh), self.rules)
@@ -64,7 +74,7 @@ def _forward(model: str, sizes: tuple[tuple[str, Any], ...]) -> Graph:
 
 
 @cache
-def _training(model: str, sizes: tuple[tuple[str, Any], ...], optimizer: str) -> Graph:
+def _training(model: str, sizes: tuple[tuple[str, Any], ...], optimizer: Optimizer) -> Graph:
     return training_graph(_forward(model, sizes), optimizer)
 
 
@@ -85,12 +95,14 @@ CASES: tuple[Case, ...] = (
     _c("mlp", "mp", "model:8", "hidden:model"),
     _c("mlp", "2d", "data:4,model:2", "batch:data,hidden:model,classes:model"),
     _c("mlp", "fsdp", "data:8", "batch:data,hidden:data,hidden2:data"),
+    _c("mlp", "mp", "model:8", "hidden:model,hidden2:model", "-alternating"),
     # Mesh-TF transformer LM
     _c("mtf-transformer", "dp", "data:8", "batch:data"),
     _c("mtf-transformer", "mp", "model:8", _TRANSFORMER_MP),
     _c("mtf-transformer", "2d", "data:2,model:4", "batch:data," + _TRANSFORMER_MP),
     _c("mtf-transformer", "fsdp", "data:8", "batch:data,d_model:data"),
     _c("mtf-transformer", "sp", "data:2,seq:4", "batch:data,seq:seq"),
+    _c("mtf-transformer", "2d", "data:2,model:4", "batch:data,d_model:model", "-dmodel"),
     # GPT decoder (tied embeddings)
     _c("gpt", "dp", "data:8", "batch:data"),
     _c("gpt", "mp", "model:8", _TRANSFORMER_MP),
@@ -100,10 +112,59 @@ CASES: tuple[Case, ...] = (
     _c("moe", "dp", "data:8", "batch:data"),
     _c("moe", "ep", "data:2,expert:4", "batch:data,experts:expert"),
     _c("moe", "mp", "data:2,model:4", "batch:data,d_ff:model"),
+    _c("moe", "ep", "data:8", "experts:data,batch:data", "-gshard"),
 )
 """Every case, in a stable order."""
 
 CASES_BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+
+
+def feeds(case: Case, optimizer: Optimizer | str = SGD) -> dict[str, Any]:
+    """Deterministic parameters, optimizer state and inputs of ``case``'s training graph
+    (the same for every layout of one model)."""
+    return _feeds(case.model, tuple(sorted(case.sizes.items())), Optimizer.of(optimizer))
+
+
+@cache
+def _feeds(model: str, sizes: tuple[tuple[str, Any], ...], optimizer: Optimizer) -> dict[str, Any]:
+    from layoutsearch.backend.program import init_params, random_inputs
+
+    g = _training(model, sizes, optimizer)
+    return {**init_params(g), **random_inputs(g)}
+
+
+def compiled(case: Case, optimizer: Optimizer | str = SGD, *, fused: bool = False) -> tuple[Any, Any]:
+    """``(executable, jax mesh)`` of one training step of ``case`` under its layout,
+    compiled once per session and shared by every test that needs it.
+
+    Default: compiled with :data:`~layoutsearch.backend.sharding.UNFUSED` (the
+    program whose FLOPs the op rules predict; same partitioning and
+    collectives); the executable runs on feeds placed with :func:`placed`.
+    ``fused=True``: the program a training loop runs, XLA's default pipeline
+    with the updated parameters and optimizer state donated (what the memory
+    model assumes); for inspection only (it takes ``(donated, kept)`` dicts)."""
+    return _compiled(case, Optimizer.of(optimizer), fused)
+
+
+@cache
+def _compiled(case: Case, optimizer: Optimizer, fused: bool) -> tuple[Any, Any]:
+    from layoutsearch.backend.sharding import UNFUSED, compile_step
+
+    return compile_step(case.training(optimizer), case.layout(), feeds(case, optimizer),
+                        compiler_options=None if fused else UNFUSED, donate=fused)
+
+
+def placed(case: Case, optimizer: Optimizer | str = SGD) -> dict[str, Any]:
+    """The feeds of ``case`` put on its mesh with their layout's shardings (an
+    argument of :func:`compiled`'s executable)."""
+    import jax
+
+    from layoutsearch.backend.sharding import feed_names, jax_mesh, named_shardings
+
+    g = case.training(optimizer)
+    sh = named_shardings(g, case.layout(), jax_mesh(case.layout().mesh))
+    f = feeds(case, optimizer)
+    return {k: jax.device_put(f[k], sh[k]) for k in feed_names(g)}
 
 
 def case_params(cases: tuple[Case, ...] = CASES) -> list[Any]:

@@ -48,12 +48,37 @@ def feed_names(graph: Graph) -> list[str]:
     return [t.name for t in graph.fed]
 
 
+class _DonatingStep:
+    """``step(feeds)`` over a jitted ``f(donated, kept)``: the parameters and
+    optimizer state the step replaces are donated (their buffers may hold the
+    new values, as in a training loop); ``lower(feeds)`` lowers it."""
+
+    def __init__(self, jitted: Any, donated: Sequence[str]) -> None:
+        self.jitted = jitted
+        self.donated = frozenset(donated)
+
+    def _split(self, fed: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({k: v for k, v in fed.items() if k in self.donated},
+                {k: v for k, v in fed.items() if k not in self.donated})
+
+    def __call__(self, fed: Mapping[str, Any]) -> Arrays:
+        return self.jitted(*self._split(fed))
+
+    def lower(self, fed: Mapping[str, Any]) -> Any:
+        return self.jitted.lower(*self._split(fed))
+
+
 def sharded_step(graph: Graph, layout: Layout, outputs: Sequence[str] | None = None,
-                 devices: Sequence[jax.Device] | None = None) -> tuple[Callable[[Mapping[str, jax.Array]], Arrays], dict[str, NamedSharding]]:
+                 devices: Sequence[jax.Device] | None = None, *,
+                 donate: bool = False) -> tuple[Callable[[Mapping[str, jax.Array]], Arrays], dict[str, NamedSharding]]:
     """A jitted ``step(feeds) -> {output: array}`` running ``graph`` under ``layout``.
 
-    Returns the function and the shardings of every tensor (use them to
-    ``jax.device_put`` the feeds)."""
+    Returns the function (it has ``.lower(feeds)``) and the shardings of every
+    tensor (use them to ``jax.device_put`` the feeds). ``donate``: the fed
+    tensors that the step's outputs update (``Tensor.updates``: parameters and
+    optimizer state) are donated, so XLA may write the new values into their
+    buffers (what the memory model assumes); donated arrays are invalid after
+    the call."""
     layout.check(graph)
     mesh = jax_mesh(layout.mesh, devices)
     sh = named_shardings(graph, layout, mesh)
@@ -67,8 +92,15 @@ def sharded_step(graph: Graph, layout: Layout, outputs: Sequence[str] | None = N
         env = run_graph(graph, fed, constrain)
         return {k: env[k] for k in outs}
 
-    jitted = jax.jit(step, in_shardings=({k: sh[k] for k in feeds},), out_shardings={k: sh[k] for k in outs})
-    return jitted, sh
+    out_sh = {k: sh[k] for k in outs}
+    if not donate:
+        return jax.jit(step, in_shardings=({k: sh[k] for k in feeds},), out_shardings=out_sh), sh
+    updated = {graph.tensors[k].updates for k in outs} & set(feeds)
+    donated = [k for k in feeds if k in updated]
+    kept = [k for k in feeds if k not in updated]
+    jitted = jax.jit(lambda d, k: step({**d, **k}), in_shardings=({k: sh[k] for k in donated}, {k: sh[k] for k in kept}),
+                     out_shardings=out_sh, donate_argnums=(0,))
+    return _DonatingStep(jitted, donated), sh
 
 
 def run_sharded(graph: Graph, layout: Layout, feeds: Mapping[str, Any],
@@ -89,14 +121,16 @@ a layout effect); without it the compiled program counts each op once
 
 def compile_step(graph: Graph, layout: Layout, feeds: Mapping[str, Any],
                  outputs: Sequence[str] | None = None,
-                 compiler_options: Mapping[str, Any] | None = None) -> tuple[Any, jax.sharding.Mesh]:
+                 compiler_options: Mapping[str, Any] | None = None, *,
+                 donate: bool = False) -> tuple[Any, jax.sharding.Mesh]:
     """The compiled XLA executable of one step under ``layout`` and its JAX mesh.
 
     ``feeds`` gives shapes and dtypes only (arrays or ``jax.ShapeDtypeStruct``);
     ``compiler_options`` are XLA debug options for this compilation, e.g.
-    :data:`UNFUSED`. The executable is callable on feeds placed with the
-    shardings of :func:`sharded_step`."""
-    step, sh = sharded_step(graph, layout, outputs)
+    :data:`UNFUSED`; ``donate``: see :func:`sharded_step`. The executable is
+    callable on feeds placed with the shardings of :func:`sharded_step` (with
+    ``donate``, as ``(donated, kept)`` dicts: use the step itself to run)."""
+    step, sh = sharded_step(graph, layout, outputs, donate=donate)
     args = {k: jax.ShapeDtypeStruct(np.shape(feeds[k]), feeds[k].dtype, sharding=sh[k]) for k in feed_names(graph)}
     compiled = step.lower(args).compile(compiler_options=dict(compiler_options) if compiler_options else None)
     return compiled, next(iter(sh.values())).mesh

@@ -108,6 +108,8 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
         per = ELEMENTWISE_FLOPS[op.fn]
         if op.fn == "square_grad" and op.inputs[1] in constant:
             per = 1  # 2 * x * c: the constant factors fold
+        elif (op.fn, op.param.get("lr", op.param.get("factor"))) in (("sgd", 1.0), ("scale", 1.0)):
+            per -= 1  # multiplying by 1 folds away
         if forward_shared:
             per -= FORWARD_SHARED_FLOPS.get(op.fn, 0)
         return per * float(count(op.output))
