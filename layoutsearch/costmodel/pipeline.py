@@ -173,10 +173,11 @@ class PipelineReport:
             "stage_costs": [s.to_dict() for s in self.stages],
         }
 
-    def gantt(self, width: int = 100) -> str:
-        """The GPipe schedule as a text Gantt chart."""
+    def gantt(self) -> str:
+        """The GPipe schedule as a text Gantt chart, with each stage's busy fraction."""
         labels = [f"stage {k} ({s.units[0]}..{s.units[-1]})" for k, s in enumerate(self.stages)]
-        return render_gantt(self.num_stages, self.microbatches, labels=labels, width=width)
+        return render_gantt(self.num_stages, self.microbatches, labels=labels,
+                            times=[s.microbatch_s for s in self.stages])
 
 
 @dataclass

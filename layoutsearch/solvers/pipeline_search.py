@@ -1,0 +1,126 @@
+"""Joint search of a pipelined plan: stage axis, K, micro-batches, remat and inner layout.
+
+For each mesh axis that may carry stages (K = its size), the inner layout over
+the other axes is chosen by :func:`~layoutsearch.solvers.search.search` on the
+model (its optimum, runner-ups and baselines are the candidates); then every
+number of micro-batches M (divisors of the batch up to ``4 K``, or the one
+given) and remat on/off is priced with the GPipe cost model
+(:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline`, whose stage
+partition is exact), and the fastest plan whose largest stage fits the memory
+limit wins. Cost: one inner search per candidate axis plus
+``|candidates| x |M| x 2`` pipeline estimates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from layoutsearch.costmodel.pipeline import PipelineReport, estimate_pipeline
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.mesh import hardware as _hardware
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class PipelineCandidate:
+    """One priced pipelined configuration."""
+
+    stage_axis: str
+    stages: int
+    microbatches: int
+    remat: bool
+    inner_rules: str
+    step_s: float
+    memory_bytes: int
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """The best pipelined plan found and every candidate priced on the way."""
+
+    report: PipelineReport
+    candidates: tuple[PipelineCandidate, ...] = field(repr=False)
+
+    @property
+    def step_s(self) -> float:
+        return self.report.step_s
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.report.memory_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.report.to_dict()
+        d["candidates"] = [c.to_dict() for c in sorted(self.candidates, key=lambda c: c.step_s)]
+        return d
+
+
+def microbatch_candidates(batch: int, stages: int, limit: int | None = None) -> list[int]:
+    """Numbers of micro-batches worth trying: divisors of ``batch`` up to ``4 * stages``
+    (GPipe's bubble is small once M >= 4K; more only shrinks micro-batches)."""
+    top = limit or 4 * stages
+    return [m for m in range(1, min(batch, top) + 1) if batch % m == 0]
+
+
+def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None = None, *,
+                    hardware: Hardware | str = "cpu-sim", stages: int | None = None,
+                    microbatches: int | None = None, optimizer: str = "adam", batch_dim: str = "batch",
+                    progress: Progress | None = None) -> PipelinePlan:
+    """The fastest GPipe plan of ``graph`` on ``mesh`` whose stages fit ``memory_limit``.
+
+    ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
+    ``microbatches``: fixed M (None: searched). Raises LayoutSearchError when no
+    axis can carry stages or no pipelined plan fits."""
+    from layoutsearch.solvers.search import search
+
+    m = Mesh.of(mesh)
+    hw = _hardware(hardware)
+    B = graph.dims.get(batch_dim)
+    if B is None:
+        raise LayoutSearchError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
+    axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages)]
+    if not axes:
+        raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")
+    priced: list[tuple[PipelineCandidate, PipelineReport]] = []
+    reasons: list[str] = []
+    for axis in axes:
+        K = m.axis_size(axis)
+        inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
+        inner_rules = [()]  # replicated inside a stage, if the inner mesh is trivial
+        if inner_mesh.axes:
+            if progress:
+                progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
+            plan = search(graph, inner_mesh, hardware=hw, optimizer=optimizer, top=2)
+            inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
+            inner_rules += [b.plan.rules for b in plan.baselines if b.plan is not None and b.plan.rules is not None]
+            inner_rules = list(dict.fromkeys(inner_rules))
+        full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
+        for rules in inner_rules:
+            layout = Layout(full_mesh, rules)
+            for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
+                for remat in (False, True):
+                    try:
+                        rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
+                                                optimizer=optimizer, memory_limit=memory_limit, batch_dim=batch_dim)
+                    except LayoutSearchError as e:
+                        reasons.append(f"{axis} K={K} M={mb} remat={remat}: {e}")
+                        continue
+                    fits = memory_limit is None or rep.memory_bytes <= memory_limit
+                    priced.append((PipelineCandidate(axis, K, mb, remat, layout.describe(), rep.step_s,
+                                                     rep.memory_bytes, fits), rep))
+    ok = [(c, r) for c, r in priced if c.fits]
+    if not ok:
+        why = "; ".join(reasons[-3:]) if reasons else "every candidate exceeds the memory limit"
+        raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: {why}")
+    best = min(ok, key=lambda cr: cr[0].step_s)
+    return PipelinePlan(best[1], tuple(c for c, _ in priced))
