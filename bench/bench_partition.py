@@ -91,6 +91,44 @@ def transformer_dag(layers: int, width: int = 3, branch: int = 2, scales: list[f
     return CostDAG(tuple(nodes), tuple(edges), name=name or f"transformer-L{layers}-w{width}")
 
 
+def two_tower_dag(layers: int, seed: int = 0) -> CostDAG:
+    """Two independent towers (say vision and text, the first twice as heavy) of ``layers`` blocks each,
+    listed interleaved as a tracer running them side by side would list them, then fusion and head.
+    Times in ms; an activation crosses a stage boundary inside a tower in 1 ms."""
+    rng = random.Random(seed)
+    ms = 1e-3
+    nodes, edges = [], []
+    for i in range(layers):
+        for tower, heavy in (("a", 2.0), ("b", 1.0)):
+            for j, part in enumerate(("attn", "mlp")):
+                name = f"{tower}{i}.{part}"
+                nodes.append(Node(name, heavy * (1 + j) * ms * (1 + 0.1 * rng.random()), layer=i))
+                prev = f"{tower}{i}.attn" if j else (f"{tower}{i - 1}.mlp" if i else None)
+                if prev:
+                    edges.append(Edge(prev, name, 1.0 * ms))
+    nodes += [Node("fusion", 1.0 * ms, layer=layers - 1), Node("head", 2.0 * ms, layer=layers - 1)]
+    edges += [Edge(f"a{layers - 1}.mlp", "fusion", 0.25 * ms), Edge(f"b{layers - 1}.mlp", "fusion", 0.25 * ms),
+              Edge("fusion", "head", 0.25 * ms)]
+    return CostDAG(tuple(nodes), tuple(edges), name=f"two-towers-L{layers}")
+
+
+def towers(layers: int, stage_counts: list[int]) -> list[dict]:
+    dag = two_tower_dag(layers)
+    rows = []
+    for k in stage_counts:
+        t0 = time.perf_counter()
+        opt = partition(dag, k, solver="dp")
+        rows.append({"nodes": len(dag.nodes), "ideals": opt.info["ideals"], "K": k,
+                     "equal_ms": equal_split(dag, k).objective * 1e3, "interval_ms": opt.info["interval_split"] * 1e3,
+                     "optimal_ms": opt.objective * 1e3, "dp_s": time.perf_counter() - t0})
+        print(_fmt_row(rows[-1], TOWER_COLS), flush=True)
+    return rows
+
+
+TOWER_COLS = [("nodes", "{}"), ("ideals", "{}"), ("K", "{}"), ("equal_ms", "{:.2f}"), ("interval_ms", "{:.2f}"),
+              ("optimal_ms", "{:.2f}"), ("dp_s", "{:.2f}")]
+
+
 def layers_for(nodes: int, width: int, branch: int) -> int:
     return max(1, round((nodes - 3) / (9 + width * branch)))
 
@@ -119,6 +157,7 @@ def non_uniform(layers: int, stage_counts: list[int], microbatches: int, seed: i
     patterns = {
         "uniform": [1.0] * layers,
         "every 4th layer 4x (MoE-like)": [4.0 if i % 4 == 3 else 1.0 for i in range(layers)],
+        "every 3rd layer 3x": [3.0 if i % 3 == 2 else 1.0 for i in range(layers)],
         "growing 1x..4x": [1 + 3 * i / max(1, layers - 1) for i in range(layers)],
         "lognormal sigma=0.5": [float(np.exp(rng.gauss(0, 0.5))) for _ in range(layers)],
     }
@@ -130,8 +169,8 @@ def non_uniform(layers: int, stage_counts: list[int], microbatches: int, seed: i
                 eq = equal_split(dag, k, objective=objective, microbatches=microbatches)
                 opt = partition(dag, k, objective=objective, microbatches=microbatches, solver="dp")
                 rows.append({"layers": label, "K": k, "objective": objective, "equal_ms": eq.objective * 1e3,
-                             "optimal_ms": opt.objective * 1e3, "ratio": opt.objective / eq.objective,
-                             "speedup": eq.objective / opt.objective})
+                             "interval_ms": opt.info["interval_split"] * 1e3, "optimal_ms": opt.objective * 1e3,
+                             "ratio": opt.objective / eq.objective, "speedup": eq.objective / opt.objective})
                 print(_fmt_row(rows[-1], NONUNIFORM_COLS), flush=True)
     return rows
 
@@ -140,7 +179,34 @@ SCALING_COLS = [("nodes", "{}"), ("edges", "{}"), ("width", "{}"), ("ideals", "{
                 ("pairs", "{}"), ("rounds", "{}"), ("t_ideals", "{:.2f}"), ("t_dp", "{:.2f}"),
                 ("load_ms", "{:.2f}")]
 NONUNIFORM_COLS = [("layers", "{}"), ("K", "{}"), ("objective", "{}"), ("equal_ms", "{:.2f}"),
-                   ("optimal_ms", "{:.2f}"), ("ratio", "{:.3f}"), ("speedup", "{:.2f}x")]
+                   ("interval_ms", "{:.2f}"), ("optimal_ms", "{:.2f}"), ("ratio", "{:.3f}"), ("speedup", "{:.2f}x")]
+ILP_COLS = [("nodes", "{}"), ("K", "{}"), ("stages", "{}"), ("method", "{}"), ("seconds", "{:.2f}"),
+            ("load_ms", "{:.3f}"), ("optimal", "{}"), ("gap", "{}")]
+
+
+WIDE_TEXT = """## Wide DAGs: where the DP stops being cheap
+
+The same generator with 6 and 8 parallel branches per block: ideals grow like 3^width per block, and
+ideal pairs with K. The ILP (or `max_ideals`, which makes `solver="auto"` switch to it) is the way out.
+
+"""
+
+
+def ilp_vs_dp(nodes: int, stage_counts: list[int], time_limit: float) -> list[dict]:
+    """The same contiguous problem by the DP and both ILP backends; then non-contiguous stages (ILP)."""
+    dag = transformer_dag(layers_for(nodes, 3, 2), 3, 2)
+    rows = []
+    for k in stage_counts:
+        for contiguous, solvers in ((True, ("dp", "ilp-ortools", "ilp-pulp")), (False, ("ilp-ortools",))):
+            for solver in solvers:
+                t0 = time.perf_counter()
+                part = partition(dag, k, solver=solver, contiguous=contiguous,
+                                 time_limit=None if solver == "dp" else time_limit)
+                rows.append({"nodes": len(dag.nodes), "K": k, "stages": "contiguous" if contiguous else "any",
+                             "method": solver, "seconds": time.perf_counter() - t0, "load_ms": part.objective * 1e3,
+                             "optimal": part.optimal, "gap": "-" if part.gap is None else f"{part.gap:.1%}"})
+                print(_fmt_row(rows[-1], ILP_COLS), flush=True)
+    return rows
 
 
 def _fmt_row(row: dict, cols: list) -> str:
@@ -169,6 +235,7 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a smaller sweep (seconds)")
+    ap.add_argument("--wide", action="store_true", help="add DAGs of width 6 and 8 (minutes)")
     ap.add_argument("--write", action="store_true", help=f"write the tables to {RESULTS.name}")
     args = ap.parse_args(argv)
     if args.quick:
@@ -178,19 +245,31 @@ def main(argv: list[str] | None = None) -> int:
     print("== exact contiguous DP: time against nodes and ideals (times in s) ==")
     print(" | ".join(c for c, _ in SCALING_COLS))
     scale_rows = scaling(sizes, widths, ks, branch=2)
+    wide_rows: list[dict] = []
+    if args.wide:
+        print("\n== wide DAGs ==")
+        wide_rows = scaling([300, 1000], [6], [4, 16], branch=2) + scaling([300], [8], [4, 16], branch=2)
+    print("\n== the same problem by the DP and the ILPs (times in s, load in ms) ==")
+    print(" | ".join(c for c, _ in ILP_COLS))
+    ilp_rows = ilp_vs_dp(100, [4] if args.quick else [4, 8], time_limit=60.0)
+    print("\n== two towers listed interleaved: DP over ideals vs intervals of the topological order (ms) ==")
+    print(" | ".join(c for c, _ in TOWER_COLS))
+    tower_rows = towers(8 if args.quick else 24, [2, 4, 8])
     print("\n== non-uniform layers: optimal (DP) vs equal-layer split, 32 layers, M=8 (times in ms) ==")
     print(" | ".join(c for c, _ in NONUNIFORM_COLS))
     nu_rows = non_uniform(8 if args.quick else 32, [2, 4, 8], microbatches=8, seed=0)
     if args.write:
-        RESULTS.write_text(_report(scale_rows, nu_rows, args))
+        RESULTS.write_text(_report(scale_rows, wide_rows, ilp_rows, tower_rows, nu_rows, args))
         print(f"\nwrote {RESULTS}")
     return 0
 
 
-def _report(scale_rows: list[dict], nu_rows: list[dict], args: argparse.Namespace) -> str:
+def _report(scale_rows: list[dict], wide_rows: list[dict], ilp_rows: list[dict], tower_rows: list[dict],
+            nu_rows: list[dict], args: argparse.Namespace) -> str:
+    flags = "".join(f" --{f}" for f in ("quick", "wide") if getattr(args, f))
     return f"""# Pipeline partitioner benchmark
 
-Command: `python bench/bench_partition.py{' --quick' if args.quick else ''} --write`
+Command: `python bench/bench_partition.py{flags} --write`
 Machine: {machine()}
 
 ## Exact contiguous DP: time against node count and number of down-closed sets
@@ -205,12 +284,32 @@ seconds to enumerate the ideals alone; `t_dp`: seconds of `partition(dag, K, sol
 
 {_table(scale_rows, SCALING_COLS)}
 
+{WIDE_TEXT if wide_rows else ""}{_table(wide_rows, SCALING_COLS) if wide_rows else ""}
+
+## The same problem by the DP and the ILPs
+
+A transformer-like DAG of about 100 nodes (width 3). `contiguous`: the DP and both ILP backends
+(OR-tools CP-SAT, PuLP/CBC; 60 s time limit) on the same problem; `any`: non-contiguous stages (a device
+may hold several pieces; throughput objective), which the DP does not cover.
+
+{_table(ilp_rows, ILP_COLS)}
+
+## Contiguous is more than intervals of one topological order
+
+Two independent towers (one twice as heavy as the other) listed interleaved, as a tracer running them
+side by side would list them, then fusion and head (`two_tower_dag`). `interval_ms`: the best split into
+intervals of that topological order; `optimal_ms`: the DP over down-closed sets, which may give each
+stage a piece of each tower; `equal_ms`: equal numbers of layers per stage. Throughput objective.
+
+{_table(tower_rows, TOWER_COLS)}
+
 ## Non-uniform layers: optimal partition vs equal-layer split
 
-32 blocks of width 3 (plus embedding and head, which count as layers 0 and 33), block compute scaled per
-layer; `equal_ms`: `equal_split` (equal numbers of layers per stage), `optimal_ms`: the DP optimum,
-`ratio` = optimal / equal (lower is better), `speedup` = equal / optimal. Throughput: largest stage
-load per micro-batch; gpipe: the step time `(M + K - 1) * max stage time` for M = 8 micro-batches.
+32 blocks of width 3 (the embedding counts in the first block, head and loss in the last), block compute
+scaled per layer; `equal_ms`: `equal_split` (equal numbers of blocks per stage); `interval_ms`: the best
+split into intervals of one topological order; `optimal_ms`: the DP optimum over contiguous stages;
+`ratio` = optimal / equal (lower is better), `speedup` = equal / optimal. Throughput: largest stage load
+per micro-batch; gpipe: the step time `(M + K - 1) * max stage time` for M = 8 micro-batches.
 
 {_table(nu_rows, NONUNIFORM_COLS)}
 """
