@@ -719,6 +719,8 @@ def partition(dag: CostDAG, stages: int, *, objective: str = "throughput", micro
                              "order); drop --non-contiguous or use the throughput objective")
     if solver == "dp" and not contiguous:
         raise PartitionError("the DP covers contiguous stages only; use solver 'ilp-ortools' or 'ilp-pulp'")
+    if memory_limit is not None and not memory_limit >= 0:
+        raise PartitionError(f"memory_limit must be a number of bytes >= 0, got {memory_limit!r}")
     limit = None if memory_limit is None else int(memory_limit)
     if time_limit is not None and time_limit <= 0:
         raise PartitionError(f"time_limit must be > 0 seconds, got {time_limit!r}")
