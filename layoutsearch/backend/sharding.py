@@ -119,6 +119,13 @@ a layout effect); without it the compiled program counts each op once
 (partitioning, collectives and CSE are unchanged)."""
 
 
+FAST_COMPILE: dict[str, Any] = {"xla_backend_optimization_level": 0}
+"""Compiler options for programs compiled to be inspected (tests, validation):
+LLVM at -O0 compiles 2-3x faster and changes nothing XLA's HLO passes decide
+(partitioning, collectives, FLOP counts, buffer assignment), only the speed of
+the generated code. Combine with :data:`UNFUSED` as ``{**UNFUSED, **FAST_COMPILE}``."""
+
+
 def compile_step(graph: Graph, layout: Layout, feeds: Mapping[str, Any],
                  outputs: Sequence[str] | None = None,
                  compiler_options: Mapping[str, Any] | None = None, *,

@@ -1,0 +1,201 @@
+"""The cost model agrees with what XLA compiles, case by case (``tests/cases.py``).
+
+For the training step of every zoo case, the op rules
+(:meth:`OpRules.step_costs` with ``reduce_scatter=False``, the XLA CPU backend:
+it all-reduces and slices instead of reduce-scattering) predict
+
+* the collective bytes per device, by (kind, mesh axes): within 2% of the
+  compiled program (:func:`layoutsearch.backend.hlo.summarize`);
+* the FLOPs per device: within 2% of XLA's cost analysis of the program
+  compiled without instruction fusion (:data:`~layoutsearch.backend.sharding.UNFUSED`;
+  see :data:`KNOWN_DEVIATIONS` for why and for what fusion adds);
+* the peak memory per device (:func:`layoutsearch.costmodel.memory.memory_profile`):
+  within 15% of the compiled program XLA runs by default (fusion on, updated
+  parameters donated), except the cases listed in :data:`KNOWN_DEVIATIONS`.
+
+Nothing is silently widened: every case outside a tolerance is listed with its
+reason and the measured range it must stay in, and a listed case that comes
+back inside the tolerance fails too (remove it from the list).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import cache
+
+import pytest
+from cases import ADAM, CASES, CASES_BY_NAME, SGD, Case, case_params, compiled
+
+from layoutsearch.backend.hlo import CompiledSummary, summarize
+from layoutsearch.costmodel.memory import memory_profile
+from layoutsearch.costmodel.ops import OpRules
+from layoutsearch.ir import Optimizer
+
+BYTES_RTOL = 0.02
+FLOPS_RTOL = 0.02
+MEMORY_RTOL = 0.15
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A known difference between the cost model and XLA: the quantity
+    (``flops-fused``, ``memory``), the cases (glob patterns), the range the
+    measured ``predicted / compiled - 1`` must stay in, and why."""
+
+    what: str
+    cases: tuple[str, ...]
+    low: float
+    high: float
+    reason: str
+
+    def covers(self, case: str) -> bool:
+        return any(fnmatch.fnmatchcase(case, p) for p in self.cases)
+
+
+_COMBINED_ALL_REDUCE = (
+    "XLA CPU combines the gradient all-reduces of the step into one tuple all-reduce after the backward pass and "
+    "runs it out of place: every full (for FSDP: unsliced) gradient and its reduced copy are live together there, "
+    "~2x the gradient bytes; the memory model holds each all-reduce's buffer during its own op only")
+
+KNOWN_DEVIATIONS: tuple[Deviation, ...] = (
+    Deviation(
+        "flops-fused", ("*",), -0.15, 0.0,
+        "XLA's instruction fusion recomputes cheap elementwise producers (layer-norm centring, gelu, broadcast "
+        "adds) inside every consumer fusion instead of storing them: a code-generation choice trading FLOPs for "
+        "memory traffic, not a layout effect. The op rules count each op once, like the program compiled without "
+        "fusion (same partitioning, collectives and CSE; checked below); the default program counts up to 15% more "
+        "(most for the transformers' layer norms and gelu): the prediction is 0-13% below it."),
+    # memory: predicted / compiled (default pipeline, donated) - 1, measured on these sizes
+    Deviation("memory", ("mtf-ffn/dp", "mlp/dp", "mtf-transformer/dp", "gpt/dp", "moe/dp"), -0.36, -0.22,
+              "data parallel: " + _COMBINED_ALL_REDUCE),
+    Deviation("memory", ("mtf-ffn/fsdp", "mlp/fsdp"), -0.70, -0.45, "FSDP: " + _COMBINED_ALL_REDUCE),
+    Deviation("memory", ("mtf-ffn/2d", "mlp/2d", "mtf-transformer/sp", "moe/ep-gshard", "mlp/mp-alternating"),
+              -0.36, -0.20, "gradients partial over a data/seq axis: " + _COMBINED_ALL_REDUCE),
+)
+
+
+def deviation(what: str, case: str) -> Deviation | None:
+    found = [d for d in KNOWN_DEVIATIONS if d.what == what and d.covers(case)]
+    assert len(found) <= 1, f"{case}: several {what} deviations listed"
+    return found[0] if found else None
+
+
+# ------------------------------------------------------------------ predictions and compiled programs
+
+@dataclass(frozen=True)
+class Predicted:
+    bytes_by: dict[tuple[str, tuple[str, ...]], int]
+    flops: float
+
+
+@cache
+def predicted(case: Case, optimizer: Optimizer = SGD) -> Predicted:
+    g, lay = case.training(optimizer), case.layout()
+    costs = OpRules(g, lay.mesh, reduce_scatter=False).step_costs(lay)
+    by: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
+    for c in costs:
+        for x in c.comms:
+            by[(x.kind, tuple(x.axes))] += x.bytes
+    return Predicted(dict(by), sum(c.flops for c in costs))
+
+
+@cache
+def summary(case: Case, optimizer: Optimizer = SGD, fused: bool = False) -> CompiledSummary:
+    return summarize(*compiled(case, optimizer, fused=fused))
+
+
+def _check_collectives(case: Case, optimizer: Optimizer) -> None:
+    want, got = summary(case, optimizer).bytes_by(), predicted(case, optimizer).bytes_by
+    assert None not in {a for _, a in want}, f"{case.name}: a compiled collective is not over mesh axes: {want}"
+    for key in sorted(set(want) | set(got), key=str):
+        w, g = want.get(key, 0), got.get(key, 0)
+        assert abs(g - w) <= BYTES_RTOL * w, f"{case.name} {key}: predicted {g} bytes, compiled {w}"
+
+
+def _check_flops(case: Case, optimizer: Optimizer) -> None:
+    want, got = summary(case, optimizer).flops, predicted(case, optimizer).flops
+    assert got == pytest.approx(want, rel=FLOPS_RTOL), f"{case.name}: predicted {got:.0f} FLOPs, compiled {want:.0f}"
+
+
+# ------------------------------------------------------------------ collectives and FLOPs, every case
+
+@pytest.mark.parametrize("case", case_params())
+def test_collective_bytes_agree(case: Case):
+    _check_collectives(case, SGD)
+
+
+@pytest.mark.parametrize("case", case_params())
+def test_flops_agree(case: Case):
+    _check_flops(case, SGD)
+
+
+ADAM_CASES = tuple(CASES_BY_NAME[n] for n in (
+    "mtf-ffn/fsdp", "mlp/2d", "mtf-transformer/mp", "gpt/2d", "gpt/fsdp", "moe/ep"))
+"""The Adam subset of ``test_sharded_numerics`` (same executables)."""
+
+
+@pytest.mark.parametrize("case", case_params(ADAM_CASES))
+def test_adam_step_agrees(case: Case):
+    """Adam adds optimizer-state FLOPs (and no collective: state is laid out like its parameter)."""
+    _check_collectives(case, ADAM)
+    _check_flops(case, ADAM)
+
+
+# ------------------------------------------------------------------ the default pipeline: fusion and memory
+
+FUSED_CASES = tuple(CASES_BY_NAME[n] for n in (
+    "mtf-ffn/dp", "mtf-ffn/fsdp", "mlp/mp", "mtf-transformer/sp", "gpt/mp", "gpt/fsdp", "moe/ep"))
+"""Cases compiled a second time with XLA's default pipeline in the fast tier (the rest: ``-m slow``)."""
+
+
+def _fused_params() -> list:
+    slow = [pytest.param(c, id=c.name, marks=pytest.mark.slow) for c in CASES if c not in FUSED_CASES]
+    return case_params(FUSED_CASES) + slow
+
+
+@pytest.mark.parametrize("case", _fused_params())
+def test_fusion_changes_flops_only_as_listed(case: Case):
+    """Fusion changes no collective, and its extra FLOPs stay within the listed deviation."""
+    fused, unfused = summary(case, SGD, True), summary(case, SGD)
+    assert fused.bytes_by() == unfused.bytes_by()
+    dev = deviation("flops-fused", case.name)
+    ratio = predicted(case).flops / fused.flops - 1
+    if abs(ratio) <= FLOPS_RTOL:
+        return
+    assert dev is not None, f"{case.name}: predicted FLOPs {ratio:+.1%} off the fused program, no deviation listed"
+    assert dev.low <= ratio <= dev.high + FLOPS_RTOL, f"{case.name}: {ratio:+.1%} off the fused program, outside {dev}"
+
+
+@pytest.mark.parametrize("case", _fused_params())
+def test_peak_memory_agrees(case: Case):
+    """Peak memory per device: the memory model against XLA's buffer assignment of
+    the default program (arguments + outputs + temporaries - donated aliases:
+    ``total_bytes``; ``peak_memory_in_bytes`` leaves out the temporaries on CPU)."""
+    want = summary(case, SGD, True).memory["total_bytes"]
+    got = memory_profile(case.training(SGD), case.layout(), reduce_scatter=False).peak_bytes
+    ratio = got / want - 1
+    dev = deviation("memory", case.name)
+    if dev is None:
+        assert abs(ratio) <= MEMORY_RTOL, f"{case.name}: predicted {got} B, compiled {want} B ({ratio:+.1%})"
+    else:
+        assert abs(ratio) > MEMORY_RTOL, f"{case.name}: now within {MEMORY_RTOL:.0%} ({ratio:+.1%}): unlist it"
+        assert dev.low <= ratio <= dev.high, f"{case.name}: predicted/compiled - 1 = {ratio:+.1%} outside {dev}"
+
+
+def test_known_deviations_name_existing_cases():
+    for d in KNOWN_DEVIATIONS:
+        for p in d.cases:
+            assert fnmatch.filter(CASES_BY_NAME, p), f"deviation {d.what}: pattern {p!r} matches no case"
+        assert d.reason and d.low <= d.high
+
+
+def test_reduce_scatter_profile_differs_only_where_outputs_stay_split():
+    """``reduce_scatter=True`` (GPU/TPU) turns exactly the FSDP gradient all-reduces into reduce-scatters."""
+    case = CASES_BY_NAME["mtf-ffn/fsdp"]
+    g, lay = case.training(SGD), case.layout()
+    rs = [x for c in OpRules(g, lay.mesh, reduce_scatter=True).step_costs(lay) for x in c.comms
+          if x.kind == "reduce-scatter"]
+    assert {x.tensor for x in rs} == {"grad/w", "grad/v"}
+    assert all(x.bytes == 32 * 64 * 4 for x in rs)
