@@ -13,7 +13,8 @@ it all-reduces and slices instead of reduce-scattering) predict
   within 15% of the compiled program XLA runs by default (fusion on, updated
   parameters donated), except the cases listed in :data:`KNOWN_DEVIATIONS`.
 
-Nothing is silently widened: every case outside a tolerance is listed with its
+The per-element FLOP table of the elementwise functions is checked against XLA
+function by function. Nothing is silently widened: every case outside a tolerance is listed with its
 reason and the measured range it must stay in, and a listed case that comes
 back inside the tolerance fails too (remove it from the list).
 """
@@ -25,13 +26,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import cache
 
+import jax
+import jax.numpy as jnp
 import pytest
 from cases import ADAM, CASES, CASES_BY_NAME, SGD, Case, case_params, compiled
 
 from layoutsearch.backend.hlo import CompiledSummary, summarize
+from layoutsearch.backend.program import ELEMENTWISE_IMPL
+from layoutsearch.backend.sharding import FAST_COMPILE, UNFUSED
 from layoutsearch.costmodel.memory import memory_profile
-from layoutsearch.costmodel.ops import OpRules
+from layoutsearch.costmodel.ops import ELEMENTWISE_FLOPS, FORWARD_SHARED_FLOPS, OpRules
 from layoutsearch.ir import Optimizer
+from layoutsearch.ir.ops import ELEMENTWISE_FNS, UNARY_GRAD
 
 BYTES_RTOL = 0.02
 FLOPS_RTOL = 0.02
@@ -199,3 +205,30 @@ def test_reduce_scatter_profile_differs_only_where_outputs_stay_split():
           if x.kind == "reduce-scatter"]
     assert {x.tensor for x in rs} == {"grad/w", "grad/v"}
     assert all(x.bytes == 32 * 64 * 4 for x in rs)
+
+
+# ------------------------------------------------------------------ the FLOP table, function by function
+
+_PARAMS = {"lr": 1e-3, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "step": 3.0, "factor": 0.37, "value": 0.0}
+
+
+def _xla_flops_per_element(f, arity: int, n: int = 64) -> float:
+    args = [jnp.arange(n, dtype=jnp.float32) * 0.01 + i + 2 for i in range(arity)]  # no constant operands
+    exe = jax.jit(f).lower(*args).compile(compiler_options={**UNFUSED, **FAST_COMPILE})
+    return exe.cost_analysis().get("flops", 0.0) / n
+
+
+@pytest.mark.parametrize("fn", sorted(ELEMENTWISE_FNS))
+def test_elementwise_flops_match_xla(fn: str):
+    """:data:`ELEMENTWISE_FLOPS` is XLA's count of the backend's lowering of each function."""
+    spec = ELEMENTWISE_FNS[fn]
+    params = {a: _PARAMS[a] for a in spec.attrs}
+    assert _xla_flops_per_element(lambda *xs: ELEMENTWISE_IMPL[fn](*xs, **params), spec.arity) == ELEMENTWISE_FLOPS[fn]
+
+
+@pytest.mark.parametrize("fn", ["gelu", "silu", "sigmoid", "tanh", "relu"])
+def test_forward_shared_flops_match_xla(fn: str):
+    """A gradient computed next to its forward function shares :data:`FORWARD_SHARED_FLOPS` per element (CSE)."""
+    g = UNARY_GRAD[fn]
+    both = _xla_flops_per_element(lambda x, dy: (ELEMENTWISE_IMPL[fn](x), ELEMENTWISE_IMPL[g](x, dy)), 2)
+    assert both == ELEMENTWISE_FLOPS[fn] + ELEMENTWISE_FLOPS[g] - FORWARD_SHARED_FLOPS.get(g, 0)
