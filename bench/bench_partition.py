@@ -264,6 +264,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _summary(scale_rows: list[dict], wide_rows: list[dict], nu_rows: list[dict]) -> str:
+    big = max(scale_rows, key=lambda r: (r["nodes"], r["ideals"], r["K"]))
+    slow = max(scale_rows, key=lambda r: r["t_dp"])
+    lines = ["## Summary", "",
+             (f"* Exact contiguous DP on transformer-like DAGs of width {min(r['width'] for r in scale_rows)}-"
+             f"{max(r['width'] for r in scale_rows)} up to {big['nodes']} nodes and K up to "
+             f"{max(r['K'] for r in scale_rows)}: slowest run {slow['t_dp']:.2f} s ({slow['nodes']} nodes, "
+             f"{slow['ideals']} ideals, K={slow['K']}); time follows the number of priced ideal pairs."),
+             ]
+    if wide_rows:
+        w = max(wide_rows, key=lambda r: r["t_dp"])
+        lines.append(f"* Wider DAGs cost more: width {w['width']}, {w['nodes']} nodes, {w['ideals']} ideals, K={w['K']}: "
+                     f"{w['t_dp']:.0f} s.")
+    for objective in ("throughput", "gpipe"):
+        rows = [r for r in nu_rows if r["objective"] == objective]
+        best = max(rows, key=lambda r: r["speedup"])
+        lines.append(f"* Non-uniform layers, {objective}: the optimal partition is {min(r['speedup'] for r in rows):.2f}x"
+                     f"-{best['speedup']:.2f}x faster than the equal-layer split (best: {best['layers']}, K={best['K']}).")
+    return "\n".join(lines)
+
+
 def _report(scale_rows: list[dict], wide_rows: list[dict], ilp_rows: list[dict], tower_rows: list[dict],
             nu_rows: list[dict], args: argparse.Namespace) -> str:
     flags = "".join(f" --{f}" for f in ("quick", "wide") if getattr(args, f))
@@ -271,6 +292,8 @@ def _report(scale_rows: list[dict], wide_rows: list[dict], ilp_rows: list[dict],
 
 Command: `python bench/bench_partition.py{flags} --write`
 Machine: {machine()}
+
+{_summary(scale_rows, wide_rows, nu_rows)}
 
 ## Exact contiguous DP: time against node count and number of down-closed sets
 
