@@ -43,6 +43,7 @@ from layoutsearch.errors import HardwareError, LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
+from layoutsearch.units import format_bytes, format_seconds, parse_bytes
 
 PROG = "layoutsearch"
 
@@ -173,14 +174,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def _render_generic(result: Result, args: argparse.Namespace) -> list[Any]:
     return [_table(["key", "value"], ([k, json.dumps(v) if isinstance(v, dict | list) else v]
                                       for k, v in result.items()))]
@@ -257,7 +250,7 @@ def _render_graph(result: Result, args: argparse.Namespace) -> list[Any]:
                  f"to {result['written']}")]
     return [
         (f"model {result['model']}: {result['tensors']} tensors, {result['ops']} ops, "
-         f"{result['parameter_count']:,} parameters ({_bytes(result['parameter_bytes'])}), loss {result['loss']}"),
+         f"{result['parameter_count']:,} parameters ({format_bytes(result['parameter_bytes'])}), loss {result['loss']}"),
         _table(["dim", "size"], result["dims"].items(), title="dims"),
         _table(["op kind", "count"], result["ops_by_kind"].items(), title="ops"),
         _table(["input", "shape", "dtype"], ([t["name"], t["shape"], t["dtype"]] for t in result["inputs"]),
@@ -344,10 +337,10 @@ def _render_layout(result: Result, args: argparse.Namespace) -> list[Any]:
                       ([t["name"], t["role"], t["shape"], _spec_text(t["spec"]), t["local_shape"], t["local_bytes"]]
                        for t in result["tensors"])))
     out.append("per device (sum of slices, not peak memory): " + ", ".join(
-        f"{role} {_bytes(n)}" for role, n in result["local_bytes_by_role"].items()))
+        f"{role} {format_bytes(n)}" for role, n in result["local_bytes_by_role"].items()))
     if "hardware" in result:
         hw = result["hardware"]
-        out.append(f"hardware {hw['name']} (HBM {_bytes(hw['hbm_bytes'])}); mesh axis links: " + ", ".join(
+        out.append(f"hardware {hw['name']} (HBM {format_bytes(hw['hbm_bytes'])}); mesh axis links: " + ", ".join(
             f"{a} {link['kind']} ({link['bandwidth'] / 1e9:g} GB/s)" for a, link in hw["axis_links"].items()))
     out += ["", "# Flax (nn.logical_axis_rules; logical axis names = the graph's dim names)", flax,
             "", "# MaxText config overrides (YAML)", _maxtext_yaml(ex["maxtext"]).rstrip("\n"),
@@ -525,7 +518,7 @@ def _add_partition(sub: Any) -> None:
 
 
 def _cmd_partition(args: argparse.Namespace) -> Result:
-    from layoutsearch.costdag import load_costdag, parse_bytes
+    from layoutsearch.costdag import load_costdag
     from layoutsearch.gantt import render_gantt
     from layoutsearch.solvers.partition import equal_split, partition
 
@@ -545,17 +538,10 @@ def _cmd_partition(args: argparse.Namespace) -> Result:
     return result
 
 
-def _seconds(t: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(t) >= scale:
-            return f"{t / scale:.4g} {unit}"
-    return f"{t / 1e-9:.4g} ns" if t else "0 s"
-
-
 def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
     kind = result["objective_kind"]
-    what = (f"step time {_seconds(result['objective'])} over {result['microbatches']} micro-batches" if kind == "gpipe"
-            else f"largest stage load {_seconds(result['objective'])} per micro-batch")
+    what = (f"step time {format_seconds(result['objective'])} over {result['microbatches']} micro-batches" if kind == "gpipe"
+            else f"largest stage load {format_seconds(result['objective'])} per micro-batch")
     status = "optimal" if result["optimal"] else (f"not proven optimal, gap {result['gap']:.1%}"
                                                    if result["gap"] is not None else "not proven optimal")
     out: list[Any] = [(f"cost DAG {result['dag']}: {result['nodes']} nodes, {result['edges']} edges -> "
@@ -565,15 +551,15 @@ def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
     for k, s in enumerate(result["stages"]):
         names = s["nodes"]
         span = names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}"
-        rows.append([k, len(names), span, _seconds(s["load"]), _bytes(s["memory"])])
+        rows.append([k, len(names), span, format_seconds(s["load"]), format_bytes(s["memory"])])
     load_col = "time per micro-batch" if kind == "gpipe" else "load"
     out.append(_table(["stage", "nodes", "first .. last", load_col, "memory"], rows))
     if result.get("memory_limit") is not None:
-        out.append(f"memory limit {_bytes(result['memory_limit'])} per stage")
+        out.append(f"memory limit {format_bytes(result['memory_limit'])} per stage")
     if "baseline" in result:
         b = result["baseline"]
         ratio = b["optimal_over_baseline"]
-        out.append(f"baseline ({b['method']}): {_seconds(b['objective'])}"
+        out.append(f"baseline ({b['method']}): {format_seconds(b['objective'])}"
                    + (f"; this partition is {1 / ratio:.2f}x faster" if ratio else ""))
     if kind == "gpipe":
         out.append(f"bubble fraction {result['bubble_fraction']:.1%}")

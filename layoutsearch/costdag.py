@@ -25,7 +25,6 @@ from __future__ import annotations
 import heapq
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -223,25 +222,6 @@ def save_costdag(dag: CostDAG, path: str | Path) -> None:
         Path(path).write_text(json.dumps(dag.to_dict(), indent=1) + "\n")
     except OSError as e:
         raise CostDAGError(f"cannot write cost DAG file {str(path)!r}: {e.strerror}") from None
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | float) -> int:
-    """A byte count from ``16GiB``, ``1.5 GB``, ``512MiB``, ``2e9`` or a number (rounded down to bytes)."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        value, unit = float(text), ""
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-        if not m or m.group(2).lower() not in _UNITS:
-            raise CostDAGError(f"bad byte size {text!r}: expected a number with an optional unit "
-                               f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 16GiB")
-        value, unit = float(m.group(1)), m.group(2).lower()
-    if not math.isfinite(value) or value < 0:
-        raise CostDAGError(f"bad byte size {text!r}: must be a finite number >= 0")
-    return int(value * _UNITS[unit])
 
 
 # -- validation -----------------------------------------------------------------------------------------------------

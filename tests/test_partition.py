@@ -13,10 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from layoutsearch import cli
-from layoutsearch.costdag import CostDAG, Edge, Node, load_costdag, parse_bytes, save_costdag
-from layoutsearch.errors import CostDAGError, PartitionError
+from layoutsearch.costdag import CostDAG, Edge, Node, load_costdag, save_costdag
+from layoutsearch.errors import CostDAGError, LayoutSearchError, PartitionError
 from layoutsearch.gantt import bubble_fraction, gpipe_schedule, render_gantt
 from layoutsearch.solvers.partition import count_ideals, equal_split, partition, stage_loads
+from layoutsearch.units import parse_bytes
 
 
 def chain(computes, transfer=0.0, memory=None):
@@ -81,7 +82,7 @@ def test_parse_bytes_reads_units():
     assert parse_bytes("16GiB") == 16 * 2**30
     assert parse_bytes("1.5 GB") == 1_500_000_000
     assert parse_bytes("2e9") == 2_000_000_000
-    with pytest.raises(CostDAGError, match="bad byte size"):
+    with pytest.raises(LayoutSearchError, match="bad byte size"):
         parse_bytes("12 parsecs")
 
 

@@ -54,6 +54,7 @@ from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
+from layoutsearch.units import format_bytes, format_seconds
 
 PHASES = ("forward", "backward", "optimizer", "recompute")
 """Phases of a step in a report (``recompute``: forward ops run again by remat)."""
@@ -364,21 +365,6 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
-def _time(s: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if abs(s) >= scale:
-            return f"{s / scale:.4g} {unit}"
-    return f"{s * 1e9:.4g} ns"
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def _table(columns: list[str], rows: list[list[Any]], title: str, right: set[int]) -> Any:
     from rich import box
     from rich.table import Table
@@ -403,32 +389,32 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
          f"{d['layout'] or '(replicated)'}; optimizer {d['optimizer']}, remat {d['remat']}, overlap {d['overlap']:g}"),
     ]
     phases = d["phases"]
-    rows = [["step", _time(d["step_s"]), "compute + communication" + (
+    rows = [["step", format_seconds(d["step_s"]), "compute + communication" + (
         f" - {d['overlap']:g} x overlap" if d["overlap"] else "")],
-            ["compute", _time(d["compute_s"]), ", ".join(f"{k} {_time(v)}" for k, v in d["compute_by_bound_s"].items())],
-            ["communication", _time(d["comm_s"]), ", ".join(f"{k} {_bytes(v)}" for k, v in d["bytes_by_kind"].items())
+            ["compute", format_seconds(d["compute_s"]), ", ".join(f"{k} {format_seconds(v)}" for k, v in d["compute_by_bound_s"].items())],
+            ["communication", format_seconds(d["comm_s"]), ", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_by_kind"].items())
              or "none"]]
-    rows += [[f"  {p}", _time(v["compute_s"] + v["comm_s"]),
-              f"compute {_time(v['compute_s'])}, comm {_time(v['comm_s'])}, {_si(v['flops'], 'FLOP')}"]
+    rows += [[f"  {p}", format_seconds(v["compute_s"] + v["comm_s"]),
+              f"compute {format_seconds(v['compute_s'])}, comm {format_seconds(v['comm_s'])}, {_si(v['flops'], 'FLOP')}"]
              for p, v in phases.items()]
     rows += [["FLOPs per device", _si(d["flops_per_device"], "FLOP"),
               f"model FLOPs {_si(d['model_flops'], 'FLOP')} (global, forward + backward)"],
              ["MFU", f"{100 * d['mfu']:.1f}%",
               f"peak {_si(hw['peak_flops'], 'FLOP/s')}, matmul efficiency {hw['matmul_efficiency']:g}"],
-             ["peak memory", _bytes(d["memory_bytes"]),
-              (f"{'fits' if d['fits'] else 'DOES NOT FIT'} in {_bytes(hw['hbm_bytes'])} HBM; "
+             ["peak memory", format_bytes(d["memory_bytes"]),
+              (f"{'fits' if d['fits'] else 'DOES NOT FIT'} in {format_bytes(hw['hbm_bytes'])} HBM; "
                f"at op {mem['peak_op']} ({mem['peak_phase']})")]]
-    rows += [["bytes sent", _bytes(sum(d["bytes_per_axis"].values())),
-              ", ".join(f"{a}: {_bytes(b)}" for a, b in d["bytes_per_axis"].items())]]
+    rows += [["bytes sent", format_bytes(sum(d["bytes_per_axis"].values())),
+              ", ".join(f"{a}: {format_bytes(b)}" for a, b in d["bytes_per_axis"].items())]]
     out.append(_table(["total", "value", "breakdown"], rows, "step (per device)", {1}))
-    out.append(_table(["memory at peak", "bytes"], [[k, _bytes(v)] for k, v in mem["breakdown"].items() if v],
+    out.append(_table(["memory at peak", "bytes"], [[k, format_bytes(v)] for k, v in mem["breakdown"].items() if v],
                       "memory per device at the peak", {1}))
     out.append(f"remat {mem['remat']}: {mem['recomputed_ops']} forward ops recomputed in the backward pass")
     rows = []
     for g in d["comm_groups"]:
-        rows.append([g["kind"], "+".join(g["axes"]), g["count"], _bytes(g["bytes"]), _time(g["seconds"]), ""])
+        rows.append([g["kind"], "+".join(g["axes"]), g["count"], format_bytes(g["bytes"]), format_seconds(g["seconds"]), ""])
         for c in g["causes"][:5]:
-            rows.append(["", "", c["count"], _bytes(c["bytes"]), _time(c["seconds"]), f"{c['phase']}: {c['cause']}"])
+            rows.append(["", "", c["count"], format_bytes(c["bytes"]), format_seconds(c["seconds"]), f"{c['phase']}: {c['cause']}"])
         if len(g["causes"]) > 5:
             rows.append(["", "", "", "", "", f"... {len(g['causes']) - 5} more causes"])
     if rows:
@@ -436,8 +422,8 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
                           "collectives by kind and axes (bytes per device per step)", {2, 3, 4}))
     if "ops" in d:
         ranked = sorted(d["ops"], key=lambda o: -(o["compute_s"] + o["comm_s"]))[:top]
-        rows = [[o["op"], o["kind"], o["phase"], _time(o["compute_s"] + o["comm_s"]), _time(o["compute_s"]),
-                 o["bound"], _time(o["comm_s"]), _si(o["flops"], "FLOP")] for o in ranked]
+        rows = [[o["op"], o["kind"], o["phase"], format_seconds(o["compute_s"] + o["comm_s"]), format_seconds(o["compute_s"]),
+                 o["bound"], format_seconds(o["comm_s"]), _si(o["flops"], "FLOP")] for o in ranked]
         out.append(_table(["op", "kind", "phase", "time", "compute", "bound", "comm", "FLOPs"], rows,
                           f"top {len(rows)} ops by time", {3, 4, 6, 7}))
     return out

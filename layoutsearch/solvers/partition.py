@@ -76,6 +76,7 @@ import numpy as np
 from layoutsearch.costdag import CostDAG
 from layoutsearch.errors import PartitionError
 from layoutsearch.gantt import bubble_fraction
+from layoutsearch.units import format_bytes
 
 OBJECTIVES = ("throughput", "gpipe")
 SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute")
@@ -844,12 +845,7 @@ def _memory_message(dag: CostDAG, k: int, mb: int, limit: int, best: int, exact:
 
 def _fmt_bytes(n: float) -> str:
     """``17179869184 B (16.00 GiB)``: exact bytes, then a readable size."""
-    size, unit = float(n), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            break
-        size /= 1024
-    return f"{int(n)} B" if unit == "B" else f"{int(n)} B ({size:.2f} {unit})"
+    return f"{int(n)} B" if abs(n) < 1024 else f"{int(n)} B ({format_bytes(n)})"
 
 
 def _make(ctx: _Ctx, sigma: Sequence[int], k: int, kind: str, mb: int, method: str, optimal: bool,

@@ -1,0 +1,44 @@
+"""Byte counts and durations: parsing what users type, printing what people read."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from layoutsearch.errors import LayoutSearchError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str | float) -> int:
+    """A byte count from ``16GiB``, ``1.5 GB``, ``512MiB``, ``2e9`` or a number (rounded down to bytes)."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise LayoutSearchError(f"bad byte size {text!r}: expected a number with an optional unit "
+                                    f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 16GiB")
+        value, unit = float(m.group(1)), m.group(2).lower()
+    if not math.isfinite(value) or value < 0:
+        raise LayoutSearchError(f"bad byte size {text!r}: must be a finite number >= 0")
+    return int(value * _UNITS[unit])
+
+
+def format_bytes(n: float) -> str:
+    """``512 B``, ``1.50 KiB``, ``16.00 GiB``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.2f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_seconds(t: float) -> str:
+    """``1.234 s``, ``56.7 ms``, ``8 us``, ``120 ns`` (4 significant digits)."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(t) >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-9:.4g} ns" if t else "0 s"
