@@ -569,6 +569,31 @@ def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
 
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
+def _add_costdag(sub: Any) -> None:
+    p = _command(sub, "costdag", _cmd_costdag, "write a model's pipeline cost DAG (blocks priced by the cost model "
+                 "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_layout_arg(p)
+    _add_hardware_args(p, default="cpu-sim")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
+    p.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
+    p.add_argument("--out", required=True, metavar="FILE", help="cost DAG JSON file to write")
+
+
+def _cmd_costdag(args: argparse.Namespace) -> Result:
+    from layoutsearch.costmodel.pipeline import pipeline_costdag
+
+    graph = _load_graph(args)
+    layout = _layout(args, graph)
+    hw = _hardware(args) or hardware("cpu-sim")
+    dag, _, _ = pipeline_costdag(graph, layout, "stage", hw, microbatches=args.microbatches, remat=args.remat)
+    dag.save(args.out)
+    return {"model": graph.name, "out": args.out, "nodes": [n.name for n in dag.nodes],
+            "compute_s": sum(n.compute_s for n in dag.nodes), "microbatches": args.microbatches,
+            "remat": args.remat}
+
+
 def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
              render: Renderer | None = None) -> argparse.ArgumentParser:
     """Register subcommand ``name``: ``run(args)`` computes the result, ``render`` shows it (default: a table)."""
@@ -577,7 +602,7 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
     return p
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_graph, _add_layout, _add_hardware, _add_cost,
+COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_costdag, _add_graph, _add_layout, _add_hardware, _add_cost,
                                                _add_table1, _add_partition)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 

@@ -104,3 +104,19 @@ def test_bad_pipeline_requests_get_clear_errors():
     ffn = build_model("mtf-ffn")
     with pytest.raises(CostModelError, match="no repeated blocks"):
         estimate_pipeline(ffn, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2)
+
+
+def test_costdag_command_writes_a_dag_the_partitioner_reads(tmp_path, capsys):
+    import json
+
+    from layoutsearch import cli
+    from layoutsearch.costdag import load_costdag
+
+    out = tmp_path / "gpt.dag.json"
+    code = cli.main(["costdag", "gpt", "--set", "layers=4", "--mesh", "data:2", "--layout", "batch:data",
+                     "--microbatches", "2", "--hardware", "h100", "--out", str(out), "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["nodes"] == ["pre", "layer.0", "layer.1", "layer.2", "layer.3", "post"]
+    assert len(load_costdag(out).edges) == 5
+    code = cli.main(["partition", str(out), "--stages", "2", "--objective", "gpipe", "--microbatches", "2", "--json"])
+    assert code == 0 and len(json.loads(capsys.readouterr().out)["stages"]) == 2
