@@ -122,7 +122,10 @@ class Hardware:
     ``slow_link``. ``matmul_efficiency`` / ``memory_efficiency``: achieved
     fractions of peak FLOP/s and of HBM bandwidth. ``reduce_scatter``: whether
     the compiler emits reduce-scatter for partial sums whose result stays split
-    (XLA on CPU all-reduces and slices instead).
+    (XLA on CPU all-reduces and slices instead). ``combined_gradient_all_reduce``:
+    whether the compiler defers the parameter-gradient all-reduces to the end of the
+    backward pass and runs them as one out-of-place all-reduce (XLA on CPU), which the
+    memory model charges (:mod:`layoutsearch.costmodel.memory`).
     """
 
     name: str
@@ -137,6 +140,7 @@ class Hardware:
     source: str = ""
     axis_links: tuple[tuple[str, str], ...] = field(default=())
     reduce_scatter: bool = True
+    combined_gradient_all_reduce: bool = False
 
     def replace(self, **changes: Any) -> Hardware:
         """A copy with some figures changed, e.g. ``hw.replace(peak_flops=300e12)``.
@@ -251,9 +255,11 @@ PRESETS: dict[str, Hardware] = {
     "tpu-v5p": Hardware("tpu-v5p", 459 * TB, 95 * GB, 2765 * GB, Link(200 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
                         8960, _MM, _MEM, _TPU + "; 3-D torus ICI 4800 Gb/s per chip, 50 Gb/s DCN per chip"),
     # Simulated CPU devices (tests): nominal figures, only for relative costs.
-    # XLA on CPU finishes partial sums with all-reduce + slice, never reduce-scatter.
+    # XLA on CPU finishes partial sums with all-reduce + slice, never reduce-scatter, and
+    # combines the gradient all-reduces into one out-of-place all-reduce after the backward pass.
     "cpu-sim": Hardware("cpu-sim", 100e9, 24 * GiB, 20 * GB, Link(10 * GB, 1e-6), Link(1 * GB, 10e-6),
-                        8, 1.0, 1.0, "nominal figures for simulated CPU devices", reduce_scatter=False),
+                        8, 1.0, 1.0, "nominal figures for simulated CPU devices", reduce_scatter=False,
+                        combined_gradient_all_reduce=True),
 }
 """Hardware presets by name."""
 

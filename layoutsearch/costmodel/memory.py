@@ -30,6 +30,22 @@ op's transient buffers, and the peak is the largest such sum.
   weight read by the forward matmul and by a backward one) lives from the
   first of those ops to the last.
 
+Combined gradient all-reduce (per backend)
+------------------------------------------
+Where the backend defers the parameter-gradient all-reduces
+(:attr:`Hardware.combined_gradient_all_reduce <layoutsearch.mesh.Hardware>`:
+XLA on CPU, whose all-reduce combiner merges them into one tuple all-reduce
+after the backward pass and runs it out of place), a parameter gradient that
+is all-reduced by its producer and read only by the optimizer is not reduced
+at its producer: its unreduced partial sum, the collective's whole payload
+(for FSDP the full, unsliced gradient), lives from its producer to the last
+backward op, where the combined all-reduce runs (charged to that op, like any
+op's collective) and its reduced copies (as many bytes again) are live
+together with every partial. The stored gradient (the reduced copy, or its
+slice) lives from the first optimizer op to its last use. Partials and
+reduced copies count as ``gradients``. Elsewhere (GPU/TPU presets) each
+gradient is reduced at its producer, as above.
+
 Rematerialization (activation recomputation)
 --------------------------------------------
 Ops are grouped by their ``block`` (a transformer layer: ``layer.3``); ops in
@@ -206,14 +222,17 @@ def _parameter_gradients(graph: Graph) -> set[str]:
     return out
 
 
-def _transient(op: O.Op, cost: OpCost, stored_out: int) -> tuple[int, dict[Any, int]]:
+def _transient(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = False) -> tuple[int, dict[Any, int]]:
     """Bytes of the buffers ``op``'s collectives need besides its stored inputs and
     output: those of this op alone, and the resharded inputs shared with other ops
-    (by :attr:`Comm.shared` key; they live from the first op using them to the last)."""
+    (by :attr:`Comm.shared` key; they live from the first op using them to the last).
+    ``deferred``: the output's all-reduce runs later (combined gradient all-reduce)."""
     last_in: dict[str, tuple[Any, int]] = {}
     out = 0
     for c in cost.comms:
         if c.tensor == op.output:
+            if deferred and c.kind == "all-reduce":
+                continue
             if c.kind == "all-to-all":
                 out += c.bytes
             elif c.kind in ("reduce-scatter", "all-reduce"):
@@ -227,6 +246,7 @@ def _transient(op: O.Op, cost: OpCost, stored_out: int) -> tuple[int, dict[Any, 
 
 def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none", *,
                    op_costs: Sequence[OpCost] | None = None, reduce_scatter: bool = True,
+                   combined_gradient_all_reduce: bool = False,
                    optimizer: Optimizer | str = "adam") -> MemoryReport:
     """Peak per-device memory of the training step of ``graph`` under ``layout``.
 
@@ -234,8 +254,9 @@ def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none"
     ``optimizer``) or a training graph. ``op_costs`` (one per op of the
     training graph, in its op order, each with all its collectives: the first
     of :func:`step_costs`) give the collectives whose transient buffers count;
-    computed when omitted (``reduce_scatter``: see
-    :class:`~layoutsearch.mesh.Hardware`).
+    computed when omitted. ``reduce_scatter``, ``combined_gradient_all_reduce``:
+    the backend's behaviour (see :class:`~layoutsearch.mesh.Hardware`; XLA on
+    CPU: ``False``, ``True``).
     """
     g = training_step(graph, optimizer)
     layout.check(g)
@@ -244,7 +265,7 @@ def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none"
         op_costs = step_costs(g, layout, reduce_scatter)[0]
     if len(op_costs) != len(g.ops):
         raise CostModelError(f"memory_profile got {len(op_costs)} op costs for {len(g.ops)} ops")
-    return simulate(g, layout, plan, op_costs)
+    return simulate(g, layout, plan, op_costs, combined_gradient_all_reduce=combined_gradient_all_reduce)
 
 
 def local_bytes_fn(layout: Layout) -> Callable[[Tensor], int]:
@@ -281,6 +302,8 @@ class _Lifetimes:
     start: np.ndarray
     end: np.ndarray
     fed: tuple[int, ...]  # indices into ``tensors`` of the fed tensors
+    deferrable: dict[str, int]  # parameter gradient read only by the optimizer -> its (only) row
+    last_backward: int  # schedule index of the last backward op (-1: none)
 
 
 def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
@@ -335,12 +358,21 @@ def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
                     end = max(end, plan.points[op.block])  # type: ignore[index]
         rows.append((k, c, start, end))
     arr = np.array(rows, dtype=np.int64).reshape(-1, 4)
-    return _Lifetimes(tuple(tensors), arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], tuple(fed))
+    backward = [i for i, p in enumerate(phases) if p == "backward"]
+    last_backward = backward[-1] if backward else -1
+    row_of = {tensors[k].name: r for r, (k, *_) in enumerate(rows)}
+    deferrable = {t: row_of[t] for t in sorted(param_grads)
+                  if t in row_of and consumers[t] and all(c.phase == "optimizer" for c in consumers[t])
+                  and producer_index.get(t, n) <= last_backward < rows[row_of[t]][3]}
+    return _Lifetimes(tuple(tensors), arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], tuple(fed), deferrable,
+                      last_backward)
 
 
-def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCost]) -> MemoryReport:
+def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCost], *,
+             combined_gradient_all_reduce: bool = False) -> MemoryReport:
     """The live-set simulation of training graph ``g`` (layout already checked),
-    one op cost per op of ``g``."""
+    one op cost per op of ``g``; ``combined_gradient_all_reduce``: the backend
+    defers the gradient all-reduces (see the module docstring)."""
     n = len(g.ops)
     if n == 0:
         raise CostModelError(f"graph {g.name!r} has no ops: nothing to simulate")
@@ -359,11 +391,28 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
         resident[{"parameter": "parameters", "optimizer_state": "optimizer_state"}.get(t.role, "inputs")] += local[
             t.name]
 
+    deferred: set[str] = set()
+    if combined_gradient_all_reduce:
+        gc, last = _CAT["gradients"], life.last_backward
+        for t_name, row in life.deferrable.items():
+            i = int(life.start[row])
+            payload = max((c.bytes for c in op_costs[i].comms if c.tensor == t_name and c.kind == "all-reduce"),
+                          default=0)
+            if not payload:
+                continue
+            deferred.add(t_name)
+            stored = int(b[row])
+            # the partial from its producer to the last backward op, the reduced copy there too;
+            # the stored gradient from the first optimizer op on (instead of from its producer)
+            deltas[gc, i] += payload - stored
+            deltas[gc, last] += payload
+            deltas[gc, last + 1] += stored - 2 * payload
+
     transient = np.zeros(n, dtype=np.int64)
     shared: dict[Any, tuple[int, int, int]] = {}  # key -> (first op, last op, bytes)
     for i, (op, cost) in enumerate(zip(g.ops, op_costs, strict=True)):
         if cost.comms:
-            own, buffers = _transient(op, cost, local.get(op.output, 0))
+            own, buffers = _transient(op, cost, local.get(op.output, 0), op.output in deferred)
             transient[i] = own
             for key, nbytes in buffers.items():
                 first = shared.get(key, (i, i, 0))[0]

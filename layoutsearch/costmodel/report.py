@@ -306,7 +306,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     mesh = layout.mesh
     each, costs = step_costs(g, layout, hw.reduce_scatter)
     plan = remat_plan(g, remat)
-    memory = simulate(g, layout, plan, each)
+    memory = simulate(g, layout, plan, each, combined_gradient_all_reduce=hw.combined_gradient_all_reduce)
 
     priced: dict[tuple[str, tuple[str, ...], int], CollectiveCost] = {}
 
