@@ -233,7 +233,7 @@ class _Builder:
             I = np.full_like(O_, NONE)
         else:
             I = axis_maps([self.dims.index(d) for d in op_dims], self.dim_sizes, self.axis_sizes)
-            if owns and self.variants:
+            if owns and self.variants and isinstance(op, (O.Einsum, O.Reduce, O.ScatterAdd)):
                 I, O_ = _with_variants(I, out_mask, self.dim_sizes, self.axis_sizes,
                                        [self.dims.index(d) for d in out.dim_names])
             else:

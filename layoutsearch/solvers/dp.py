@@ -203,32 +203,36 @@ def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
             if (base_rows <= limit + tol).all():
                 found.append((base, (h,)))
             continue
-        # labels[s] = list of (cost, rows, back) with back = (prev state, prev label index)
-        labels = [[(base + float(un[0][s]), base_rows + add_rows[0][s], None)] for s in range(len(un[0]))]
-        labels = [[lab for lab in ls if (lab[1] <= limit + tol).all()] for ls in labels]
+        # per state: label costs [L], partial row sums [L, R], back pointers [L, 2] (prev state, prev label)
+        first = [(np.array([base + float(un[0][s])]), (base_rows + add_rows[0][s])[None, :],
+                  np.full((1, 2), -1, dtype=np.int64)) for s in range(len(un[0]))]
+        labels = [_pareto(*lab, limit + tol, top) for lab in first]
         history = [labels]
         for i in range(1, len(order)):
             new = []
+            pairs = chain_pairs[i - 1]
             for s in range(len(un[i])):
-                cands = []
-                for t, ls in enumerate(labels):
-                    step = float(trans[i - 1][t, s]) + float(un[i][s])
-                    rows_add = add_rows[i][s] + (chain_pairs[i - 1][t, s] if chain_pairs[i - 1] is not None else 0.0)
-                    for j, (c, rw, _) in enumerate(ls):
-                        nr = rw + rows_add
-                        if (nr <= limit + tol).all():
-                            cands.append((c + step, nr, (t, j)))
-                new.append(_pareto(cands, top))
+                cs, rs, bs = [], [], []
+                for t, (c, rw, _) in enumerate(labels):
+                    if not len(c):
+                        continue
+                    extra = add_rows[i][s] + (pairs[t, s] if pairs is not None else 0.0)
+                    cs.append(c + float(trans[i - 1][t, s]) + float(un[i][s]))
+                    rs.append(rw + extra)
+                    bs.append(np.stack([np.full(len(c), t), np.arange(len(c))], axis=1))
+                if cs:
+                    new.append(_pareto(np.concatenate(cs), np.concatenate(rs), np.concatenate(bs), limit + tol, top))
+                else:
+                    new.append((np.zeros(0), np.zeros((0, R)), np.zeros((0, 2), dtype=np.int64)))
             labels = new
             history.append(labels)
-        finals = sorted((lab[0], s, j) for s, ls in enumerate(labels) for j, lab in enumerate(ls))[:top]
+        finals = sorted((float(c), s, j) for s, (cs, _, _) in enumerate(labels) for j, c in enumerate(cs))[:top]
         for c, s, j in finals:
             states = []
             for i in range(len(order) - 1, -1, -1):
                 states.append(s)
-                back = history[i][s][j][2]
-                if back is not None:
-                    s, j = back
+                t, k = history[i][s][2][j]
+                s, j = int(t), int(k)
             assign = [0] * len(problem.unary)
             for k, st in zip(order, reversed(states), strict=True):
                 assign[k] = st
@@ -238,12 +242,19 @@ def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
     return found
 
 
-def _pareto(cands: list[tuple[float, np.ndarray, tuple[int, int]]], top: int) -> list:
-    """The labels that fewer than ``top`` others dominate (cost and every row no larger), cheapest first."""
-    cands.sort(key=lambda c: c[0])
-    kept: list = []
-    for c in cands:
-        dominated = sum(1 for k in kept if (k[1] <= c[1]).all())
-        if dominated < top:
-            kept.append(c)
-    return kept
+def _pareto(cost: np.ndarray, rows: np.ndarray, back: np.ndarray, limit: float,
+            top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The labels within the limit that fewer than ``top`` others dominate (cost and every row no larger),
+    cheapest first."""
+    ok = (rows <= limit).all(axis=1)
+    cost, rows, back = cost[ok], rows[ok], back[ok]
+    order = np.lexsort((rows.sum(axis=1), cost))
+    cost, rows, back = cost[order], rows[order], back[order]
+    keep: list[int] = []
+    for k in range(len(cost)):
+        if keep:
+            dom = (rows[keep] <= rows[k]).all(axis=1).sum()
+            if dom >= top:
+                continue
+        keep.append(k)
+    return cost[keep], rows[keep], back[keep]

@@ -15,8 +15,9 @@ relaxation tight on trees):
 * minimize ``sum unary[n,s] x[n,s] + sum cost[f,a] y[f,a]``;
 * for every memory row: ``const + sum count * (bytes x or bytes y) <= limit``.
 
-Runner-up plans come from re-solving with a no-good cut excluding the plans
-found. With a time limit the best plan so far is returned with status
+Memory rows are added lazily (the rows the current plan violates, then
+re-solve), as most of the schedule's points never bind. Runner-up plans come
+from re-solving with a no-good cut excluding the plans found. With a time limit the best plan so far is returned with status
 ``feasible`` and the proven bound. When no plan fits, a second program
 minimizes the peak memory, so the message can name the smallest peak any
 plan needs. NP-hard in general; CBC (branch and cut) or CP-SAT (lazy clause
@@ -30,6 +31,7 @@ relative).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -57,6 +59,16 @@ class _Model:
     mem: list[tuple[dict[int, float], float]] = field(default_factory=list)  # rows: sum <= limit - const
     nvars: int = 0
     binary: set[int] = field(default_factory=set)
+    ys: list[tuple[np.ndarray, tuple[np.ndarray, ...]]] = field(default_factory=list)  # factor vars, keys
+
+    def hint_values(self, assign: tuple[int, ...]) -> dict[int, int]:
+        """Values of every variable for assignment ``assign``."""
+        out = {i: int(k == s) for ids, s in zip(self.x, assign, strict=True) for k, i in enumerate(ids)}
+        for y, keys in self.ys:
+            at = tuple(int(k[assign[n]]) for n, k in keys)
+            for idx, v in np.ndenumerate(y):
+                out[int(v)] = int(idx == at)
+        return out
 
     def var(self, binary: bool) -> int:
         self.nvars += 1
@@ -81,6 +93,7 @@ def _build(problem: Problem) -> _Model:
         for _ in range(f.cost.size):
             m.var(False)
         ys.append(y)
+        m.ys.append((y, tuple(zip(f.nodes, f.keys, strict=True))))
         for j, (n, k) in enumerate(zip(f.nodes, f.keys, strict=True)):
             moved = np.moveaxis(y, j, 0)
             for a in range(shape[j]):
@@ -121,7 +134,7 @@ def _assignment(m: _Model, values: list[float]) -> tuple[int, ...]:
 # -- PuLP / CBC ------------------------------------------------------------------------------------------------------
 
 def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
-                cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
+                cuts: list[tuple[int, ...]], minimize_peak: bool = False, hint: tuple[int, ...] | None = None) -> _Result:
     import pulp
 
     prob = pulp.LpProblem("layout", pulp.LpMinimize)
@@ -145,10 +158,13 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
         prob += pulp.lpSum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
+        if hint is not None:
+            for i, val in m.hint_values(hint).items():
+                v[i].setInitialValue(float(val))
         with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC for PuLP 4
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
-                                       logPath=log)
+                                       logPath=log, warmStart=hint is not None)
             prob.solve(solver)
         text = ""
         if os.path.exists(log):
@@ -172,7 +188,8 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
 # -- OR-tools --------------------------------------------------------------------------------------------------------
 
 def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
-                 cuts: list[tuple[int, ...]], minimize_peak: bool = False) -> _Result:
+                 cuts: list[tuple[int, ...]], minimize_peak: bool = False,
+                 hint: tuple[int, ...] | None = None) -> _Result:
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -195,6 +212,9 @@ def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float
         model.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
     for ids in m.x:
         model.AddExactlyOne(v[i] for i in ids)
+    if hint is not None:
+        for i, val in m.hint_values(hint).items():
+            model.AddHint(v[i], bool(val))
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = threads
     if time_limit is not None:
@@ -223,12 +243,14 @@ def _scale(problem: Problem, backend: str) -> float:
 
 
 def solve(problem: Problem, memory_limit: float | None = None, backend: str = "ortools", top: int = 1,
-          time_limit: float | None = None, threads: int | None = None) -> list[Solution]:
+          time_limit: float | None = None, threads: int | None = None,
+          hint: tuple[int, ...] | None = None) -> list[Solution]:
     """The ``top`` best assignments that fit ``memory_limit`` (bytes per device), best first.
 
     Each is ``optimal`` when proven, ``feasible`` (with its bound) when
     ``time_limit`` seconds (for all the solves together) ran out first. When
     nothing fits, one infeasible Solution carrying the smallest peak memory.
+    ``hint``: a known assignment to start from (e.g. a feasible plan).
     """
     if backend not in _SOLVE:
         raise LayoutSearchError(f"unknown ILP backend {backend!r} (known: {', '.join(BACKENDS)})")
@@ -240,19 +262,37 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
     name = f"ilp-{backend}"
     out: list[Solution] = []
     cuts: list[tuple[int, ...]] = []
+    # memory rows are added lazily: solve with the rows violated so far, add the ones the plan violates, repeat
+    # (a plan optimal under some rows that fits all of them is optimal under all)
+    active: list[int] = []
+    if hint is not None and memory_limit is not None and problem.mem_rows:
+        active = [int(np.argmax(problem.rows(hint)))]
     while len(out) < top:
         left = None if time_limit is None else max(0.1, time_limit - (time.perf_counter() - t0))
         if out and time_limit is not None and time.perf_counter() - t0 >= time_limit:
             break
-        res = run(m, scale, memory_limit, left, threads, cuts)
+        sub = dataclasses.replace(m, mem=[m.mem[i] for i in active])
+        res = run(sub, scale, memory_limit, left, threads, cuts, hint=hint if not out else None)
         if res.status in ("infeasible", "unknown"):
             if not out and res.status == "infeasible":
                 peak = run(m, scale, None, None, threads, [], minimize_peak=True)
                 return [infeasible(name, time.perf_counter() - t0, peak.bound)]
+            if not out and hint is not None and problem.fits(hint, memory_limit):
+                out.append(solution(problem, hint, FEASIBLE, name, time.perf_counter() - t0, res.bound))
+                break
             if not out:
                 raise LayoutSearchError(f"{name} found no plan within {time_limit} s: raise the time limit")
             break
         assign = _assignment(m, res.values)
+        if memory_limit is not None and problem.mem_rows:
+            over = np.nonzero(problem.rows(assign) > memory_limit * (1 + 1e-12))[0]
+            if len(over):
+                if res.status == "feasible" and time_limit is not None and time.perf_counter() - t0 >= time_limit:
+                    if not out and hint is not None and problem.fits(hint, memory_limit):
+                        out.append(solution(problem, hint, FEASIBLE, name, time.perf_counter() - t0, res.bound))
+                    break
+                active += [int(r) for r in over if int(r) not in active]
+                continue
         bound = res.bound if res.status == "feasible" and res.bound is not None else None
         sol = solution(problem, assign, OPTIMAL if res.status == "optimal" else FEASIBLE, name,
                        time.perf_counter() - t0, bound)

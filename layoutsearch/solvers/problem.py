@@ -235,18 +235,66 @@ def lower_bound_terms(problem: Problem) -> tuple[float, list[np.ndarray]]:
     return base, [base + p for p in per]
 
 
-def prune(problem: Problem, upper: float, rel: float = 1e-9) -> tuple[Problem, list[np.ndarray]]:
+def prune(problem: Problem, upper: float | None, limit: float | None = None,
+          rel: float = 1e-9) -> tuple[Problem, list[np.ndarray]]:
     """Drop strategies that cannot be in any assignment costing at most ``upper`` (the cost of a known
-    feasible assignment): bound-based fixing, exact. Returns the reduced problem and, per node, the original
-    indices of the strategies kept."""
+    assignment within ``limit``; None: no cost bound) or fitting ``limit``: bound-based fixing, exact.
+    Returns the reduced problem and, per node, the original indices of the strategies kept."""
     keep = [np.arange(len(u)) for u in problem.unary]
     cur = problem
-    tol = abs(upper) * rel + 1e-300
+    tol = abs(upper or 0.0) * rel + 1e-300
     for _ in range(8):
         _, per = lower_bound_terms(cur)
-        sel = [np.nonzero(p <= upper + tol)[0] for p in per]
+        sel = [np.nonzero(p <= upper + tol)[0] if upper is not None else np.arange(len(p)) for p in per]
+        if limit is not None:
+            fits = prune_memory(cur, limit)
+            sel = [np.intersect1d(a, b) for a, b in zip(sel, fits, strict=True)]
         if all(len(s) == len(p) for s, p in zip(sel, per, strict=True)) or any(len(s) == 0 for s in sel):
             break
         keep = [k[s] for k, s in zip(keep, sel, strict=True)]
         cur = restrict(cur, sel)
     return cur, keep
+
+
+def _item_projections(problem: Problem) -> list[tuple[float, list[tuple[int, np.ndarray]]]]:
+    """Per memory item: its smallest bytes, and for each node it depends on, the smallest bytes with that node
+    at each strategy minus the smallest overall."""
+    out = []
+    for it in problem.mem_items:
+        if it.factor is None:
+            lo = float(it.bytes.min())
+            out.append((lo, [(it.node, it.bytes - lo)]))
+            continue
+        f = problem.factors[it.factor]
+        lo = float(it.bytes.min())
+        per = []
+        for j, (n, k) in enumerate(zip(f.nodes, f.keys, strict=True)):
+            other = tuple(a for a in range(it.bytes.ndim) if a != j)
+            per.append((n, it.bytes.min(axis=other)[k] - lo))
+        out.append((lo, per))
+    return out
+
+
+def prune_memory(problem: Problem, limit: float) -> list[np.ndarray]:
+    """Per node, the strategies that some assignment within ``limit`` may take: a strategy is dropped when a
+    memory row exceeds the limit even with every other term at its smallest (exact)."""
+    keep = [np.ones(k, bool) for k in problem.sizes]
+    if not problem.mem_rows:
+        return [np.nonzero(k)[0] for k in keep]
+    proj = _item_projections(problem)
+    counts = np.zeros((len(problem.mem_rows), len(problem.mem_items)))
+    for r, row in enumerate(problem.mem_rows):
+        for i, c in row.items:
+            counts[r, i] += c
+    lows = np.array([lo for lo, _ in proj])
+    row_min = np.array([r.const for r in problem.mem_rows]) + counts @ lows
+    touching: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, (_, per) in enumerate(proj):
+        for n, d in per:
+            touching.setdefault(n, []).append((i, d))
+    for n, items in touching.items():
+        idx = [i for i, _ in items]
+        D = np.stack([d for _, d in items])  # items x strategies
+        lb = row_min[:, None] + counts[:, idx] @ D
+        keep[n] &= (lb <= limit * (1 + 1e-12)).all(axis=0)
+    return [np.nonzero(k)[0] for k in keep]

@@ -83,7 +83,7 @@ _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**
           "tib": 2**40}
 
 
-def parse_bytes(text: str | float | int) -> float:
+def parse_bytes(text: str | float) -> float:
     """``16GiB``, ``1.5e9``, ``800MB`` -> bytes."""
     if isinstance(text, float | int) and not isinstance(text, bool):
         return float(text)
@@ -276,23 +276,31 @@ class _RulesSearch:
 
 # -- solving --------------------------------------------------------------------------------------------------------
 
-def _solver_for(problem: Problem, solver: str) -> str:
+def _solver_for(problem: Problem, solver: str, limit: float | None) -> str:
+    """``solver``, or for ``auto``: enumeration for tiny problems, the DP for chains (without a memory limit,
+    or small enough for its labels), CP-SAT otherwise."""
     if solver != "auto":
         return solver
     if len(problem.unary) == 1 or problem.num_assignments <= 4096:
         return "enumerate"
-    if all(len(f.nodes) == 2 for f in problem.factors) and dp.chain_order(problem) is not None:
-        return "dp"
+    shape = dp.chain_order(problem) if all(len(f.nodes) == 2 for f in problem.factors) else None
+    if shape is not None:
+        hub, order = shape
+        sizes = problem.sizes
+        work = (sizes[hub] if hub is not None else 1) * sum(sizes[a] * sizes[b] for a, b in zip(order, order[1:]))
+        if limit is None or work * max(1, len(problem.mem_rows)) <= 2e5:
+            return "dp"
     return "ilp-ortools"
 
 
-def _solve(problem: Problem, solver: str, limit: float | None, top: int, time_limit: float | None) -> list[Solution]:
+def _solve(problem: Problem, solver: str, limit: float | None, top: int, time_limit: float | None,
+           hint: tuple[int, ...] | None = None) -> list[Solution]:
     if solver == "enumerate":
         return enum.solve(problem, limit, top)
     if solver == "dp":
         return dp.solve(problem, limit, top)
     if solver in ("ilp-pulp", "ilp-ortools"):
-        return ilp.solve(problem, limit, backend=solver[4:], top=top, time_limit=time_limit)
+        return ilp.solve(problem, limit, backend=solver[4:], top=top, time_limit=time_limit, hint=hint)
     raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
 
 
@@ -360,7 +368,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
     priced = rs.bound_and_price(limit, top, progress)
     sub = rs.cands.take(priced)
     rules_space = build_space(g, mesh, hw, "rules", rules=sub, pricer=pricer)
-    name = _solver_for(rules_space.problem, solver) if space == "rules" else "enumerate"
+    name = _solver_for(rules_space.problem, solver, limit) if space == "rules" else "enumerate"
     sols = _solve(rules_space.problem, name, limit, top, time_limit)
     if not sols[0].assign:
         peak, k = rs.min_memory()
@@ -405,13 +413,15 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
         space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer)
         assign = _locate(space, start)
     problem = space.problem
-    upper = problem.cost(assign)
     feasible = problem.fits(assign, limit)
-    reduced, keep = prune(problem, upper) if feasible else (problem, [np.arange(k) for k in problem.sizes])
-    name = _solver_for(reduced, solver)
+    reduced, keep = prune(problem, problem.cost(assign) if feasible else None, limit)
+    hint = None
+    if feasible:
+        hint = tuple(int(np.nonzero(k == s)[0][0]) for k, s in zip(keep, assign, strict=True))
+    name = _solver_for(reduced, solver, limit)
     if progress is not None:
         progress(f"{kind} space: solving with {name} ({_stats(reduced)['variables']} variables)")
-    sols = _solve(reduced, name, limit, top, time_limit)
+    sols = _solve(reduced, name, limit, top, time_limit, hint)
     stats = _stats(reduced) | {"unpruned": _stats(problem)}
     rules_plan = _costed_rules("rules optimum", g, mesh, hw, rules_of(sub, best.assign[0], dims, mesh), limit,
                                optimizer)

@@ -50,7 +50,6 @@ import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-
 from typing import Any
 
 import networkx as nx

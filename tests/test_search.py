@@ -1,0 +1,129 @@
+"""search(): plans that fit memory limits, the impossible-limit message, baselines never better, JSON."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from graphs import build_model
+from layoutsearch.costmodel.report import estimate
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.solvers.search import InfeasibleError, baseline_rules, parse_bytes, search
+
+MESH = "data:2,model:4"
+GPT = {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "layers": 2}
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return build_model("gpt", **GPT)
+
+
+@pytest.fixture(scope="module")
+def free(gpt):
+    return search(gpt, MESH, hardware="h100")
+
+
+def data_parallel(plan):
+    return next(b for b in plan.baselines if b.name == "data-parallel").plan
+
+
+def test_plan_is_proven_optimal_and_priced_by_its_report(free, gpt):
+    assert free.optimal and free.gap == 0.0
+    assert free.chosen.rules is not None
+    report = estimate(gpt, free.layout, "h100")
+    assert report.step_s == pytest.approx(free.step_s, rel=1e-12)
+    assert report.memory_bytes == free.memory_bytes
+
+
+def test_a_limit_below_data_parallel_memory_gives_a_plan_that_fits(gpt, free):
+    dp_mem = data_parallel(free).memory_bytes
+    limit = dp_mem * 0.7
+    plan = search(gpt, MESH, memory_limit=limit, hardware="h100")
+    assert plan.memory_bytes <= limit
+    assert estimate(gpt, plan.layout, "h100").memory_bytes <= limit
+    assert plan.optimal
+    assert not data_parallel(plan).fits
+
+
+@pytest.mark.parametrize("space", ["layers", "ops"])
+def test_finer_spaces_respect_the_limit_and_beat_the_rules_plan(gpt, free, space):
+    limit = data_parallel(free).memory_bytes * 0.7
+    rules = search(gpt, MESH, memory_limit=limit, hardware="h100")
+    plan = search(gpt, MESH, memory_limit=limit, hardware="h100", space=space, time_limit=20)
+    assert plan.memory_bytes <= limit
+    assert plan.step_s <= rules.step_s * (1 + 1e-9)
+
+
+def test_an_impossible_limit_names_the_smallest_peak(gpt):
+    with pytest.raises(InfeasibleError, match=r"smallest peak memory any layout needs is [0-9.e-]+ GiB") as e:
+        search(gpt, MESH, memory_limit="1KiB", hardware="h100")
+    peak = e.value.min_memory
+    assert peak > 1024
+    plan = search(gpt, MESH, memory_limit=peak, hardware="h100")  # exactly the smallest peak: fits
+    assert plan.memory_bytes == pytest.approx(peak)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(["data:8", "data:2,model:4", "data:4,model:2", "data:2,fsdp:2,model:2"]),
+       st.sampled_from(["h100", "tpu-v3", "cpu-sim"]), st.sampled_from([None, 0.5, 0.8]))
+def test_the_chosen_plan_is_never_worse_than_a_baseline_that_fits(gpt, free, mesh, hw, fraction):
+    limit = None if fraction is None else data_parallel(free).memory_bytes * fraction
+    try:
+        plan = search(gpt, mesh, memory_limit=limit, hardware=hw, top=1)
+    except InfeasibleError:
+        return
+    for b in plan.baselines:
+        if b.plan is not None and b.plan.fits:
+            assert plan.step_s <= b.plan.step_s * (1 + 1e-9), b.name
+
+
+def test_baselines_are_the_textbook_layouts(gpt):
+    base = baseline_rules(gpt, __import__("layoutsearch.mesh", fromlist=["Mesh"]).Mesh.parse(MESH))
+    from layoutsearch.solvers.space import rules_of
+
+    dims = list(gpt.dims)
+    mesh = __import__("layoutsearch.mesh", fromlist=["Mesh"]).Mesh.parse(MESH)
+    text = {k: dict(rules_of(rs, 0, dims, mesh)) for k, (rs, _) in base.items()}
+    assert text["data-parallel"] == {"batch": ("data", "model")}
+    assert text["fsdp"]["batch"] == ("data", "model") and text["fsdp"]["d_model"] == ("data", "model")
+    assert text["megatron"] == {"batch": ("data",), "vocab": ("model",), "heads": ("model",), "d_ff": ("model",)}
+    assert text["mesh-tf-2d"] == text["megatron"]
+
+
+def test_runner_ups_and_json(free):
+    d = json.loads(json.dumps(free.to_dict()))
+    assert d["solver"] and d["optimal"] is True and d["gap"] == 0.0
+    assert set(d["layout"]) >= {"rules", "tensors"}
+    assert d["cost"]["step_s"] == pytest.approx(free.step_s)
+    assert {b["name"] for b in d["baselines"]} == {"data-parallel", "fsdp", "megatron", "mesh-tf-2d"}
+    for b in d["baselines"]:
+        assert set(b) >= {"name", "step_s", "memory_bytes", "fits"}
+    steps = [free.step_s] + [r["step_s"] for r in d["runner_ups"]]
+    assert steps == sorted(steps) and len(d["runner_ups"]) == 2
+
+
+@pytest.mark.parametrize("solver", ["enumerate", "ilp-pulp", "ilp-ortools", "dp"])
+def test_every_solver_gives_the_same_rules_optimum(gpt, free, solver):
+    plan = search(gpt, MESH, hardware="h100", solver=solver, top=1)
+    assert plan.step_s == pytest.approx(free.step_s, rel=1e-9)
+
+
+def test_bad_arguments_raise_clear_errors(gpt):
+    with pytest.raises(LayoutSearchError, match="unknown solver"):
+        search(gpt, MESH, solver="magic")
+    with pytest.raises(LayoutSearchError, match="unknown search space"):
+        search(gpt, MESH, space="galaxy")
+    with pytest.raises(LayoutSearchError, match="bad memory size"):
+        parse_bytes("lots")
+    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5e9") == 1.5e9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["mtf-ffn", "mtf-transformer", "moe", "mlp"])
+def test_zoo_models_search_in_every_space(model):
+    g = build_model(model)
+    plans = [search(g, MESH, hardware="tpu-v3", space=s, top=1) for s in ("rules", "layers", "ops")]
+    assert plans[1].step_s <= plans[0].step_s * (1 + 1e-9)
+    assert plans[2].step_s <= plans[0].step_s * (1 + 1e-9)
