@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from clirun import run, run_json
 
 from graphs import build_model
 from layoutsearch import cli
@@ -14,18 +15,6 @@ from layoutsearch.ir import graph_to_dict, load_graph
 from layoutsearch.layout import Layout
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def test_models_lists_the_zoo_with_defaults(capsys):

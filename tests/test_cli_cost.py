@@ -1,22 +1,8 @@
 """The ``cost`` and ``table1`` commands."""
 
-import json
 
 import pytest
-
-from layoutsearch import cli
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
+from clirun import run, run_json
 
 
 def test_cost_json_has_totals_memory_and_collectives(capsys):

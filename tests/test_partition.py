@@ -9,10 +9,10 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from clirun import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from layoutsearch import cli
 from layoutsearch.costdag import CostDAG, Edge, Node, load_costdag, save_costdag
 from layoutsearch.errors import CostDAGError, LayoutSearchError, PartitionError
 from layoutsearch.gantt import bubble_fraction, gpipe_schedule, render_gantt
@@ -422,14 +422,8 @@ def test_the_documented_example_loads_and_partitions(tmp_path):
     assert part.objective <= equal_split(dag, 2, objective="gpipe", microbatches=4).objective
 
 
-def run_cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_partition_prints_stages_bubble_and_gantt(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--objective", "gpipe",
+    code, out, err = run(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--objective", "gpipe",
                              "--microbatches", "4", "--memory-limit", "1GiB")
     assert code == 0, err
     assert "tiny-transformer" in out and "optimal, dp" in out
@@ -439,21 +433,21 @@ def test_cli_partition_prints_stages_bubble_and_gantt(capsys, tmp_path):
 
 
 def test_cli_partition_json(capsys, tmp_path):
-    code, out, _ = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "3", "--json")
+    code, out, _ = run(capsys, "partition", doc_example(tmp_path), "--stages", "3", "--json")
     assert code == 0
     doc = json.loads(out)
     assert doc["num_stages"] == 3 and len(doc["stages"]) == 3 and doc["optimal"]
     assert doc["objective"] == pytest.approx(max(s["load"] for s in doc["stages"]))
-    code, out, _ = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--non-contiguous",
+    code, out, _ = run(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--non-contiguous",
                            "--solver", "ilp-ortools", "--json")
     assert code == 0 and json.loads(out)["method"] == "ilp-ortools"
 
 
 def test_cli_partition_errors_are_one_line(capsys, tmp_path):
-    code, out, err = run_cli(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--memory-limit", "100MiB")
+    code, out, err = run(capsys, "partition", doc_example(tmp_path), "--stages", "2", "--memory-limit", "100MiB")
     assert code == 2 and out == ""
     assert "smallest achievable largest-stage memory" in err and err.count("\n") == 1
-    code, _, err = run_cli(capsys, "partition", tmp_path / "missing.json", "--stages", "2")
+    code, _, err = run(capsys, "partition", tmp_path / "missing.json", "--stages", "2")
     assert code == 2 and "cannot read cost DAG file" in err
 
 
