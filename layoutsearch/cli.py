@@ -470,7 +470,7 @@ def _render_table1(result: Result, args: argparse.Namespace) -> list[Any]:
     cols += ["matmul FLOPs formula", "formula", "predicted FLOPs"]
     cols += ["compiled FLOPs"] if compiled else []
     cols += ["predicted memory B"]
-    cols += ["compiled memory B (peak)"] if compiled else []
+    cols += ["compiled memory B"] if compiled else []
     rows = []
     for r in result["rows"]:
         p = r["predicted"]
@@ -482,7 +482,7 @@ def _render_table1(result: Result, args: argparse.Namespace) -> list[Any]:
             row += [int(r["compiled"]["flops"])]
         row += [p["memory_bytes"]]
         if compiled:
-            row += [r["compiled"]["memory_peak_bytes"]]
+            row += [r["compiled"]["memory_bytes"]]
         rows.append(row)
     out.append(_table(cols, rows))
     detail = []
@@ -594,6 +594,36 @@ def _cmd_costdag(args: argparse.Namespace) -> Result:
             "remat": args.remat}
 
 
+def _add_validate(sub: Any) -> None:
+    p = _command(sub, "validate", _cmd_validate, "predicted against compiled collectives, FLOPs and memory per "
+                 "device for one layout (and measured step time on a GPU/TPU)", render=_render_validate)
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_layout_arg(p)
+    _add_hardware_args(p, default="cpu-sim")
+    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer of the step (default adam)")
+
+
+def _cmd_validate(args: argparse.Namespace) -> Result:
+    from layoutsearch.validate import jax_devices, validate
+
+    graph = _load_graph(args)
+    layout = _layout(args, graph)
+    jax_devices(layout.mesh.size)  # before JAX starts: simulated CPU devices if needed
+    return validate(graph, layout, _hardware(args) or hardware("cpu-sim"), optimizer=args.optimizer)
+
+
+def _render_validate(result: Result, args: argparse.Namespace) -> list[Any]:
+    head = (f"{result['model']} on {result['mesh']} ({result['platform']}), layout "
+            f"{result['layout'] or 'replicated'}: predicted step {format_seconds(result['predicted_step_s'])} on "
+            f"{result['hardware']}")
+    if "measured_step_s" in result:
+        head += f", measured {format_seconds(result['measured_step_s'])}"
+    rows = [[r["what"], r["predicted"], r["compiled"], "-" if r["ratio"] is None else f"{r['ratio']:.4f}"]
+            for r in result["rows"]]
+    return [head, _table(["quantity", "predicted", "compiled", "predicted/compiled"], rows)]
+
+
 def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
              render: Renderer | None = None) -> argparse.ArgumentParser:
     """Register subcommand ``name``: ``run(args)`` computes the result, ``render`` shows it (default: a table)."""
@@ -603,7 +633,7 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_costdag, _add_graph, _add_layout, _add_hardware, _add_cost,
-                                               _add_table1, _add_partition)
+                                               _add_table1, _add_validate, _add_partition)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 
 

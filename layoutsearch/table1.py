@@ -31,25 +31,24 @@ like XLA on CPU all-reduces instead of reduce-scattering) and the numbers
 read from the program XLA compiles for the same layout
 (:func:`layoutsearch.backend.hlo.summarize`): collective payloads by kind and
 mesh axes, FLOPs per device (``cost_analysis``) and memory per device. The
-compiled program needs ``r·c`` JAX devices: on CPU, :func:`cpu_devices` asks
+compiled program needs ``r·c`` JAX devices: on CPU, :func:`~layoutsearch.validate.jax_devices` asks
 for simulated ones (``XLA_FLAGS=--xla_force_host_platform_device_count``),
 which only works before JAX's backend starts.
 """
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from layoutsearch.costmodel.report import estimate
-from layoutsearch.errors import LayoutSearchError, MeshError
-from layoutsearch.ir.graph import Graph
+from layoutsearch.errors import MeshError
 from layoutsearch.ir.training import training_graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
+from layoutsearch.validate import compiled_costs
 
 DEFAULT_SIZES = {"batch": 64, "io": 64, "hidden": 256}
 """Default sizes: small enough to compile in a second on CPU, divisible by 8."""
@@ -78,50 +77,6 @@ _ROWS = (
 )
 
 
-def cpu_devices(n: int) -> list[Any]:
-    """``n`` JAX CPU devices, asking for simulated ones if JAX has not started yet.
-
-    Sets ``XLA_FLAGS=--xla_force_host_platform_device_count=n`` (and JAX's
-    ``jax_num_cpu_devices``) when the process has fewer; raises
-    LayoutSearchError when JAX already started with fewer devices."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-    import jax
-
-    try:
-        if jax.config.jax_num_cpu_devices < n:
-            jax.config.update("jax_num_cpu_devices", n)
-    except (AttributeError, RuntimeError):  # an older JAX, or its backend already started
-        pass
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        raise LayoutSearchError(f"the compiled program needs {n} CPU devices and JAX started with {len(devices)}: "
-                                f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts")
-    return devices[:n]
-
-
-def _compiled(graph: Graph, layout: Layout, devices: list[Any]) -> dict[str, Any]:
-    import jax
-
-    from layoutsearch.backend.hlo import summarize
-    from layoutsearch.backend.program import jax_dtype
-    from layoutsearch.backend.sharding import feed_names, sharded_step
-
-    step, sh = sharded_step(graph, layout, devices=devices)
-    args = {k: jax.ShapeDtypeStruct(tuple(d.size for d in graph.tensors[k].dims), jax_dtype(graph.tensors[k]),
-                                    sharding=sh[k]) for k in feed_names(graph)}
-    compiled = step.lower(args).compile()
-    s = summarize(compiled, next(iter(sh.values())).mesh)
-    by = defaultdict(int)
-    for (kind, axes), nbytes in s.bytes_by().items():
-        by[(kind, tuple(axes) if axes is not None else None)] += nbytes
-    return {"collectives": [{"kind": k, "axes": list(a) if a is not None else None, "bytes": b}
-                            for (k, a), b in sorted(by.items(), key=str)],
-            "comm_bytes": sum(by.values()), "flops": s.flops,
-            "memory_peak_bytes": s.memory.get("peak_bytes"), "memory_total_bytes": s.memory.get("total_bytes")}
-
-
 def table1(batch: int = DEFAULT_SIZES["batch"], io: int = DEFAULT_SIZES["io"], hidden: int = DEFAULT_SIZES["hidden"],
            mesh: Mesh | str = DEFAULT_MESH, compiled: bool = True) -> dict[str, Any]:
     """Table 1 for ``mtf-ffn`` at the given sizes on a 2-axis ``mesh`` (rows, cols):
@@ -134,7 +89,6 @@ def table1(batch: int = DEFAULT_SIZES["batch"], io: int = DEFAULT_SIZES["io"], h
         raise MeshError(f"table1 needs a 2-D mesh 'rows:R,cols:C' (batch on rows, hidden on cols), got {m}")
     (ra, r), (ca, c) = m.axes
     graph = training_graph(build_model("mtf-ffn", batch=batch, io=io, hidden=hidden, dtype="float32"), "sgd")
-    devices = cpu_devices(m.size) if compiled else []
     rows = []
     for row in _ROWS:
         layout = Layout.from_rules(m, row.rules(ra, ca)).check(graph)
@@ -154,7 +108,7 @@ def table1(batch: int = DEFAULT_SIZES["batch"], io: int = DEFAULT_SIZES["io"], h
             },
         }
         if compiled:
-            entry["compiled"] = _compiled(graph, layout, devices)
+            entry["compiled"] = compiled_costs(graph, layout)
             entry["comm_match"] = entry["compiled"]["collectives"] == entry["predicted"]["collectives"]
         rows.append(entry)
     return {"model": "mtf-ffn", "sizes": {"batch": batch, "io": io, "hidden": hidden}, "mesh": str(m),
@@ -162,4 +116,4 @@ def table1(batch: int = DEFAULT_SIZES["batch"], io: int = DEFAULT_SIZES["io"], h
             "rows": rows}
 
 
-__all__ = ["DEFAULT_MESH", "DEFAULT_SIZES", "cpu_devices", "table1"]
+__all__ = ["DEFAULT_MESH", "DEFAULT_SIZES", "table1"]
