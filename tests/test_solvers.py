@@ -3,6 +3,7 @@
 ``pytest -m slow`` runs the same properties on many more examples.
 """
 
+import itertools
 import math
 import random
 
@@ -46,7 +47,7 @@ def random_problem(seed: int, chain: bool = False) -> Problem:
     if chain:
         hub = n - 1 if n > 2 and rng.random() < 0.5 else None
         path = [m for m in range(n) if m != hub]
-        for a, b in zip(path, path[1:], strict=False):
+        for a, b in itertools.pairwise(path):
             factors.append(factor((min(a, b), max(a, b))))
         if hub is not None:
             for m in path:

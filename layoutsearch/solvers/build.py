@@ -403,42 +403,31 @@ class _Builder:
 
     def shared_items(self, x: Tensor, slots: list[tuple[int, int, O.Op]]) -> tuple[Roles, Callable, list]:
         """The shared reshard of einsum operand ``x``: roles, time fn, and per segment of the schedule between
-        its readers (point ranges relative to the slots) a memory fn."""
+        its readers (:func:`_segments`) a memory fn: the copies live there (a copy lives from its first
+        reader to its last)."""
         u = self.owner[x.name]
         xm = self.mask(x.dim_names)
         roles: Roles = [(u, self.store_keys(u, x))]
         roles += [(self.op_node[op.name], project(self.iter_keys(self.op_node[op.name], op), xm))
                   for _, _, op in slots]
-        positions = [k - slots[0][0] for k, _, _ in slots]
-
-        def groups(a: list[np.ndarray]) -> dict[bytes, list[int]]:
-            out: dict[bytes, list[int]] = {}
-            for w, k in zip(a[1:], positions, strict=True):
-                out.setdefault(w.tobytes(), []).append(k)
-            return out
+        rank = _ranks([k for k, _, _ in slots])
 
         def seconds(a: list[np.ndarray]) -> float:
             ws = {w.tobytes(): w for w in a[1:]}
             return sum(self.f_reshard(x, a[0], w)[0] for w in ws.values())
 
-        distinct = sorted(set(positions))
-        segments: list[tuple[int, int]] = []
-        for j, p in enumerate(distinct):
-            segments.append((p, p))
-            if j + 1 < len(distinct) and distinct[j + 1] > p + 1:
-                segments.append((p + 1, distinct[j + 1] - 1))
-
         def mem_fn(seg: tuple[int, int]) -> Callable:
             def fn(a: list[np.ndarray]) -> float:
-                ws = {w.tobytes(): w for w in a[1:]}
-                total = 0
-                for key, ks in groups(a).items():
-                    if min(ks) <= seg[0] and max(ks) >= seg[1]:
-                        total += self.f_reshard(x, a[0], ws[key])[1]
-                return float(total)
+                ranks: dict[bytes, list[int]] = {}
+                ws = {}
+                for w, r in zip(a[1:], rank, strict=True):
+                    ranks.setdefault(w.tobytes(), []).append(r)
+                    ws[w.tobytes()] = w
+                return float(sum(self.f_reshard(x, a[0], ws[key])[1] for key, rs in ranks.items()
+                                 if min(rs) <= seg[0] and max(rs) >= seg[1]))
             return fn
 
-        return roles, seconds, [(seg, mem_fn(seg)) for seg in segments]
+        return roles, seconds, [(seg, mem_fn(seg)) for seg in _segments(max(rank) + 1)]
 
     def point_classes(self) -> list[Any]:
         """Per op of the schedule: its class (equal for the instances of one op of tied blocks)."""
@@ -491,9 +480,9 @@ class _Builder:
                     if x not in op.inputs[:i]:
                         add(mem_items, key, lambda rd=rd: rd[1], (k, k))
                 continue
+            positions = [k for k, _, _ in slots]
             key = ("shared", t.dim_names, t.dtype, self.owner[x],
-                   tuple((self.op_node[op.name], self.sig(op), i) for _, i, op in slots),
-                   tuple(k - slots[0][0] for k, _, _ in slots))
+                   tuple((self.op_node[op.name], self.sig(op), i) for _, i, op in slots), tuple(_ranks(positions)))
             made: dict[str, Any] = {}
 
             def sh(t: Tensor = t, slots: list = slots, made: dict = made) -> tuple:
@@ -501,12 +490,13 @@ class _Builder:
                     made["v"] = self.shared_items(t, slots)
                 return made["v"]
 
-            first = slots[0][0]
-            segs = sh()[2]
+            distinct = sorted(set(positions))
             add(cost_items, key, lambda sh=sh: ("shared", sh()[0], sh()[1]), None)
-            for j, (seg, _) in enumerate(segs):
-                add(mem_items, (*key, j), lambda j=j, sh=sh: ("shared", sh()[0], sh()[2][j][1]),
-                    (first + seg[0], first + seg[1]))
+            for j, (lo, hi) in enumerate(_segments(len(distinct))):
+                # segment (lo, hi) in reader ranks: at reader lo when lo == hi, else strictly between two readers
+                span = (distinct[lo], distinct[lo]) if lo == hi else (distinct[lo] + 1, distinct[hi] - 1)
+                if span[0] <= span[1]:
+                    add(mem_items, (*key, j), lambda j=j, sh=sh: ("shared", sh()[0], sh()[2][j][1]), span)
         life = _lifetimes(g, remat_plan(g, "none"))
         for ti, start, end in zip(life.tensor, life.start, life.end, strict=True):
             t = life.tensors[int(ti)]
@@ -566,9 +556,10 @@ def _memory_rows(spans: list[list[tuple[int, int]]], n_points: int, points: list
     peak are kept.
 
     Exact reductions: identical rows once; of the points of one tied op (``classes``: equal for the
-    instances of one op in repeated blocks, in schedule order) whose rows grow by the same vector from one
-    instance to the next, only the first and the last (memory there is affine in the instance number, so
-    its maximum is at an end); rows another row dominates (counts no smaller everywhere) dropped."""
+    instances of one op in repeated blocks, in schedule order), in each run of instances whose rows grow by
+    the same vector from one to the next, only the first and the last (memory there is affine in the
+    instance number, so its maximum is at an end); rows another row dominates (counts no smaller
+    everywhere) dropped."""
     if not spans or n_points == 0:
         return []
     diff = np.zeros((n_points + 1, len(spans)), dtype=np.int32)
@@ -582,12 +573,15 @@ def _memory_rows(spans: list[list[tuple[int, int]]], n_points: int, points: list
         by_class[c].append(p)
     candidates: list[int] = []
     for ps in by_class.values():
-        if len(ps) > 2:
-            steps = np.diff(counts[ps], axis=0)
-            if (steps == steps[0]).all():
-                candidates += [ps[0], ps[-1]]
-                continue
-        candidates += ps
+        if len(ps) <= 2:
+            candidates += ps
+            continue
+        steps = np.diff(counts[ps], axis=0)
+        start = 0  # runs of equal steps: affine, so only their ends can be the peak
+        for k in range(1, len(steps) + 1):
+            if k == len(steps) or not np.array_equal(steps[k], steps[start]):
+                candidates += [ps[start], ps[k]]
+                start = k
     seen: dict[bytes, int] = {}
     for p in sorted(candidates):
         seen.setdefault(counts[p].tobytes(), p)
@@ -622,3 +616,21 @@ def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: 
 def _name(key: tuple) -> str:
     _, fam, name = key
     return f"{fam}~{name}" if fam is not None else name
+
+
+def _ranks(positions: Sequence[int]) -> list[int]:
+    """Each position's rank among the distinct positions."""
+    distinct = sorted(set(positions))
+    return [distinct.index(p) for p in positions]
+
+
+def _segments(m: int) -> list[tuple[int, int]]:
+    """The pieces of the schedule between ``m`` readers, in reader ranks: (j, j) at reader j, (j, j + 1)
+    strictly between readers j and j + 1. A copy read by ranks ``rs`` lives on piece (lo, hi) when
+    ``min(rs) <= lo`` and ``max(rs) >= hi``."""
+    out: list[tuple[int, int]] = []
+    for j in range(m):
+        out.append((j, j))
+        if j + 1 < m:
+            out.append((j, j + 1))
+    return out

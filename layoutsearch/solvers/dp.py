@@ -22,6 +22,7 @@ row); exact, with more states kept the tighter the rows.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -110,7 +111,7 @@ def _hub_terms(problem: Problem, hub: int | None, order: list[int], h: int) -> l
 
 
 def _viterbi(problem: Problem, hub: int | None, order: list[int], top: int) -> list[tuple[float, tuple[int, ...]]]:
-    trans = [_edge_matrix(problem, a, b) for a, b in zip(order, order[1:], strict=False)]
+    trans = [_edge_matrix(problem, a, b) for a, b in itertools.pairwise(order)]
     found: list[tuple[float, tuple[int, ...]]] = []
     hubs = range(len(problem.unary[hub])) if hub is not None else [None]
     for h in hubs:
@@ -172,7 +173,7 @@ def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
         else:
             f = problem.factors[it.factor]
             pair_items.append((*f.nodes, f.full(it.bytes)[:, :, None] * counts[i][None, None, :]))
-    trans = [_edge_matrix(problem, a, b) for a, b in zip(order, order[1:], strict=False)]
+    trans = [_edge_matrix(problem, a, b) for a, b in itertools.pairwise(order)]
     tol = limit * 1e-12
 
     def pair_rows(a: int, b: int) -> np.ndarray | None:
@@ -186,7 +187,7 @@ def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
 
     found: list[tuple[float, tuple[int, ...]]] = []
     hubs = range(len(problem.unary[hub])) if hub is not None else [None]
-    chain_pairs = [pair_rows(a, b) for a, b in zip(order, order[1:], strict=False)]
+    chain_pairs = [pair_rows(a, b) for a, b in itertools.pairwise(order)]
     for h in hubs:
         base = problem.const + (float(problem.unary[hub][h]) if hub is not None else 0.0)
         base_rows = consts + (node_rows[hub][h] if hub is not None else 0.0)

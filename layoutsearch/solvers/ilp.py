@@ -201,13 +201,13 @@ def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float
         hi = 2**61
         peak = model.NewIntVar(0, hi, "peak")
         for row, const in m.mem:
-            model.Add(sum(int(round(c)) * v[i] for i, c in row.items()) + int(math.ceil(const)) <= peak)
+            model.Add(sum(round(c) * v[i] for i, c in row.items()) + math.ceil(const) <= peak)
         model.Minimize(peak)
     else:
         if limit is not None:
             for row, const in m.mem:
-                model.Add(sum(int(round(c)) * v[i] for i, c in row.items()) <= int(math.floor(limit - const)))
-        model.Minimize(sum(int(round(c * scale)) * v[i] for i, c in m.obj.items()))
+                model.Add(sum(round(c) * v[i] for i, c in row.items()) <= math.floor(limit - const))
+        model.Minimize(sum(round(c * scale) * v[i] for i, c in m.obj.items()))
     for cut in cuts:
         model.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
     for ids in m.x:

@@ -30,6 +30,7 @@ the others; Shazeer et al. 2018).
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -287,7 +288,7 @@ def _solver_for(problem: Problem, solver: str, limit: float | None) -> str:
     if shape is not None:
         hub, order = shape
         sizes = problem.sizes
-        work = (sizes[hub] if hub is not None else 1) * sum(sizes[a] * sizes[b] for a, b in zip(order, order[1:]))
+        work = (sizes[hub] if hub is not None else 1) * sum(sizes[a] * sizes[b] for a, b in itertools.pairwise(order))
         if limit is None or work * max(1, len(problem.mem_rows)) <= 2e5:
             return "dp"
     return "ilp-ortools"
