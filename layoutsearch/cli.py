@@ -567,6 +567,118 @@ def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
     return out
 
 
+# -- search ---------------------------------------------------------------------------------------------------------
+
+def _add_search(sub: Any) -> None:
+    from layoutsearch.costmodel.memory import REMAT_POLICIES
+    from layoutsearch.ir.training import OPTIMIZERS
+    from layoutsearch.solvers.search import SOLVERS
+    from layoutsearch.solvers.space import SPACES
+
+    p = _command(sub, "search", _cmd_search, "find the layout minimizing the predicted step time under a memory "
+                 "limit, proven optimal, with runner-ups and baselines (data-parallel, FSDP, Megatron, Mesh-TF 2-D)",
+                 render=_render_search)
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_hardware_args(p, default="cpu-sim")
+    p.add_argument("--memory-limit", metavar="BYTES", help="per-device memory limit, e.g. 16GiB (default: none)")
+    p.add_argument("--solver", choices=SOLVERS, default="auto",
+                   help="enumerate, ilp-pulp, ilp-ortools or dp; auto: enumeration for one decision, the DP for "
+                        "chains of layers, CP-SAT otherwise (default auto)")
+    p.add_argument("--space", choices=SPACES, default="rules",
+                   help="rules: one Mesh-TF rule set for the graph; layers: one per repeated block; ops: per-op "
+                        "layouts and parameter storage (default rules)")
+    p.add_argument("--top", type=int, default=3, metavar="N", help="the best plan and N-1 runner-ups (default 3)")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop an ILP after S seconds with its best plan, labelled not proven optimal")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
+                   help="activation rematerialization of the cost model: none, selective or full (rules and layers "
+                        "spaces; default none)")
+
+
+def _progress() -> Callable[[str], None]:
+    """Progress lines on stderr, once a search has run for a second (stdout stays for the result)."""
+    import time
+
+    start = time.perf_counter()
+    tty = sys.stderr.isatty()
+
+    def show(what: str) -> None:
+        elapsed = time.perf_counter() - start
+        if elapsed >= 1.0:
+            end = "\r" if tty else "\n"
+            print(f"{PROG} search: {elapsed:6.1f} s  {what}" + (" " * 10 if tty else ""), end=end, file=sys.stderr,
+                  flush=True)
+
+    return show
+
+
+def _cmd_search(args: argparse.Namespace) -> Result:
+    from layoutsearch.solvers.search import search
+
+    graph = _load_graph(args)
+    hw = _hardware(args)
+    plan = search(graph, _mesh(args), args.memory_limit, args.solver, hardware=hw if hw is not None else "cpu-sim",
+                  space=args.space, optimizer=args.optimizer, remat=args.remat, top=args.top,
+                  time_limit=args.time_limit, progress=_progress())
+    if sys.stderr.isatty():
+        print(" " * 100, end="\r", file=sys.stderr)
+    return plan.to_dict()
+
+
+def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
+    import re
+
+    status = "proven optimal" if result["optimal"] else (
+        f"not proven optimal (gap {result['gap']:.2%})" if result["gap"] is not None else "not proven optimal")
+    limit = result["memory_limit"]
+    out: list[Any] = [
+        (f"{result['model']} on mesh {result['mesh']} ({result['devices']} devices, {result['hardware']}), "
+         f"{result['space']} space, remat {result['remat']}, "
+         f"memory limit {format_bytes(limit) if limit is not None else 'none'}: "
+         f"{status} by {result['solver']} in {result['search_s']:.2f} s"),
+    ]
+    lay = result["layout"]
+    if lay["rules"]:
+        out.append(_table(["dim", "mesh axes"], [[d, "+".join(a) or "-"] for d, a in lay["rules"]],
+                          "layout rules"))
+    elif lay["rules"] is not None:
+        out.append("layout rules: none (every tensor replicated)")
+    else:
+        out.append("layout: per-op computation layouts (see --json: layout.iteration) and per-tensor storage below")
+    folded: dict[tuple[str, str], int] = {}
+    for name, spec in lay["tensors"].items():
+        key = (re.sub(r"(?<=[A-Za-z_])\.\d+(?=/)", ".*", name), _spec_text(spec))
+        folded[key] = folded.get(key, 0) + 1
+    rows = [[n, spec, count] for (n, spec), count in folded.items()
+            if not n.startswith(("grad/", "new/", "adam_"))]
+    out.append(_table(["tensor", "PartitionSpec", "count"], rows,
+                      "per-tensor PartitionSpecs (inputs, parameters, activations; layers folded; --json: all)"))
+    rows = [["chosen", "", format_seconds(result["step_s"]), format_seconds(result["cost"]["compute_s"]),
+             format_seconds(result["cost"]["comm_s"]), format_bytes(result["memory_bytes"]),
+             "yes" if result["fits"] else "NO", "1.00"]]
+    for r in result["runner_ups"]:
+        rules = ",".join(f"{d}:{'+'.join(a)}" for d, a in r["rules"]) if r["rules"] is not None else "(per-op)"
+        rows.append([f"runner-up {r['name']}", rules, format_seconds(r["step_s"]), format_seconds(r["compute_s"]),
+                     format_seconds(r["comm_s"]), format_bytes(r["memory_bytes"]), "yes" if r["fits"] else "NO",
+                     f"{result['step_s'] / r['step_s']:.2f}" if r["step_s"] else "-"])
+    for b in result["baselines"]:
+        if not b["applies"]:
+            rows.append([b["name"], f"n/a: {b['why']}", "-", "-", "-", "-", "-", "-"])
+            continue
+        rules = ",".join(f"{d}:{'+'.join(a)}" for d, a in b["rules"])
+        rows.append([b["name"], rules, format_seconds(b["step_s"]), format_seconds(b["compute_s"]),
+                     format_seconds(b["comm_s"]), format_bytes(b["memory_bytes"]), "yes" if b["fits"] else "NO",
+                     f"{b['ratio']:.2f}" if b["ratio"] is not None else "-"])
+    out.append(_table(["plan", "rules", "step", "compute", "comm", "memory", "fits", "chosen/plan"], rows,
+                      "chosen plan, runner-ups and baselines on the same mesh (time and memory per device)"))
+    p = result["problem"]
+    out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} variables, "
+               f"{p['memory_rows']} memory rows")
+    return out
+
+
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
 def _add_costdag(sub: Any) -> None:
@@ -633,7 +745,7 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_costdag, _add_graph, _add_layout, _add_hardware, _add_cost,
-                                               _add_table1, _add_validate, _add_partition)
+                                               _add_table1, _add_validate, _add_partition, _add_search)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from graphs import build_model
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.solvers.search import InfeasibleError, baseline_rules, parse_bytes, search
+from layoutsearch.solvers.search import InfeasibleError, baseline_rules, search
 
 MESH = "data:2,model:4"
 GPT = {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "layers": 2}
@@ -115,9 +115,8 @@ def test_bad_arguments_raise_clear_errors(gpt):
         search(gpt, MESH, solver="magic")
     with pytest.raises(LayoutSearchError, match="unknown search space"):
         search(gpt, MESH, space="galaxy")
-    with pytest.raises(LayoutSearchError, match="bad memory size"):
-        parse_bytes("lots")
-    assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5e9") == 1.5e9
+    with pytest.raises(LayoutSearchError, match="bad byte size"):
+        search(gpt, MESH, memory_limit="lots")
 
 
 @pytest.mark.slow

@@ -278,3 +278,29 @@ def test_tied_layers_price_as_untied_ones(gm):
         assert tied.problem.cost((r,) * len(tied.nodes)) == pytest.approx(
             untied.problem.cost((r,) * len(untied.nodes)), rel=REL)
         assert tied.problem.memory((r,) * len(tied.nodes)) == untied.problem.memory((r,) * len(untied.nodes))
+
+
+@pytest.mark.parametrize("remat", ["none", "selective", "full"])
+@pytest.mark.parametrize("kind", ["rules", "layers"])
+def test_spaces_price_plans_exactly_as_the_cost_model_with_remat(remat, kind):
+    from graphs import build_model
+    from layoutsearch.costmodel.report import estimate
+    from layoutsearch.costmodel.step import training_step
+
+    g = training_step(build_model("gpt", batch=4, seq=8, vocab=32, d_model=16, heads=2, layers=3))
+    mesh = Mesh.parse("data:2,model:2")
+    space = build_space(g, mesh, HW, kind, remat=remat)
+    problem = space.problem
+    rng = random.Random(0)
+    for trial in range(12):
+        uniform = trial % 2 == 0 or kind == "rules"
+        r = rng.randrange(problem.sizes[0])
+        a = (r,) * len(problem.sizes) if uniform else tuple(rng.randrange(k) for k in problem.sizes)
+        comp, comm, mem = evaluate(g, mesh, HW, space.op_layouts(a), {t: space.storage(a, t) for t in g.tensors},
+                                   remat)
+        assert problem.cost(a) == pytest.approx(comp + comm, rel=REL)
+        assert problem.memory(a) == mem
+        if uniform:
+            report = estimate(g, Layout(mesh, rules_of(space.nodes[0].rules, r, space.dims, mesh)), HW, remat=remat)
+            assert report.step_s == pytest.approx(comp + comm, rel=REL)
+            assert report.memory_bytes == mem

@@ -16,7 +16,9 @@ strategies it depends on, every tensor and transient buffer a memory item:
   reading it: a factor over more than two nodes when those are distinct;
 * memory: each stored tensor over its lifetime (the cost model's live-set
   rules), each op's transient buffers at the op, and each shared resharded
-  copy from its first to its last reader.
+  copy from its first to its last reader;
+* with remat, the recomputed ops are priced a second time and the
+  recomputation's buffers count at its point, as the cost model does.
 
 Items of tied (repeated) ops merge, counting their instances; items over the
 same nodes are summed into one factor whose keys are the distinct
@@ -25,6 +27,7 @@ combinations of the items' keys.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -116,7 +119,7 @@ class _Builder:
     """Compiles a graph into a :class:`Space` (see :func:`build_space`)."""
 
     def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, kind: str, tie: bool, rules: RuleSets | None,
-                 include: RuleSets | None, variants: bool, pricer: Pricer | None) -> None:
+                 include: RuleSets | None, variants: bool, pricer: Pricer | None, remat: str = "none") -> None:
         if kind not in SPACES:
             raise LayoutSearchError(f"unknown search space {kind!r} (known: {', '.join(SPACES)})")
         self.g, self.mesh, self.hw, self.kind = graph, mesh, hw, kind
@@ -125,6 +128,10 @@ class _Builder:
         self.axis_sizes = np.array([s for _, s in mesh.axes], dtype=np.int64)
         self.p = pricer or Pricer(graph, mesh, hw)
         self.tie, self.variants = tie, variants
+        if remat != "none" and kind == "ops":
+            raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
+        self.plan = remat_plan(graph, remat)
+        self.recomputed = frozenset(self.plan.recomputed)
         self.rules = rules if rules is not None else (rule_sets(graph, mesh) if kind != "ops" else None)
         self.include = include
         self.nodes: list[Node] = []
@@ -308,6 +315,16 @@ class _Builder:
                                  payload[-1] if payload else 0)
         return self._fcache[key]
 
+    def transient(self, op: O.Op, cost: OpCost, out: np.ndarray) -> tuple[int, dict[Any, int]]:
+        """The cost model's transient buffers of ``op`` (``cost`` may come from the cache, priced for another
+        op of the same shapes: its collectives are relabelled with ``op``'s tensors first)."""
+        if cost.op != op.name:
+            src = self.g.op(cost.op)
+            names = dict(zip((*src.inputs, src.output), (*op.inputs, op.output), strict=True))
+            cost = dataclasses.replace(cost, comms=tuple(dataclasses.replace(c, tensor=names.get(c.tensor, c.tensor))
+                                                         for c in cost.comms))
+        return _transient(op, cost, self.stored(self.g.tensors[op.output], out))
+
     def stored(self, t: Tensor, amap: np.ndarray) -> int:
         """Bytes of ``t`` stored as ``amap`` as the memory model counts them (new values: in the old buffer)."""
         if t.updates is not None:
@@ -362,7 +379,7 @@ class _Builder:
                 return self.f_whole(op, a[0], a[2:], a[1])
 
             cost.append(("whole", roles, lambda a: self.p.seconds(whole(a))))
-            mem.append(("whole", roles, lambda a: float(_transient(op, whole(a), self.stored(out, a[1]))[0])))
+            mem.append(("whole", roles, lambda a: float(self.transient(op, whole(a), a[1])[0])))
             return cost, mem
         I = self.iter_keys(n, op)
         # partial sums: a reduce-scatter leaves the output more split, so even the compute (the HBM bytes of
@@ -379,7 +396,7 @@ class _Builder:
             the compute) and its buffers."""
             full = self.f_op(op, reps[a[0].tobytes()], a[1])
             seconds = self.p.seconds(full) if partial else self.p.comm(full)
-            return seconds, float(_transient(op, full, self.stored(out, a[1]))[0])
+            return seconds, float(self.transient(op, full, a[1])[0])
 
         froles: Roles = [(n, coarse), (o, self.store_keys(o, out))]
         cost.append(("finish", froles, lambda a: finish(a)[0]))
@@ -412,9 +429,14 @@ class _Builder:
                   for _, _, op in slots]
         rank = _ranks([k for k, _, _ in slots])
 
+        again = [op.name in self.recomputed for _, _, op in slots]
+
         def seconds(a: list[np.ndarray]) -> float:
-            ws = {w.tobytes(): w for w in a[1:]}
-            return sum(self.f_reshard(x, a[0], w)[0] for w in ws.values())
+            """Each distinct reshard once, and again when its first reader is recomputed."""
+            first: dict[bytes, tuple[np.ndarray, bool]] = {}
+            for w, r in zip(a[1:], again, strict=True):
+                first.setdefault(w.tobytes(), (w, r))
+            return sum(self.f_reshard(x, a[0], w)[0] * (2 if r else 1) for w, r in first.values())
 
         def mem_fn(seg: tuple[int, int]) -> Callable:
             def fn(a: list[np.ndarray]) -> float:
@@ -428,6 +450,32 @@ class _Builder:
             return fn
 
         return roles, seconds, [(seg, mem_fn(seg)) for seg in _segments(max(rank) + 1)]
+
+    def recompute_item(self, at: O.Op, ops: list[O.Op], n: int) -> tuple:
+        """The transient buffers of the recomputation run before op ``at``: the cost model keeps the larger of
+        ``at``'s own buffers and each recomputed op's (own and shared); this item is the excess over ``at``'s."""
+        g = self.g
+        t = g.tensors
+        every = [at, *ops]
+        roles: Roles = []
+        for op in every:
+            o = self.owner[op.output]
+            roles += [(self.op_node[op.name], self.iter_keys(self.op_node[op.name], op)),
+                      (o, self.store_keys(o, t[op.output]))]
+            roles += [(self.owner[x], self.store_keys(self.owner[x], t[x])) for x in op.inputs]
+
+        def fn(a: list[np.ndarray]) -> float:
+            k = 0
+            vals = []
+            for op in every:
+                it, out = a[k], a[k + 1]
+                ins = a[k + 2:k + 2 + len(op.inputs)]
+                k += 2 + len(op.inputs)
+                own, shared = self.transient(op, self.f_whole(op, it, ins, out), out)
+                vals.append(own if op is at else own + sum(shared.values()))
+            return float(max(0, max(vals[1:]) - vals[0]))
+
+        return ("recompute", roles, fn)
 
     def point_classes(self) -> list[Any]:
         """Per op of the schedule: its class (equal for the instances of one op of tied blocks)."""
@@ -461,7 +509,8 @@ class _Builder:
 
             c_items, m_items = items()
             for j, (kind, _, _) in enumerate(c_items):
-                add(cost_items, ("op", base, kind), lambda j=j, items=items: items()[0][j], None)
+                for _ in range(2 if op.name in self.recomputed else 1):
+                    add(cost_items, ("op", base, kind), lambda j=j, items=items: items()[0][j], None)
             for j, (kind, _, _) in enumerate(m_items):
                 add(mem_items, ("op", base, kind), lambda j=j, items=items: items()[1][j], (k, k))
         readers: dict[str, list[tuple[int, int, O.Op]]] = defaultdict(list)
@@ -482,7 +531,8 @@ class _Builder:
                 continue
             positions = [k for k, _, _ in slots]
             key = ("shared", t.dim_names, t.dtype, self.owner[x],
-                   tuple((self.op_node[op.name], self.sig(op), i) for _, i, op in slots), tuple(_ranks(positions)))
+                   tuple((self.op_node[op.name], self.sig(op), i, op.name in self.recomputed) for _, i, op in slots),
+                   tuple(_ranks(positions)))
             made: dict[str, Any] = {}
 
             def sh(t: Tensor = t, slots: list = slots, made: dict = made) -> tuple:
@@ -497,7 +547,15 @@ class _Builder:
                 span = (distinct[lo], distinct[lo]) if lo == hi else (distinct[lo] + 1, distinct[hi] - 1)
                 if span[0] <= span[1]:
                     add(mem_items, (*key, j), lambda j=j, sh=sh: ("shared", sh()[0], sh()[2][j][1]), span)
-        life = _lifetimes(g, remat_plan(g, "none"))
+        for block, p in self.plan.points.items():
+            ops = [g.op(name) for name in self.plan.recomputed if g.op(name).block == block]
+            if ops:
+                n = self.op_node[g.ops[p].name]
+                nodes = tuple(sorted({self.op_node[op.name] for op in ops} | {self.owner[x] for op in ops
+                                                                               for x in (*op.inputs, op.output)}))
+                key = ("recompute", self.sig(g.ops[p]), tuple(self.sig(op) for op in ops), n, nodes)
+                add(mem_items, key, lambda ops=ops, p=p, n=n: self.recompute_item(g.ops[p], ops, n), (p, p))
+        life = _lifetimes(g, self.plan)
         for ti, start, end in zip(life.tensor, life.start, life.end, strict=True):
             t = life.tensors[int(ti)]
             o = self.owner[t.name]
@@ -602,15 +660,17 @@ def _memory_rows(spans: list[list[tuple[int, int]]], n_points: int, points: list
 
 def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: bool = True,
                 rules: RuleSets | None = None, include: RuleSets | None = None, variants: bool = True,
-                pricer: Pricer | None = None) -> Space:
+                pricer: Pricer | None = None, remat: str = "none") -> Space:
     """Compile training graph ``graph`` on ``mesh`` into the search space ``kind`` (see :mod:`.space`).
 
     ``rules``: the candidate rule sets of the ``rules``/``layers`` spaces (default :func:`rule_sets`);
     ``include``: rule sets whose projections every op and tensor of the ``ops`` space may also take (so that
     space contains those plans); ``variants``: whether ops may store their output more split than they
-    compute it; ``tie``: whether repeated blocks share their nodes.
+    compute it; ``tie``: whether repeated blocks share their nodes; ``remat``: the cost model's
+    rematerialization policy (recomputed ops priced twice, the lifetimes and buffers it implies; rules and
+    layers spaces).
     """
-    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer).build()
+    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer, remat).build()
 
 
 def _name(key: tuple) -> str:

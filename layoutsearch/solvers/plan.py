@@ -79,6 +79,7 @@ class Plan:
     gap: float | None
     memory_limit: float | None
     search_s: float
+    remat: str = "none"
     runner_ups: tuple[Costed, ...] = ()
     baselines: tuple[Baseline, ...] = ()
     problem: dict[str, Any] = field(default_factory=dict)
@@ -113,7 +114,7 @@ class Plan:
         return {
             "model": self.graph.name, "mesh": str(c.layout.mesh), "devices": c.layout.mesh.size,
             "hardware": self.hardware.name, "space": self.space, "solver": self.solver, "optimal": self.optimal,
-            "gap": self.gap, "memory_limit": self.memory_limit, "search_s": self.search_s,
+            "gap": self.gap, "memory_limit": self.memory_limit, "remat": self.remat, "search_s": self.search_s,
             "step_s": c.step_s, "memory_bytes": c.memory_bytes, "fits": c.fits,
             "layout": layout, "cost": cost,
             "runner_ups": [r.summary() for r in self.runner_ups],

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +64,7 @@ from layoutsearch.solvers.space import (
     rule_sets,
     rules_of,
 )
+from layoutsearch.units import parse_bytes
 
 SOLVERS = ("auto", "enumerate", "ilp-pulp", "ilp-ortools", "dp")
 """Solver names: ``auto`` picks enumeration for one node, the DP for chains, CP-SAT otherwise."""
@@ -78,20 +78,6 @@ class InfeasibleError(LayoutSearchError):
     def __init__(self, message: str, min_memory: float | None) -> None:
         super().__init__(message)
         self.min_memory = min_memory
-
-
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
-
-
-def parse_bytes(text: str | float) -> float:
-    """``16GiB``, ``1.5e9``, ``800MB`` -> bytes."""
-    if isinstance(text, float | int) and not isinstance(text, bool):
-        return float(text)
-    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise LayoutSearchError(f"bad memory size {text!r}: write e.g. 16GiB, 800MB or 1.5e9")
-    return float(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
 def _gib(n: float) -> str:
@@ -224,8 +210,9 @@ def _values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 class _RulesSearch:
     """The rules space of one graph, priced lazily in bound order."""
 
-    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None) -> None:
-        self.g, self.mesh, self.hw, self.pricer = g, mesh, hw, pricer
+    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None,
+                 remat: str = "none") -> None:
+        self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
         self.dims = list(g.dims)
         cands = rule_sets(g, mesh)
         self.cands = cands.concat(extra) if extra is not None else cands
@@ -237,7 +224,8 @@ class _RulesSearch:
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
         if len(idx):
-            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer)
+            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer,
+                                remat=self.remat)
             self.cost[idx], self.mem[idx] = _values(space.problem)
 
     def bound_and_price(self, limit: float | None, top: int, progress: Progress | None) -> np.ndarray:
@@ -306,25 +294,25 @@ def _solve(problem: Problem, solver: str, limit: float | None, top: int, time_li
 
 
 def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign: tuple[int, ...],
-            limit: float | None, optimizer: str) -> Costed:
+            limit: float | None, optimizer: str, remat: str = "none") -> Costed:
     """A plan of ``space`` priced by the cost model: by its report when rules describe it, else op by op."""
     rules = space.rules(assign)
     fit = limit if limit is not None else hw.hbm_bytes
     if rules is not None:
         layout = Layout(mesh, rules).check(g)
-        rep = estimate(g, layout, hw, optimizer=optimizer)
+        rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat)
         return Costed(name, layout, rules, rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
                       rep.memory_bytes <= fit, None, rep)
     iteration = space.op_layouts(assign)
     storage = {t: space.storage(assign, t) for t in g.tensors}
-    comp, comm, mem = evaluate(g, mesh, hw, iteration, storage)
+    comp, comm, mem = evaluate(g, mesh, hw, iteration, storage, remat)
     return Costed(name, space.layout(assign), None, comp + comm, comp, comm, mem, mem <= fit, iteration, None)
 
 
 def _costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None,
-                  optimizer: str) -> Costed:
+                  optimizer: str, remat: str = "none") -> Costed:
     layout = Layout(mesh, rules).check(g)
-    rep = estimate(g, layout, hw, optimizer=optimizer)
+    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat)
     fit = limit if limit is not None else hw.hbm_bytes
     return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
                   rep.memory_bytes <= fit, None, rep)
@@ -337,11 +325,13 @@ def _stats(problem: Problem) -> dict[str, Any]:
 
 
 def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = None, solver: str = "auto", *,
-           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam", top: int = 3,
-           time_limit: float | None = None, tie: bool = True, progress: Progress | None = None) -> Plan:
+           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam", remat: str = "none",
+           top: int = 3, time_limit: float | None = None, tie: bool = True,
+           progress: Progress | None = None) -> Plan:
     """The layout of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
     ``memory_limit`` (bytes per device, or a string like ``16GiB``; None: no limit), in ``space``
-    (``rules``, ``layers`` or ``ops``, see :mod:`.space`), found by ``solver`` (:data:`SOLVERS`).
+    (``rules``, ``layers`` or ``ops``, see :mod:`.space`), found by ``solver`` (:data:`SOLVERS`), with the
+    cost model's ``remat`` policy (``none``, ``selective``, ``full``; rules and layers spaces).
 
     Returns a :class:`Plan` with the layout, its cost report, the proof status, ``top - 1`` runner-ups and
     the baselines. Raises :class:`InfeasibleError` naming the smallest peak memory any layout needs when none
@@ -356,7 +346,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
         raise LayoutSearchError(f"top must be at least 1, got {top}")
     mesh = Mesh.of(mesh)
     hw = _hardware(hardware)
-    limit = parse_bytes(memory_limit) if memory_limit is not None else None
+    limit = float(parse_bytes(memory_limit)) if memory_limit is not None else None
     g = training_step(graph, optimizer)
     dims = list(g.dims)
     pricer = Pricer(g, mesh, hw)
@@ -365,10 +355,10 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
     for rs, _ in base.values():
         if rs is not None:
             extra = rs if extra is None else extra.concat(rs)
-    rs = _RulesSearch(g, mesh, hw, pricer, extra)
+    rs = _RulesSearch(g, mesh, hw, pricer, extra, remat)
     priced = rs.bound_and_price(limit, top, progress)
     sub = rs.cands.take(priced)
-    rules_space = build_space(g, mesh, hw, "rules", rules=sub, pricer=pricer)
+    rules_space = build_space(g, mesh, hw, "rules", rules=sub, pricer=pricer, remat=remat)
     name = _solver_for(rules_space.problem, solver, limit) if space == "rules" else "enumerate"
     sols = _solve(rules_space.problem, name, limit, top, time_limit)
     if not sols[0].assign:
@@ -379,27 +369,28 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
             f"any layout needs is {_gib(peak)} ({lay}); raise the memory limit or use a larger mesh", peak)
     stats = _stats(rules_space.problem) | {"candidates": len(rs.cands), "priced": len(priced)}
     if space == "rules":
-        costed = [_costed(f"#{i + 1}", g, mesh, hw, rules_space, s.assign, limit, optimizer)
+        costed = [_costed(f"#{i + 1}", g, mesh, hw, rules_space, s.assign, limit, optimizer, remat)
                   for i, s in enumerate(sols)]
         chosen, runner_ups, used = costed[0], tuple(costed[1:]), name
         optimal, gap = all(s.optimal for s in sols[:1]), sols[0].gap
     else:
         chosen, runner_ups, used, optimal, gap, stats = _finer(
-            g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, sub, sols[0], optimizer, progress)
+            g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, sub, sols[0], optimizer, progress,
+            remat)
     baselines = []
     for bname, (brs, why) in base.items():
         if brs is None:
             baselines.append(Baseline(bname, None, why))
         else:
             baselines.append(Baseline(bname, _costed_rules(bname, g, mesh, hw, rules_of(brs, 0, dims, mesh), limit,
-                                                           optimizer)))
-    return Plan(g, hw, space, used, chosen, optimal, gap, limit, time.perf_counter() - t0, runner_ups,
+                                                           optimizer, remat)))
+    return Plan(g, hw, space, used, chosen, optimal, gap, limit, time.perf_counter() - t0, remat, runner_ups,
                 tuple(baselines), stats)
 
 
 def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: float | None, top: int,
            time_limit: float | None, tie: bool, pricer: Pricer, rs: _RulesSearch, sub: RuleSets,
-           best: Solution, optimizer: str, progress: Progress | None) -> tuple:
+           best: Solution, optimizer: str, progress: Progress | None, remat: str = "none") -> tuple:
     """Solve the layers or ops space, starting from the rules optimum ``best`` (an upper bound)."""
     dims = list(g.dims)
     start = sub.take([best.assign[0]])
@@ -407,11 +398,11 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
         progress(f"{kind} space: building")
     if kind == "layers":
         cands = rs.cands
-        space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer)
+        space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer, remat=remat)
         r = cands.index(start)
         assign = tuple(r for _ in space.nodes)
     else:
-        space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer)
+        space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer, remat=remat)
         assign = _locate(space, start)
     problem = space.problem
     feasible = problem.fits(assign, limit)
@@ -425,11 +416,11 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
     sols = _solve(reduced, name, limit, top, time_limit, hint)
     stats = _stats(reduced) | {"unpruned": _stats(problem)}
     rules_plan = _costed_rules("rules optimum", g, mesh, hw, rules_of(sub, best.assign[0], dims, mesh), limit,
-                               optimizer)
+                               optimizer, remat)
     if not sols[0].assign:
         return rules_plan, (), name, False, None, stats
     full = [tuple(int(k[s]) for k, s in zip(keep, sol.assign, strict=True)) for sol in sols]
-    costed = [_costed(f"#{i + 1}", g, mesh, hw, space, a, limit, optimizer) for i, a in enumerate(full)]
+    costed = [_costed(f"#{i + 1}", g, mesh, hw, space, a, limit, optimizer, remat) for i, a in enumerate(full)]
     chosen = costed[0]
     optimal, gap = sols[0].optimal, sols[0].gap
     if (rules_plan.fits or not chosen.fits) and rules_plan.step_s < chosen.step_s * (1 - 1e-12):

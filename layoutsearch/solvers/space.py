@@ -300,8 +300,10 @@ def _strip(name: str, block: str | None) -> str:
 
 
 def _op_sig(graph: Graph, op: O.Op) -> tuple:
+    """What an op's cost depends on besides layouts: kind, attributes, which inputs are the same tensor,
+    shapes and dtypes."""
     t = graph.tensors
-    return (op.kind, tuple(sorted(op.attrs().items(), key=lambda kv: kv[0])),
+    return (op.kind, tuple(sorted(op.attrs().items(), key=lambda kv: kv[0])), tuple(op.inputs.index(n) for n in op.inputs),
             tuple((t[i].dim_names, t[i].dtype) for i in op.inputs), (t[op.output].dim_names, t[op.output].dtype))
 
 
@@ -459,16 +461,19 @@ class Pricer:
 
 
 def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLayout],
-             storage: dict[str, DimLayout]) -> tuple[float, float, int]:
+             storage: dict[str, DimLayout], remat: str = "none") -> tuple[float, float, int]:
     """(compute s, communication s, peak memory bytes) of training graph ``graph`` computed op by op with
     ``iteration`` and every tensor stored as ``storage``, by the cost model's own rules (collectives shared
-    by several ops counted once; memory by its live-set simulation, no remat): what a space's objective
-    and memory rows must reproduce."""
+    by several ops counted once; recomputed ops priced again; memory by its live-set simulation): what a
+    space's objective and memory rows must reproduce."""
     p = Pricer(graph, mesh, hw)
     t = graph.tensors
     each = [p.rules.cost(op, iteration.get(op.name, {}), [storage[i] for i in op.inputs], storage[op.output])
             for op in graph.ops]
     costs = dedupe_shared(each)
+    plan = remat_plan(graph, remat)
+    index = {op.name: i for i, op in enumerate(graph.ops)}
+    costs += [costs[index[name]] for name in plan.recomputed]
     layout = Layout(mesh, (), tuple((n, tuple(storage[n].items())) for n in t if storage[n]))
-    mem = simulate(graph, layout, remat_plan(graph, "none"), each)
+    mem = simulate(graph, layout, plan, each)
     return sum(p.compute(c) for c in costs), sum(p.comm(c) for c in costs), mem.peak_bytes
