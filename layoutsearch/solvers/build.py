@@ -18,7 +18,9 @@ strategies it depends on, every tensor and transient buffer a memory item:
   rules), each op's transient buffers at the op, and each shared resharded
   copy from its first to its last reader;
 * with remat, the recomputed ops are priced a second time and the
-  recomputation's buffers count at its point, as the cost model does.
+  recomputation's buffers count at its point, as the cost model does; on
+  hardware that combines the gradient all-reduces (XLA on CPU), a parameter
+  gradient's unreduced partial lives until the end of the backward pass.
 
 Items of tied (repeated) ops merge, counting their instances; items over the
 same nodes are summed into one factor whose keys are the distinct
@@ -132,6 +134,9 @@ class _Builder:
             raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
         self.plan = remat_plan(graph, remat)
         self.recomputed = frozenset(self.plan.recomputed)
+        self.life = _lifetimes(graph, self.plan)
+        self.deferred = frozenset(self.life.deferrable) if getattr(hw, "combined_gradient_all_reduce", False) \
+            else frozenset()
         self.rules = rules if rules is not None else (rule_sets(graph, mesh) if kind != "ops" else None)
         self.include = include
         self.nodes: list[Node] = []
@@ -323,7 +328,29 @@ class _Builder:
             names = dict(zip((*src.inputs, src.output), (*op.inputs, op.output), strict=True))
             cost = dataclasses.replace(cost, comms=tuple(dataclasses.replace(c, tensor=names.get(c.tensor, c.tensor))
                                                          for c in cost.comms))
-        return _transient(op, cost, self.stored(self.g.tensors[op.output], out))
+        return _transient(op, cost, self.stored(self.g.tensors[op.output], out), op.output in self.deferred)
+
+    def deferred_item(self, t: Tensor, part: int) -> tuple:
+        """A parameter gradient whose all-reduce the backend defers to the end of the backward pass (one
+        combined all-reduce, ``Hardware.combined_gradient_all_reduce``): part 0 from its producer to the last
+        backward op holds the unreduced partial (else the stored gradient), part 1 at the last backward op the
+        partial and its reduced copy, part 2 after it the stored gradient."""
+        op = self.g.producer(t.name)
+        n, o = self.op_node[op.name], self.owner[t.name]
+
+        def fn(a: list[np.ndarray]) -> float:
+            stored = self.stored(t, a[1])
+            if part == 2:
+                return float(stored)
+            cost = self.f_op(op, a[0], a[1])
+            src = self.g.op(cost.op)
+            name = src.output if cost.op != op.name else t.name
+            payload = max((c.bytes for c in cost.comms if c.tensor == name and c.kind == "all-reduce"), default=0)
+            if not payload:
+                return float(stored)
+            return float(payload * (2 if part == 1 else 1))
+
+        return ("deferred", [(n, self.iter_keys(n, op)), (o, self.store_keys(o, t))], fn)
 
     def stored(self, t: Tensor, amap: np.ndarray) -> int:
         """Bytes of ``t`` stored as ``amap`` as the memory model counts them (new values: in the old buffer)."""
@@ -555,10 +582,19 @@ class _Builder:
                                                                                for x in (*op.inputs, op.output)}))
                 key = ("recompute", self.sig(g.ops[p]), tuple(self.sig(op) for op in ops), n, nodes)
                 add(mem_items, key, lambda ops=ops, p=p, n=n: self.recompute_item(g.ops[p], ops, n), (p, p))
-        life = _lifetimes(g, self.plan)
-        for ti, start, end in zip(life.tensor, life.start, life.end, strict=True):
+        life = self.life
+        deferred_rows = {row: name for name, row in life.deferrable.items() if name in self.deferred}
+        for row, (ti, start, end) in enumerate(zip(life.tensor, life.start, life.end, strict=True)):
             t = life.tensors[int(ti)]
             o = self.owner[t.name]
+            if row in deferred_rows:
+                op = g.producer(t.name)
+                last = life.last_backward
+                for part, span in enumerate(((int(start), last - 1), (last, last), (last + 1, int(end)))):
+                    if span[0] <= span[1]:
+                        add(mem_items, ("deferred", part, t.dim_names, t.dtype, o, self.op_node[op.name],
+                                        self.sig(op)), lambda t=t, part=part: self.deferred_item(t, part), span)
+                continue
             add(mem_items, ("store", t.dim_names, t.dtype, o),
                 lambda t=t, o=o: ("store", [(o, self.store_keys(o, t))], lambda a, t=t: float(self.stored(t, a[0]))),
                 (int(start), int(end)))

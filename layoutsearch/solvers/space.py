@@ -475,5 +475,6 @@ def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLay
     index = {op.name: i for i, op in enumerate(graph.ops)}
     costs += [costs[index[name]] for name in plan.recomputed]
     layout = Layout(mesh, (), tuple((n, tuple(storage[n].items())) for n in t if storage[n]))
-    mem = simulate(graph, layout, plan, each)
+    mem = simulate(graph, layout, plan, each,
+                   combined_gradient_all_reduce=getattr(hw, "combined_gradient_all_reduce", False))
     return sum(p.compute(c) for c in costs), sum(p.comm(c) for c in costs), mem.peak_bytes
