@@ -595,6 +595,12 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization of the cost model: none, selective or full (rules and layers "
                         "spaces; default none)")
+    p.add_argument("--pipeline", default="off", metavar="auto|off|K",
+                   help="GPipe stages over one mesh axis: off (default), auto (stage axis, K, micro-batches and remat "
+                        "searched with the layout; chosen when faster or when nothing else fits), or K (an axis of "
+                        "size K must carry stages)")
+    p.add_argument("--microbatches", default="auto", metavar="N|auto",
+                   help="micro-batches of a pipelined plan (default auto: divisors of the batch up to 4K)")
 
 
 def _progress() -> Callable[[str], None]:
@@ -615,21 +621,73 @@ def _progress() -> Callable[[str], None]:
 
 
 def _cmd_search(args: argparse.Namespace) -> Result:
-    from layoutsearch.solvers.search import search
+    from layoutsearch.solvers.pipeline_search import search_pipeline
+    from layoutsearch.solvers.search import InfeasibleError, search
 
     graph = _load_graph(args)
-    hw = _hardware(args)
-    plan = search(graph, _mesh(args), args.memory_limit, args.solver, hardware=hw if hw is not None else "cpu-sim",
-                  space=args.space, optimizer=args.optimizer, remat=args.remat, top=args.top,
-                  time_limit=args.time_limit, progress=_progress())
+    hw = _hardware(args) or hardware("cpu-sim")
+    mesh = _mesh(args)
+    stages = _pipeline_arg(args.pipeline)
+    progress = _progress()
+    result: Result
+    try:
+        plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
+                      optimizer=args.optimizer, remat=args.remat, top=args.top, time_limit=args.time_limit,
+                      progress=progress)
+        result = plan.to_dict()
+    except InfeasibleError as e:
+        if stages is None:
+            raise
+        result = {"model": graph.name, "mesh": str(mesh), "unpipelined": str(e)}
+    if stages is not None:
+        microbatches = None if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
+        limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
+        pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=stages or None, microbatches=microbatches,
+                             optimizer=args.optimizer, progress=progress)
+        forced = args.pipeline != "auto"
+        chosen = forced or "unpipelined" in result or pp.step_s < result["step_s"]
+        result["pipeline"] = {**pp.to_dict(), "chosen": chosen, "gantt": pp.report.gantt()}
     if sys.stderr.isatty():
         print(" " * 100, end="\r", file=sys.stderr)
-    return plan.to_dict()
+    return result
+
+
+def _pipeline_arg(text: str) -> int | None:
+    """``off`` -> None (no pipeline), ``auto`` -> 0 (any axis), ``K`` -> K."""
+    if text == "off":
+        return None
+    if text == "auto":
+        return 0
+    return _positive_int(text, "--pipeline")
+
+
+def _positive_int(text: str, flag: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise LayoutSearchError(f"{flag} takes a positive integer or 'auto', got {text!r}")
+    return int(text)
+
+
+def _render_pipeline(pp: Result) -> list[Any]:
+    verdict = "chosen" if pp["chosen"] else "not chosen (the unpipelined plan is faster)"
+    out: list[Any] = [
+        (f"pipelined plan ({verdict}): {pp['stages']} stages over '{pp['stage_axis']}', {pp['microbatches']} "
+         f"micro-batches, remat {'on' if pp['remat'] else 'off'}, layout inside a stage "
+         f"{pp['inner_layout'] or 'replicated'}: step {format_seconds(pp['step_s'])}, peak memory "
+         f"{format_bytes(pp['memory_bytes'])} per device, bubble {pp['bubble_fraction']:.1%}")]
+    rows = [[k, f"{s['units'][0]} .. {s['units'][-1]}", format_seconds(s["microbatch_s"]),
+             format_seconds(s["transfer_s"]), format_seconds(s["once_s"]), format_bytes(s["memory_bytes"])]
+            for k, s in enumerate(pp["stage_costs"])]
+    out.append(_table(["stage", "units", "per micro-batch", "of which transfers", "once per step", "memory"], rows,
+                      "pipeline stages (time per device)"))
+    out.append(pp["gantt"])
+    return out
 
 
 def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
     import re
 
+    if "unpipelined" in result:
+        return [f"no unpipelined layout fits: {result['unpipelined']}", *_render_pipeline(result["pipeline"])]
     status = "proven optimal" if result["optimal"] else (
         f"not proven optimal (gap {result['gap']:.2%})" if result["gap"] is not None else "not proven optimal")
     limit = result["memory_limit"]
@@ -676,6 +734,8 @@ def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
     p = result["problem"]
     out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} variables, "
                f"{p['memory_rows']} memory rows")
+    if "pipeline" in result:
+        out += _render_pipeline(result["pipeline"])
     return out
 
 

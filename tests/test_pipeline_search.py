@@ -43,3 +43,37 @@ def test_impossible_pipeline_requests_are_explained():
         search_pipeline(GPT, MESH, hardware="h100", stages=3)
     with pytest.raises(LayoutSearchError, match="no pipelined plan"):
         search_pipeline(GPT, MESH, 1e3, hardware="h100", stages=4)
+
+
+SIZES = ["--set", "layers=4", "--set", "batch=16", "--set", "seq=256", "--set", "d_model=128", "--set", "vocab=64",
+         "--set", "tie_embeddings=0"]
+
+
+def test_search_command_with_pipeline_auto_shows_stages_bubble_and_gantt(capsys):
+    from clirun import run, run_json
+
+    d = run_json(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "auto")
+    pp = d["pipeline"]
+    assert pp["chosen"] == (pp["step_s"] < d["step_s"])
+    assert len(pp["stage_costs"]) == pp["stages"] and "GPipe schedule" in pp["gantt"]
+    code, out, _ = run(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "4",
+                       "--microbatches", "8")
+    assert code == 0 and "4 stages over 'pipe', 8 micro-batches" in out and "bubble 27.3%" in out
+
+
+def test_search_command_falls_back_to_a_pipeline_when_nothing_else_fits(capsys):
+    from clirun import run_json
+
+    with pytest.raises(InfeasibleError) as info:
+        search(GPT, MESH, memory_limit=1, hardware="h100")
+    limit = str(int(0.8 * info.value.min_memory))
+    d = run_json(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--memory-limit", limit,
+                 "--pipeline", "auto")
+    assert "unpipelined" in d and d["pipeline"]["chosen"] and d["pipeline"]["memory_bytes"] <= int(limit)
+
+
+def test_bad_pipeline_flags_are_one_line_errors(capsys):
+    from clirun import run
+
+    code, out, err = run(capsys, "search", "gpt", "--mesh", MESH, "--pipeline", "many")
+    assert code == 2 and not out and "--pipeline takes a positive integer or 'auto'" in err
