@@ -90,6 +90,14 @@ def _split_kv(item: str, what: str, example: str) -> tuple[str, str]:
     return key, value
 
 
+def _add_case_args(p: argparse.ArgumentParser) -> None:
+    """MODEL with --set, --mesh, --layout and --hardware (default cpu-sim) with --hw: one model under one layout."""
+    _add_model_args(p)
+    _add_mesh_arg(p)
+    _add_layout_arg(p)
+    _add_hardware_args(p, default="cpu-sim")
+
+
 def _load_graph(args: argparse.Namespace) -> Graph:
     """The graph named by ``MODEL`` with the ``--set`` overrides."""
     from graphs import load_model, parse_overrides
@@ -404,10 +412,7 @@ def _add_cost(sub: Any) -> None:
 
     p = _command(sub, "cost", _cmd_cost, "predict the time, communication, FLOPs and memory per device of one "
                  "training step under a layout, broken down by op and by cause", render=_render_cost)
-    _add_model_args(p)
-    _add_mesh_arg(p)
-    _add_layout_arg(p)
-    _add_hardware_args(p, default="cpu-sim")
+    _add_case_args(p)
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization: none, selective (recompute all but projections' outputs) "
@@ -744,10 +749,7 @@ def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
 def _add_costdag(sub: Any) -> None:
     p = _command(sub, "costdag", _cmd_costdag, "write a model's pipeline cost DAG (blocks priced by the cost model "
                  "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
-    _add_model_args(p)
-    _add_mesh_arg(p)
-    _add_layout_arg(p)
-    _add_hardware_args(p, default="cpu-sim")
+    _add_case_args(p)
     p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
     p.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
     p.add_argument("--out", required=True, metavar="FILE", help="cost DAG JSON file to write")
@@ -767,13 +769,12 @@ def _cmd_costdag(args: argparse.Namespace) -> Result:
 
 
 def _add_validate(sub: Any) -> None:
+    from layoutsearch.ir.training import OPTIMIZERS
+
     p = _command(sub, "validate", _cmd_validate, "predicted against compiled collectives, FLOPs and memory per "
                  "device for one layout (and measured step time on a GPU/TPU)", render=_render_validate)
-    _add_model_args(p)
-    _add_mesh_arg(p)
-    _add_layout_arg(p)
-    _add_hardware_args(p, default="cpu-sim")
-    p.add_argument("--optimizer", choices=("adam", "sgd"), default="adam", help="optimizer of the step (default adam)")
+    _add_case_args(p)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
 
 
 def _cmd_validate(args: argparse.Namespace) -> Result:
