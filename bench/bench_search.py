@@ -50,9 +50,10 @@ def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", 
     seconds = time.perf_counter() - t0
     tg = training_step(g)
     p = plan.problem
-    return {"layers": model_kw.get("layers"), "mesh": mesh, "devices": plan.layout.mesh.size,
+    return {"layers": g.meta["layers"], "mesh": mesh, "devices": plan.layout.mesh.size,
             "axes": len(plan.layout.mesh.axes), "space": space, "solver": solver, "used": plan.solver,
             "ops": len(tg.ops), "tensors": len(tg.tensors), "candidates": p.get("candidates"),
+            "priced": p.get("priced"),
             "variables": p["variables"], "unpruned_variables": p.get("unpruned", p)["variables"],
             "memory_rows": p["memory_rows"], "seconds": seconds, "optimal": plan.optimal, "gap": plan.gap,
             "step_s": plan.step_s, "rules": plan.chosen.rules_text()}
@@ -60,10 +61,11 @@ def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", 
 
 def show(r: dict) -> None:
     status = "optimal" if r["optimal"] else f"gap {r['gap']}"
+    size = (f"rule sets {r['priced']:>4} priced of {r['candidates']:>5}" if r["space"] == "rules"
+            else f"vars {r['variables']:>6} of {r['unpruned_variables']:>6}")
     print(f"{r['space']:6} {r['solver']:11} layers {r['layers']:>3} mesh {r['mesh']:24} ({r['devices']:>4} dev, "
-          f"{r['axes']} axes)  ops {r['ops']:>6}  vars {r['variables']:>6} (of {r['unpruned_variables']:>6})  "
-          f"rows {r['memory_rows']:>4}  {r['seconds']:7.2f} s  {status}  step {r['step_s']:.4g} s  {r['rules']}",
-          flush=True)
+          f"{r['axes']} axes)  ops {r['ops']:>6}  {size}  rows {r['memory_rows']:>4}  {r['seconds']:7.2f} s  "
+          f"{status}  step {r['step_s']:.4g} s  {r['rules']}", flush=True)
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ from layoutsearch.solvers import dp, ilp
 from layoutsearch.solvers import enumerate as enum
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.plan import Baseline, Costed, Plan
-from layoutsearch.solvers.problem import Problem, Solution, prune
+from layoutsearch.solvers.problem import MemItem, MemRow, Problem, Solution, prune
 from layoutsearch.solvers.space import (
     NONE,
     SPACES,
@@ -227,6 +227,13 @@ class _RulesSearch:
             space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer,
                                 remat=self.remat)
             self.cost[idx], self.mem[idx] = _values(space.problem)
+            self.rows = max(getattr(self, "rows", 0), len(space.problem.mem_rows))
+
+    def problem(self, idx: np.ndarray) -> Problem:
+        """The one-node problem of the priced candidates ``idx``: their costs, and their peak memory as one
+        item on one row (the peak of a one-node problem is a number per strategy)."""
+        return Problem(["rules"], [self.cost[idx].copy()], [], [MemItem(0, None, self.mem[idx].copy())],
+                       [MemRow(0.0, ((0, 1),), "peak")])
 
     def bound_and_price(self, limit: float | None, top: int, progress: Progress | None) -> np.ndarray:
         """Price candidates in bound order until the ``top`` best that fit are proven; returns the priced."""
@@ -358,19 +365,19 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
     rs = _RulesSearch(g, mesh, hw, pricer, extra, remat)
     priced = rs.bound_and_price(limit, top, progress)
     sub = rs.cands.take(priced)
-    rules_space = build_space(g, mesh, hw, "rules", rules=sub, pricer=pricer, remat=remat)
-    name = _solver_for(rules_space.problem, solver, limit) if space == "rules" else "enumerate"
-    sols = _solve(rules_space.problem, name, limit, top, time_limit)
+    rules_problem = rs.problem(priced)
+    name = _solver_for(rules_problem, solver, limit) if space == "rules" else "enumerate"
+    sols = _solve(rules_problem, name, limit, top, time_limit)
     if not sols[0].assign:
         peak, k = rs.min_memory()
         lay = format_rules(rules_of(rs.cands, k, dims, mesh)) or "replicated"
         raise InfeasibleError(
             f"no layout of {g.name!r} on mesh {mesh} fits {_gib(limit)} per device: the smallest peak memory "
             f"any layout needs is {_gib(peak)} ({lay}); raise the memory limit or use a larger mesh", peak)
-    stats = _stats(rules_space.problem) | {"candidates": len(rs.cands), "priced": len(priced)}
+    stats = _stats(rules_problem) | {"candidates": len(rs.cands), "priced": len(priced), "memory_rows": rs.rows}
     if space == "rules":
-        costed = [_costed(f"#{i + 1}", g, mesh, hw, rules_space, s.assign, limit, optimizer, remat)
-                  for i, s in enumerate(sols)]
+        costed = [_costed_rules(f"#{i + 1}", g, mesh, hw, rules_of(sub, s.assign[0], dims, mesh), limit, optimizer,
+                                remat) for i, s in enumerate(sols)]
         chosen, runner_ups, used = costed[0], tuple(costed[1:]), name
         optimal, gap = all(s.optimal for s in sols[:1]), sols[0].gap
     else:
