@@ -23,19 +23,23 @@ MAX_ASSIGNMENTS = 2_000_000
 """The largest number of assignments :func:`solve` evaluates by default."""
 
 
-def _along(arr: np.ndarray, axes: tuple[int, ...], ndim: int) -> np.ndarray:
+def _along(arr: np.ndarray, nodes: tuple[int, ...], axis: list[int | None], ndim: int) -> np.ndarray:
+    """``arr`` (one dimension per node of ``nodes``) broadcast over the assignment array: nodes with one
+    strategy have no axis (their dimension is dropped)."""
+    arr = arr[tuple(0 if axis[n] is None else slice(None) for n in nodes)]
     shape = [1] * ndim
-    for a, n in zip(axes, arr.shape, strict=True):
-        shape[a] = n
+    for n in nodes:
+        if axis[n] is not None:
+            shape[axis[n]] = arr.shape[sum(axis[m] is not None for m in nodes[:nodes.index(n)])]
     return arr.reshape(shape)
 
 
-def _item(problem: Problem, i: int, ndim: int) -> np.ndarray:
+def _item(problem: Problem, i: int, axis: list[int | None], ndim: int) -> np.ndarray:
     it = problem.mem_items[i]
     if it.factor is None:
-        return _along(it.bytes, (it.node,), ndim)
+        return _along(it.bytes, (it.node,), axis, ndim)
     f = problem.factors[it.factor]
-    return _along(f.full(it.bytes), f.nodes, ndim)
+    return _along(f.full(it.bytes), f.nodes, axis, ndim)
 
 
 def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
@@ -50,16 +54,20 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     if n > max_assignments:
         raise LayoutSearchError(f"enumeration would evaluate {n:.3g} assignments (limit {max_assignments:.3g}): "
                                 "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
-    ndim = len(problem.unary)
-    shape = tuple(problem.sizes)
+    free = [k for k, size in enumerate(problem.sizes) if size > 1]
+    axis: list[int | None] = [None] * len(problem.unary)
+    for a, k in enumerate(free):
+        axis[k] = a
+    ndim = len(free)
+    shape = tuple(problem.sizes[k] for k in free)
     total = np.full(shape, problem.const, dtype=float)
     for k, u in enumerate(problem.unary):
-        total = total + _along(u, (k,), ndim)
+        total = total + _along(u, (k,), axis, ndim)
     for f in problem.factors:
-        total = total + _along(f.full(), f.nodes, ndim)
+        total = total + _along(f.full(), f.nodes, axis, ndim)
     peak = np.zeros(shape)
     if problem.mem_rows:
-        items = [_item(problem, i, ndim) for i in range(len(problem.mem_items))]
+        items = [_item(problem, i, axis, ndim) for i in range(len(problem.mem_items))]
         peak = np.full(shape, -np.inf)
         for r in problem.mem_rows:
             row = np.full(shape, r.const, dtype=float)
@@ -73,7 +81,13 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     idx = np.nonzero(ok)[0]
     order = idx[np.argsort(flat_cost[idx], kind="stable")[:top]]
     seconds = time.perf_counter() - t0
-    return [solution(problem, np.unravel_index(int(k), shape), OPTIMAL, "enumerate", seconds) for k in order]
+    out = []
+    for k in order:
+        assign = [0] * len(problem.unary)
+        for n, s in zip(free, np.unravel_index(int(k), shape), strict=True):
+            assign[n] = int(s)
+        out.append(solution(problem, assign, OPTIMAL, "enumerate", seconds))
+    return out
 
 
 def min_memory(problem: Problem, max_assignments: int = MAX_ASSIGNMENTS) -> float:
