@@ -148,12 +148,18 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
         prob += expr(m.obj, scale)
     for row, rhs in m.eqs:
         prob += expr(row) == rhs
-    mscale = 1.0 / max(limit or 1.0, 1.0)
+    # memory rows unscaled: bytes times counts are integers, exact in doubles (a scaled row can round above
+    # its right-hand side and make a plan at exactly the limit infeasible)
+    mscale = 1.0
     for row, const in m.mem:
         if minimize_peak:
             prob += expr(row, mscale) + const * mscale <= peak
         elif limit is not None:
-            prob += expr(row, mscale) <= (limit - const) * mscale
+            # CBC's preprocessing can call a row met with equality infeasible: allow half a byte (exact, as
+            # bytes are integers), or a relative 1e-9 for fractional rows
+            integral = float(const).is_integer() and all(float(c).is_integer() for c in row.values())
+            rhs = limit - const
+            prob += expr(row, mscale) <= rhs + (0.5 if integral else 1e-9 * max(1.0, abs(rhs)))
     for cut in cuts:
         prob += pulp.lpSum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1
     with tempfile.TemporaryDirectory() as tmp:
