@@ -11,8 +11,9 @@ scalar and whose ``meta`` holds the model name and every size::
     g = load_model("graphs/json/moe.json")          # a graph file
 
 Integer parameters are sizes (or 0/1 switches such as ``tie_embeddings``);
-``preset`` and ``dtype`` are strings. A parameter whose default is ``None``
-is derived from the others (e.g. GPT's ``d_ff`` = 4 · d_model).
+``preset``, ``dtype`` and GPT's ``mlp``, ``norm`` and ``position`` are strings
+(:data:`STR_PARAMS`). A parameter whose default is ``None`` is derived from the
+others (e.g. GPT's ``d_ff`` = 4 · d_model).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from layoutsearch.ir import Graph, load_graph
 JSON_DIR = Path(__file__).parent / "json"
 """Where the zoo's JSON graph files (each model at default sizes) live."""
 
-STR_PARAMS = frozenset({"preset", "dtype"})
+STR_PARAMS = frozenset({"preset", "dtype", "mlp", "norm", "position"})
 """Parameters whose values are strings; every other parameter is an integer."""
 
 

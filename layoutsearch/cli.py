@@ -76,10 +76,23 @@ def _add_layout_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_hardware_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
     p.add_argument("--hardware", default=default, metavar="PRESET",
-                   help=f"hardware preset ({', '.join(PRESETS)})" + (f"; default {default}" if default else ""))
+                   help=f"hardware preset ({', '.join(PRESETS)}) or a hardware profile JSON file written by "
+                        "`layoutsearch calibrate`" + (f"; default {default}" if default else ""))
     p.add_argument("--hw", dest="hw_overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a hardware figure, e.g. --hw peak_flops=300e12 --hw fast_link.bandwidth=100e9 "
                         "--hw axis_links.data=slow (repeatable)")
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    """``--optimizer`` and ``--precision``: how the training step is run."""
+    from layoutsearch.ir.precision import DEFAULT_PRECISION, PRECISIONS
+    from layoutsearch.ir.training import OPTIMIZERS
+
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
+                   help="mixed: bf16 parameters, activations, gradients and collectives with fp32 master weights "
+                        "and optimizer state (Megatron, MaxText); bf16: everything bf16; fp32: everything fp32 "
+                        f"(default {DEFAULT_PRECISION})")
 
 
 def _split_kv(item: str, what: str, example: str) -> tuple[str, str]:
@@ -408,18 +421,31 @@ def _render_hardware(result: Result, args: argparse.Namespace) -> list[Any]:
 
 def _add_cost(sub: Any) -> None:
     from layoutsearch.costmodel.memory import REMAT_POLICIES
-    from layoutsearch.ir.training import OPTIMIZERS
 
     p = _command(sub, "cost", _cmd_cost, "predict the time, communication, FLOPs and memory per device of one "
                  "training step under a layout, broken down by op and by cause", render=_render_cost)
     _add_case_args(p)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    _add_training_args(p)
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization: none, selective (recompute all but projections' outputs) "
                         "or full (keep only block boundaries); default none")
-    p.add_argument("--overlap", type=float, default=0.0, metavar="F",
-                   help="fraction of the shorter of compute and communication hidden behind the other (default 0)")
+    p.add_argument("--overlap", type=_overlap_arg, default="auto", metavar="auto|F",
+                   help="auto (default): weight gathers prefetched, gradient reductions behind the backward pass, the "
+                        "rest on the critical path, from the step's schedule; or F, the fraction of the shorter of "
+                        "compute and communication hidden behind the other")
     p.add_argument("--top", type=int, default=15, metavar="N", help="ops listed in the table of top ops (default 15)")
+
+
+def _overlap_arg(text: str) -> str | float:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}")
+    return value
 
 
 def _cmd_cost(args: argparse.Namespace) -> Result:
@@ -428,8 +454,8 @@ def _cmd_cost(args: argparse.Namespace) -> Result:
     graph = _load_graph(args)
     layout = _layout(args, graph)
     hw = _hardware(args)
-    return estimate(graph, layout, hw if hw is not None else "cpu-sim", optimizer=args.optimizer, remat=args.remat,
-                    overlap=args.overlap).to_dict()
+    return estimate(graph, layout, hw if hw is not None else "cpu-sim", optimizer=args.optimizer,
+                    precision=args.precision, remat=args.remat, overlap=args.overlap).to_dict()
 
 
 def _render_cost(result: Result, args: argparse.Namespace) -> list[Any]:
@@ -576,7 +602,6 @@ def _render_partition(result: Result, args: argparse.Namespace) -> list[Any]:
 
 def _add_search(sub: Any) -> None:
     from layoutsearch.costmodel.memory import REMAT_POLICIES
-    from layoutsearch.ir.training import OPTIMIZERS
     from layoutsearch.solvers.search import SOLVERS
     from layoutsearch.solvers.space import SPACES
 
@@ -596,7 +621,7 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--top", type=int, default=3, metavar="N", help="the best plan and N-1 runner-ups (default 3)")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="stop an ILP after S seconds with its best plan, labelled not proven optimal")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    _add_training_args(p)
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization of the cost model: none, selective or full (rules and layers "
                         "spaces; default none)")
@@ -637,7 +662,7 @@ def _cmd_search(args: argparse.Namespace) -> Result:
     result: Result
     try:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
-                      optimizer=args.optimizer, remat=args.remat, top=args.top, time_limit=args.time_limit,
+                      optimizer=args.optimizer, precision=args.precision, remat=args.remat, top=args.top, time_limit=args.time_limit,
                       progress=progress)
         result = plan.to_dict()
     except InfeasibleError as e:
@@ -648,7 +673,7 @@ def _cmd_search(args: argparse.Namespace) -> Result:
         microbatches = None if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
         limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
         pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=stages or None, microbatches=microbatches,
-                             optimizer=args.optimizer, progress=progress)
+                             optimizer=args.optimizer, precision=args.precision, progress=progress)
         forced = args.pipeline != "auto"
         chosen = forced or "unpipelined" in result or pp.step_s < result["step_s"]
         result["pipeline"] = {**pp.to_dict(), "chosen": chosen, "gantt": pp.report.gantt()}
@@ -744,12 +769,98 @@ def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
     return out
 
 
+# -- calibrate ------------------------------------------------------------------------------------------------------
+
+def _add_calibrate(sub: Any) -> None:
+    p = _command(sub, "calibrate", _cmd_calibrate, "measure matmul rates, HBM bandwidth and each mesh axis's "
+                 "collective latency and bandwidth on the JAX devices present; write them as a hardware profile "
+                 "(use it with --hardware FILE)", render=_render_calibrate)
+    p.add_argument("--out", required=True, metavar="FILE", help="hardware profile JSON file to write")
+    p.add_argument("--mesh", metavar="AXES", help="mesh whose axes are measured, e.g. data:2,model:4 (default: "
+                   "every device on one axis data:N; 8 simulated CPU devices when there is no accelerator)")
+    p.add_argument("--base", metavar="PRESET", help="preset whose vendor peaks, HBM size, tiles and unmeasured "
+                   "links the measurements complete (default: the preset of the device kind, if known)")
+    p.add_argument("--quick", action="store_true", help="fewer and smaller sizes (seconds)")
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> Result:
+    from layoutsearch.calibrate import calibrate, write_profile
+    from layoutsearch.hwprofile import hardware_to_json
+
+    mesh = _mesh(args) if args.mesh else None
+    out = args.out
+    parent = os.path.dirname(os.path.abspath(out))
+    why = ("it is a directory" if os.path.isdir(out) else f"directory {parent} does not exist"
+           if not os.path.isdir(parent) else "permission denied"
+           if not os.access(out if os.path.exists(out) else parent, os.W_OK) else None)
+    if why:
+        raise LayoutSearchError(f"cannot write hardware profile {out!r}: {why}")
+    tty = sys.stderr.isatty()
+
+    def progress(what: str) -> None:
+        if tty:
+            print(f"{PROG} calibrate: {what}" + " " * 20, end="\r", file=sys.stderr, flush=True)
+
+    hw, measurements = calibrate(mesh, base=args.base, quick=args.quick, progress=progress)
+    if tty:
+        print(" " * 80, end="\r", file=sys.stderr)
+    write_profile(hw, measurements, out)
+    return {"out": out, "hardware": hardware_to_json(hw), "calibrated": measurements["meta"],
+            "measurements": {k: v for k, v in measurements.items() if k != "meta"}}
+
+
+def _render_calibrate(result: Result, args: argparse.Namespace) -> list[Any]:
+    def rate(x: float) -> str:
+        return f"{x / 1e12:.3g} TFLOP/s" if x >= 1e12 else f"{x / 1e9:.3g} GFLOP/s"
+
+    meta, m, hw = result["calibrated"], result["measurements"], result["hardware"]
+    out: list[Any] = [f"{hw['name']}: {meta['device_kind']} x {meta['device_count']} ({meta['platform']}), mesh "
+                      f"{meta['mesh']}, JAX {meta['jax_version']}{', quick' if meta['quick'] else ''}"]
+    if meta.get("note"):
+        out.append(f"NOTE: {meta['note']}")
+    rows = [[r["dtype"], f"{r['m']}x{r['n']}x{r['k']}", format_seconds(r["seconds"]), rate(r["flops_per_s"]),
+             f"{r['efficiency']:.3g}", f"{r['model_efficiency']:.3g}", format_seconds(r["predicted_seconds"])]
+            for r in m["matmul"]["rows"]]
+    out.append(f"matmuls on one device; peaks: {m['matmul']['peaks']}")
+    out.append(_table(["dtype", "m x n x k", "measured", "achieved", "of peak", "model efficiency",
+                       "model time"], rows))
+    h = m["hbm"]
+    out.append(f"HBM: {format_bytes(h['bytes_moved'])} read + written in {format_seconds(h['seconds'])}: "
+               f"{h['bandwidth'] / 1e9:.3g} GB/s, efficiency {h['efficiency']:.3g} ({h['note']})")
+    rows = []
+    for axis, a in m["collectives"]["axes"].items():
+        for kind in ("all-reduce", "all-gather"):
+            f = a[kind]
+            samples = ", ".join(f"{format_bytes(s['bytes'])} {format_seconds(s['seconds'])}" for s in f["samples"])
+            rows.append([axis, a["size"], a.get("link", "-"), kind, f"{f['alpha'] * 1e6:.3g}",
+                         f"{f['bandwidth'] / 1e9:.3g}", samples])
+    if rows:
+        out.append(_table(["axis", "size", "link", "collective", "alpha (us)", "bw (GB/s)", "payload measured"],
+                          rows, "collectives per mesh axis (alpha-beta ring fit; the link takes the all-reduce fit)"))
+    else:
+        out.append("collectives: no mesh axis of size >= 2, links kept from the preset")
+    figures = [["peak_flops", rate(hw["peak_flops"])], ["peak_flops_fp32", rate(hw["peak_flops_fp32"])],
+               ["matmul_efficiency", f"{hw['matmul_efficiency']:.3g}"],
+               ["hbm_bandwidth", f"{hw['hbm_bandwidth'] / 1e9:.4g} GB/s"],
+               ["memory_efficiency", f"{hw['memory_efficiency']:.3g}"]]
+    for kind in ("fast", "slow"):
+        link, note = hw[f"{kind}_link"], m["collectives"]["links"][kind]
+        origin = f"measured on axis {note['from_axis']}" if note["measured"] else "kept from the preset"
+        figures.append([f"{kind}_link", f"{link['bandwidth'] / 1e9:.4g} GB/s, latency "
+                                        f"{format_seconds(link['latency'])}, efficiency {link['efficiency']:g} "
+                                        f"({origin})"])
+    out.append(_table(["figure", "value"], figures, "the profile's figures"))
+    out.append(f"wrote {result['out']}: use it with --hardware {result['out']}")
+    return out
+
+
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
 def _add_costdag(sub: Any) -> None:
     p = _command(sub, "costdag", _cmd_costdag, "write a model's pipeline cost DAG (blocks priced by the cost model "
                  "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
     _add_case_args(p)
+    _add_training_args(p)
     p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
     p.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
     p.add_argument("--out", required=True, metavar="FILE", help="cost DAG JSON file to write")
@@ -761,7 +872,8 @@ def _cmd_costdag(args: argparse.Namespace) -> Result:
     graph = _load_graph(args)
     layout = _layout(args, graph)
     hw = _hardware(args) or hardware("cpu-sim")
-    dag, _, _ = pipeline_costdag(graph, layout, "stage", hw, microbatches=args.microbatches, remat=args.remat)
+    dag, _, _ = pipeline_costdag(graph, layout, "stage", hw, microbatches=args.microbatches, remat=args.remat,
+                                 optimizer=args.optimizer, precision=args.precision)
     dag.save(args.out)
     return {"model": graph.name, "out": args.out, "nodes": [n.name for n in dag.nodes],
             "compute_s": sum(n.compute_s for n in dag.nodes), "microbatches": args.microbatches,
@@ -769,12 +881,10 @@ def _cmd_costdag(args: argparse.Namespace) -> Result:
 
 
 def _add_validate(sub: Any) -> None:
-    from layoutsearch.ir.training import OPTIMIZERS
-
     p = _command(sub, "validate", _cmd_validate, "predicted against compiled collectives, FLOPs and memory per "
                  "device for one layout (and measured step time on a GPU/TPU)", render=_render_validate)
     _add_case_args(p)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    _add_training_args(p)
 
 
 def _cmd_validate(args: argparse.Namespace) -> Result:
@@ -783,7 +893,8 @@ def _cmd_validate(args: argparse.Namespace) -> Result:
     graph = _load_graph(args)
     layout = _layout(args, graph)
     jax_devices(layout.mesh.size)  # before JAX starts: simulated CPU devices if needed
-    return validate(graph, layout, _hardware(args) or hardware("cpu-sim"), optimizer=args.optimizer)
+    return validate(graph, layout, _hardware(args) or hardware("cpu-sim"), optimizer=args.optimizer,
+                    precision=args.precision)
 
 
 def _render_validate(result: Result, args: argparse.Namespace) -> list[Any]:
@@ -806,7 +917,7 @@ def _command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], h
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (_add_models, _add_costdag, _add_graph, _add_layout, _add_hardware, _add_cost,
-                                               _add_table1, _add_validate, _add_partition, _add_search)
+                                               _add_table1, _add_validate, _add_partition, _add_search, _add_calibrate)
 """Every subcommand, by its ``_add_<name>`` function, in the order ``--help`` lists them."""
 
 

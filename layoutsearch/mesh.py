@@ -117,15 +117,37 @@ class Link:
 class Hardware:
     """Figures of one accelerator and its interconnect (all overridable).
 
+    Compute: ``peak_flops`` (dense bf16/fp16 matmul peak), ``peak_flops_fp32``
+    (matmuls of float32 operands, as XLA runs them by default: TF32 tensor cores
+    on A100/H100, one bf16 pass on TPUs); ``matmul_efficiency``: the achieved
+    fraction of peak on large well-shaped matmuls, lowered per matmul shape by
+    ``matmul_tile`` (tile sizes m, n, k) and ``compute_units`` (streaming
+    multiprocessors; see :mod:`layoutsearch.costmodel.compute`);
+    ``memory_efficiency``: achieved fraction of HBM bandwidth.
+
     ``devices_per_node``: how many devices the fast links join (a GPU node or
     a TPU slice); mesh axes inside that extent use ``fast_link``, the others
-    ``slow_link``. ``matmul_efficiency`` / ``memory_efficiency``: achieved
-    fractions of peak FLOP/s and of HBM bandwidth. ``reduce_scatter``: whether
-    the compiler emits reduce-scatter for partial sums whose result stays split
-    (XLA on CPU all-reduces and slices instead). ``combined_gradient_all_reduce``:
-    whether the compiler defers the parameter-gradient all-reduces to the end of the
-    backward pass and runs them as one out-of-place all-reduce (XLA on CPU), which the
-    memory model charges (:mod:`layoutsearch.costmodel.memory`).
+    ``slow_link``.
+
+    Backend behaviour (what the compiler and runtime do; XLA on CPU differs
+    from XLA on GPU/TPU, and the ``cpu-sim`` preset says so):
+
+    * ``reduce_scatter``: the compiler emits reduce-scatter for partial sums
+      whose result stays split (XLA on CPU all-reduces and slices instead);
+    * ``combined_gradient_all_reduce``: the parameter-gradient all-reduces are
+      deferred to the end of the backward pass and run as one out-of-place
+      all-reduce (XLA on CPU; charged by :mod:`layoutsearch.costmodel.memory`);
+    * ``fusion``: elementwise, normalization and softmax ops are fused with
+      their producers and consumers, so tensors between them never reach HBM
+      (XLA on GPU/TPU; :mod:`layoutsearch.costmodel.fusion`);
+    * ``async_collectives``: collectives run beside compute, so those off the
+      critical path (weight all-gathers, gradient reductions) can hide behind
+      it (:mod:`layoutsearch.costmodel.overlap`); XLA on CPU runs them in line;
+    * ``float32_collectives``: collectives of bf16/fp16 tensors run in float32
+      (XLA on CPU converts around them), moving 4 bytes per element;
+    * ``regather_weights``: a parameter all-gathered for the forward pass is
+      released after use and gathered again for the backward pass (FSDP as
+      XLA on GPU/TPU schedules it) instead of kept alive from one to the other.
     """
 
     name: str
@@ -141,6 +163,21 @@ class Hardware:
     axis_links: tuple[tuple[str, str], ...] = field(default=())
     reduce_scatter: bool = True
     combined_gradient_all_reduce: bool = False
+    peak_flops_fp32: float = 0.0
+    matmul_tile: tuple[int, int, int] = (1, 1, 1)
+    compute_units: int = 1
+    fusion: bool = True
+    async_collectives: bool = True
+    regather_weights: bool = True
+    float32_collectives: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.peak_flops_fp32:
+            object.__setattr__(self, "peak_flops_fp32", self.peak_flops)
+        tile = tuple(self.matmul_tile)
+        if len(tile) != 3 or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in tile):
+            raise HardwareError(f"matmul_tile must be three positive integers (m, n, k), got {self.matmul_tile!r}")
+        object.__setattr__(self, "matmul_tile", tile)
 
     def replace(self, **changes: Any) -> Hardware:
         """A copy with some figures changed, e.g. ``hw.replace(peak_flops=300e12)``.
@@ -161,6 +198,8 @@ class Hardware:
                     if kind not in ("fast", "slow"):
                         raise HardwareError(f"axis link kind must be 'fast' or 'slow', got {kind!r}")
                 direct[key] = tuple(dict(value).items())
+            elif key == "matmul_tile":
+                direct[key] = _tile(value)
             elif key in {f.name for f in dataclasses.fields(self)} and key not in ("source", "name"):
                 direct[key] = _figure(key, value, type(getattr(self, key)))
             else:
@@ -205,11 +244,23 @@ def _figure(key: str, value: Any, typ: type) -> Any:
     if key.endswith("latency"):
         if not v >= 0:
             raise HardwareError(f"hardware figure {key}={value!r} must be >= 0")
-    elif key != "reduce_scatter" and not v > 0:
+    elif typ is not bool and not v > 0:
         raise HardwareError(f"hardware figure {key}={value!r} must be positive")
     if key.endswith("efficiency") and v > 1:
         raise HardwareError(f"hardware figure {key}={value!r}: an efficiency is at most 1")
     return v
+
+
+def _tile(value: Any) -> tuple[int, int, int]:
+    """``(m, n, k)`` from a sequence or a string ``"128,128,64"``."""
+    items = value.replace("x", ",").split(",") if isinstance(value, str) else value
+    try:
+        tile = tuple(int(v) for v in items)
+    except (TypeError, ValueError):
+        raise HardwareError(f"matmul_tile must be three positive integers m,n,k, got {value!r}") from None
+    if len(tile) != 3 or min(tile) < 1:
+        raise HardwareError(f"matmul_tile must be three positive integers m,n,k, got {value!r}")
+    return tile  # type: ignore[return-value]
 
 
 def _figure_names() -> list[str]:
@@ -223,58 +274,84 @@ GB = 1e9
 GiB = 2**30
 TB = 1e12
 
-# Achieved fractions of peak, used unless overridden. Matmul: large bf16 GEMMs
-# reach ~70-80% of peak on A100/H100 (NVIDIA's published cuBLAS results) and
-# MFU of well-tuned TPU training is ~50-60% (PaLM: 46-58%), so 0.75 for the
-# kernel alone. HBM: STREAM-like kernels reach ~85-90% of peak. Links: NCCL
-# bus bandwidth reaches ~80% of NVLink peak and ~90% of InfiniBand line rate.
-_MM, _MEM = 0.75, 0.85
+# Memory: STREAM-like kernels reach ~85-90% of peak HBM bandwidth. Links: NCCL bus bandwidth reaches ~80% of
+# NVLink peak and ~90% of InfiniBand line rate. Matmul efficiency: see docs/hardware.md ("Efficiency factors")
+# for the source of each figure.
+_MEM = 0.85
 
 _NV = "NVIDIA datasheets (V100 SXM2, A100 SXM 80GB, H100 SXM, H200 SXM): dense bf16/fp16 tensor-core peak"
 _TPU = "Google Cloud TPU system architecture pages: per-chip bf16 peak, HBM, ICI/DCN bandwidth"
+_GPU_TILE = (128, 128, 64)   # output tile m x n of a tensor-core GEMM kernel, k step (NVIDIA GEMM guide)
+_TPU_TILE = (8, 128, 128)    # MXU: 128 x 128 weight tile (n x k), rows streamed 8 at a time (m)
+_TPU_MM = 0.90               # see docs/hardware.md: no published microbenchmark; calibrate to measure
+
+
+def _gpu(name: str, peak: float, fp32: float, hbm: float, bw: float, fast: Link, slow: Link, e: float, sms: int,
+         source: str) -> Hardware:
+    return Hardware(name, peak, hbm, bw, fast, slow, 8, e, _MEM, source, peak_flops_fp32=fp32,
+                    matmul_tile=_GPU_TILE, compute_units=sms)
+
+
+def _tpu(name: str, peak: float, hbm: float, bw: float, ici: float, dcn: float, chips: int, source: str) -> Hardware:
+    return Hardware(name, peak, hbm, bw, Link(ici, 2e-6, 0.9), Link(dcn, 20e-6, 0.9), chips, _TPU_MM, _MEM,
+                    source, matmul_tile=_TPU_TILE)
+
 
 PRESETS: dict[str, Hardware] = {
-    "v100": Hardware("v100", 125 * TB, 32 * GB, 900 * GB, Link(150 * GB, 5e-6, 0.8), Link(12.5 * GB, 10e-6, 0.9),
-                     8, _MM, _MEM, _NV + "; NVLink 300 GB/s bidir, IB EDR 100 Gb/s per GPU"),
-    "a100": Hardware("a100", 312 * TB, 80 * GB, 2039 * GB, Link(300 * GB, 5e-6, 0.8), Link(25 * GB, 10e-6, 0.9),
-                     8, _MM, _MEM, _NV + "; NVLink3 600 GB/s bidir, 8x200 Gb/s HDR per node"),
-    "h100": Hardware("h100", 989 * TB, 80 * GB, 3350 * GB, Link(450 * GB, 5e-6, 0.8), Link(50 * GB, 10e-6, 0.9),
-                     8, _MM, _MEM, _NV + "; NVLink4 900 GB/s bidir, 8x400 Gb/s NDR per node"),
-    "h200": Hardware("h200", 989 * TB, 141 * GB, 4800 * GB, Link(450 * GB, 5e-6, 0.8), Link(50 * GB, 10e-6, 0.9),
-                     8, _MM, _MEM, _NV + "; NVLink4 900 GB/s bidir, 400 Gb/s per GPU"),
+    "v100": _gpu("v100", 125 * TB, 15.7 * TB, 32 * GB, 900 * GB, Link(150 * GB, 5e-6, 0.8),
+                 Link(12.5 * GB, 10e-6, 0.9), 0.75, 80, _NV + "; NVLink 300 GB/s bidir, IB EDR 100 Gb/s per GPU"),
+    "a100": _gpu("a100", 312 * TB, 156 * TB, 80 * GB, 2039 * GB, Link(300 * GB, 5e-6, 0.8),
+                 Link(25 * GB, 10e-6, 0.9), 0.869, 108, _NV + "; NVLink3 600 GB/s bidir, 8x200 Gb/s HDR per node"),
+    "h100": _gpu("h100", 989 * TB, 494.7 * TB, 80 * GB, 3350 * GB, Link(450 * GB, 5e-6, 0.8),
+                 Link(50 * GB, 10e-6, 0.9), 0.803, 132, _NV + "; NVLink4 900 GB/s bidir, 8x400 Gb/s NDR per node"),
+    "h200": _gpu("h200", 989 * TB, 494.7 * TB, 141 * GB, 4800 * GB, Link(450 * GB, 5e-6, 0.8),
+                 Link(50 * GB, 10e-6, 0.9), 0.803, 132, _NV + "; NVLink4 900 GB/s bidir, 400 Gb/s per GPU"),
     # TPU ICI: per-axis figure is the bandwidth a ring along one torus dimension
     # gets (both directions of that dimension's links). DCN: per chip.
-    "tpu-v2": Hardware("tpu-v2", 45 * TB, 16 * GiB, 600 * GB, Link(62.5 * GB, 2e-6, 0.9), Link(3 * GB, 20e-6, 0.9),
-                       256, _MM, _MEM, _TPU + "; 2-D torus, 256-chip pod"),
-    "tpu-v3": Hardware("tpu-v3", 123 * TB, 32 * GiB, 900 * GB, Link(82 * GB, 2e-6, 0.9), Link(3 * GB, 20e-6, 0.9),
-                       1024, _MM, _MEM, _TPU + "; 2-D torus, up to 1024 chips"),
-    "tpu-v4": Hardware("tpu-v4", 275 * TB, 32 * GiB, 1200 * GB, Link(100 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
-                       4096, _MM, _MEM, _TPU + "; 3-D torus, 6 ICI links of 50 GB/s, up to 4096 chips"),
-    "tpu-v5e": Hardware("tpu-v5e", 197 * TB, 16 * GB, 819 * GB, Link(100 * GB, 2e-6, 0.9), Link(3.1 * GB, 20e-6, 0.9),
-                        256, _MM, _MEM, _TPU + "; 2-D torus ICI 1600 Gb/s per chip, 2x100 Gb/s DCN per 8-chip host"),
-    "tpu-v5p": Hardware("tpu-v5p", 459 * TB, 95 * GB, 2765 * GB, Link(200 * GB, 2e-6, 0.9), Link(6.25 * GB, 20e-6, 0.9),
-                        8960, _MM, _MEM, _TPU + "; 3-D torus ICI 4800 Gb/s per chip, 50 Gb/s DCN per chip"),
-    # Simulated CPU devices (tests): nominal figures, only for relative costs.
-    # XLA on CPU finishes partial sums with all-reduce + slice, never reduce-scatter, and
-    # combines the gradient all-reduces into one out-of-place all-reduce after the backward pass.
+    "tpu-v2": _tpu("tpu-v2", 45 * TB, 16 * GiB, 600 * GB, 62.5 * GB, 3 * GB, 256, _TPU + "; 2-D torus, 256-chip pod"),
+    "tpu-v3": _tpu("tpu-v3", 123 * TB, 32 * GiB, 900 * GB, 82 * GB, 3 * GB, 1024,
+                   _TPU + "; 2-D torus, up to 1024 chips"),
+    "tpu-v4": _tpu("tpu-v4", 275 * TB, 32 * GiB, 1200 * GB, 100 * GB, 6.25 * GB, 4096,
+                   _TPU + "; 3-D torus, 6 ICI links of 50 GB/s, up to 4096 chips"),
+    "tpu-v5e": _tpu("tpu-v5e", 197 * TB, 16 * GB, 819 * GB, 100 * GB, 3.1 * GB, 256,
+                    _TPU + "; 2-D torus ICI 1600 Gb/s per chip, 2x100 Gb/s DCN per 8-chip host"),
+    "tpu-v5p": _tpu("tpu-v5p", 459 * TB, 95 * GB, 2765 * GB, 200 * GB, 6.25 * GB, 8960,
+                    _TPU + "; 3-D torus ICI 4800 Gb/s per chip, 50 Gb/s DCN per chip"),
+    # Simulated CPU devices (tests): nominal figures, only for relative costs. XLA on CPU finishes partial sums
+    # with all-reduce + slice, never reduce-scatter; combines the gradient all-reduces into one out-of-place
+    # all-reduce after the backward pass; runs bf16 collectives in float32; runs collectives synchronously;
+    # keeps a weight gathered for the
+    # forward pass alive for the backward pass (one all-gather, CSE'd); and is priced without fusion, as the
+    # compiled-program agreement tests count it.
     "cpu-sim": Hardware("cpu-sim", 100e9, 24 * GiB, 20 * GB, Link(10 * GB, 1e-6), Link(1 * GB, 10e-6),
                         8, 1.0, 1.0, "nominal figures for simulated CPU devices", reduce_scatter=False,
-                        combined_gradient_all_reduce=True),
+                        combined_gradient_all_reduce=True, fusion=False, async_collectives=False,
+                        regather_weights=False, float32_collectives=True),
 }
 """Hardware presets by name."""
+
+BACKEND_BEHAVIOUR = ("reduce_scatter", "combined_gradient_all_reduce", "fusion", "async_collectives",
+                     "regather_weights", "float32_collectives")
+"""The :class:`Hardware` fields that describe what the compiler and runtime do (see its docstring)."""
 
 _ALIASES = {"tpu-v5litepod": "tpu-v5e", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v4": "tpu-v4", "v3": "tpu-v3",
             "v2": "tpu-v2", "h100-sxm": "h100", "a100-80gb": "a100", "cpu": "cpu-sim"}
 
 
 def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
-    """A hardware preset by name (case-insensitive), with figures overridden."""
+    """A hardware preset by name (case-insensitive), or a hardware profile file (a name ending in ``.json``,
+    or an existing file: see :mod:`layoutsearch.hwprofile`), with figures overridden."""
     if isinstance(name, Hardware):
         hw = name
     else:
+        from layoutsearch.hwprofile import is_profile_path, load_profile  # no JAX; imports this module
+
         key = name.strip().lower()
         key = _ALIASES.get(key, key)
-        if key not in PRESETS:
+        if key.endswith(".json") or (key not in PRESETS and is_profile_path(name)):
+            hw = load_profile(name)
+        elif key not in PRESETS:
             raise HardwareError(f"unknown hardware {name!r} (presets: {', '.join(PRESETS)})")
-        hw = PRESETS[key]
+        else:
+            hw = PRESETS[key]
     return hw.replace(**overrides) if overrides else hw

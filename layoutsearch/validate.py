@@ -30,7 +30,8 @@ from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
-from layoutsearch.mesh import Hardware
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
 from layoutsearch.mesh import hardware as _hardware
 
 
@@ -85,7 +86,8 @@ def compiled_costs(graph: Graph, layout: Layout) -> dict[str, Any]:
 def _backend_hardware(hw: Hardware, platform: str) -> Hardware:
     """``hw`` with the compiler behaviour of the backend that compiled the program."""
     if platform == "cpu":
-        return hw.replace(reduce_scatter=False, combined_gradient_all_reduce=True)
+        cpu = _hardware("cpu-sim")
+        return hw.replace(**{k: getattr(cpu, k) for k in BACKEND_BEHAVIOUR})
     return hw
 
 
@@ -108,10 +110,11 @@ def _measure(graph: Graph, layout: Layout, steps: int) -> float:
 
 
 def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, optimizer: str = "adam",
-             steps: int = 10) -> dict[str, Any]:
+             precision: Precision | str = DEFAULT_PRECISION, steps: int = 10) -> dict[str, Any]:
     """Predicted vs compiled collectives, FLOPs and memory per device (and measured
-    vs predicted step time on an accelerator) for ``graph``'s training step under ``layout``."""
-    g = training_step(graph, optimizer)
+    vs predicted step time on an accelerator) for ``graph``'s training step under ``layout``
+    with the ``precision`` policy."""
+    g = training_step(graph, optimizer, precision)
     layout.check(g)
     hw = _hardware(hardware)
     compiled = compiled_costs(g, layout)
@@ -132,7 +135,7 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         r["ratio"] = (p / c) if c else (1.0 if not p else None)
     timed = estimate(g, layout, hw)
     out: dict[str, Any] = {"model": graph.name, "mesh": str(layout.mesh), "layout": layout.describe(),
-                           "hardware": hw.name, "platform": platform, "rows": rows, "predicted_step_s": timed.step_s}
+                           "precision": timed.precision, "hardware": hw.name, "platform": platform, "rows": rows, "predicted_step_s": timed.step_s}
     if platform != "cpu":
         out["measured_step_s"] = _measure(g, layout, steps)
     return out

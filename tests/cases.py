@@ -38,6 +38,20 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 """Small sizes of each zoo model used by the cases."""
 
+GPT_VARIANTS: dict[str, dict[str, Any]] = {
+    # Llama / MaxText style: SwiGLU, grouped-query attention (8 query heads, 2 KV heads) with a head
+    # dim independent of d_model / heads, RMSNorm, rotary positions, no biases, untied embeddings.
+    "gpt-llama": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "kv_heads": 2, "d_kv": 8,
+                  "d_ff": 64, "layers": 1, "mlp": "swiglu", "norm": "rmsnorm", "position": "rotary", "bias": 0,
+                  "tie_embeddings": 0},
+    # PaLM style: parallel attention and feed-forward with one layer norm (here with GPT's biases)
+    "gpt-palm": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "layers": 1, "parallel_block": 1},
+    # multi-query attention, relu MLP, no position embedding
+    "gpt-mqa": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "kv_heads": 1, "layers": 1,
+                "mlp": "relu", "position": "none"},
+}
+"""Small ``gpt`` configurations with the modern architecture options, by name."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -57,6 +71,12 @@ class Case:
     @property
     def id(self) -> str:
         return self.name
+
+    @property
+    def family(self) -> str:
+        """The model and sizes the case lays out: its name before the ``/`` (e.g. ``gpt`` or
+        ``gpt-llama``); cases of one family share their feeds and references."""
+        return self.name.split("/", 1)[0]
 
     def graph(self) -> Graph:
         return _forward(self.model, tuple(sorted(self.sizes.items())))
@@ -80,6 +100,11 @@ def _training(model: str, sizes: tuple[tuple[str, Any], ...], optimizer: Optimiz
 
 def _c(model: str, strategy: str, mesh: str, rules: str, suffix: str = "") -> Case:
     return Case(f"{model}/{strategy}{suffix}", model, mesh, rules, strategy)
+
+
+def _v(variant: str, strategy: str, mesh: str, rules: str, suffix: str = "") -> Case:
+    """A case of a ``gpt`` variant (:data:`GPT_VARIANTS`)."""
+    return Case(f"{variant}/{strategy}{suffix}", "gpt", mesh, rules, strategy, dict(GPT_VARIANTS[variant]))
 
 
 _TRANSFORMER_MP = "heads:model,d_ff:model,vocab:model"
@@ -108,6 +133,11 @@ CASES: tuple[Case, ...] = (
     _c("gpt", "mp", "model:8", _TRANSFORMER_MP),
     _c("gpt", "2d", "data:2,model:4", "batch:data," + _TRANSFORMER_MP),
     _c("gpt", "fsdp", "data:8", "batch:data,d_model:data"),
+    # Llama-style GPT: KV heads split over model (Megatron-style GQA), or the query groups (K/V
+    # replicated), or d_model (RMSNorm statistics all-reduced)
+    _v("gpt-llama", "2d", "data:4,model:2", "batch:data,kv_heads:model,d_ff:model,vocab:model"),
+    _v("gpt-llama", "2d", "data:2,model:4", "batch:data,q_per_kv:model,d_ff:model,vocab:model", "-groups"),
+    _v("gpt-llama", "2d", "data:2,model:4", "batch:data,d_model:model", "-dmodel"),
     # mixture of experts
     _c("moe", "dp", "data:8", "batch:data"),
     _c("moe", "ep", "data:2,expert:4", "batch:data,experts:expert"),

@@ -23,8 +23,8 @@ def test_cost_json_has_totals_memory_and_collectives(capsys):
 def test_cost_options_reach_the_estimate(capsys):
     d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--layout", "batch:data,d_ff:model",
                  "--hardware", "h100", "--hw", "peak_flops=500e12", "--optimizer", "sgd", "--remat", "full",
-                 "--overlap", "0.5")
-    assert (d["optimizer"], d["remat"], d["overlap"]) == ("sgd", "full", 0.5)
+                 "--overlap", "0.5", "--precision", "bf16")
+    assert (d["optimizer"], d["precision"], d["remat"], d["overlap"]) == ("sgd", "bf16", "full", 0.5)
     assert d["hardware"]["peak_flops"] == 500e12
     assert d["memory"]["recomputed_ops"] > 0 and d["memory"]["breakdown"]["optimizer_state"] == 0
 

@@ -247,7 +247,7 @@ def test_pipeline_cost_model_predicts_the_compiled_collectives():
     groups[0].insert(0, "pre")
     groups[-1].append("post")
     rep = estimate_pipeline(g, Layout.from_rules("stage:4,data:2", "batch:data"), "cpu-sim", stage_axis="stage",
-                            microbatches=4, stages=groups)
+                            microbatches=4, stages=groups, precision="fp32")
     middle = rep.stages[1].collectives
     predicted_permute = sum(b * n for kind, _, b, n in middle if kind == "collective-permute")
     compiled_permute = sum(c.total_bytes for c in summary.collectives if c.kind == "collective-permute")

@@ -35,7 +35,7 @@ RTOL = 1e-5
 ATOL = 1e-5
 
 ADAM_CASES = tuple(CASES_BY_NAME[n] for n in (
-    "mtf-ffn/fsdp", "mlp/2d", "mtf-transformer/mp", "gpt/2d", "gpt/fsdp", "moe/ep"))
+    "mtf-ffn/fsdp", "mlp/2d", "mtf-transformer/mp", "gpt/2d", "gpt/fsdp", "moe/ep", "gpt-llama/2d"))
 """Adam runs on a subset in the fast tier (one or two per model, covering every
 kind of split of the optimizer state); the rest are marked slow."""
 
@@ -51,18 +51,19 @@ def _on_one_device(f, *args):
 
 
 @cache
-def _reference(model: str, optimizer: Optimizer) -> dict[str, np.ndarray]:
-    """Every tensor of the unsharded training step of ``model`` (no constraints, one device)."""
-    case = next(c for c in CASES if c.model == model)
+def _reference(family: str, optimizer: Optimizer) -> dict[str, np.ndarray]:
+    """Every tensor of the unsharded training step of ``family`` (a model at the sizes
+    of its cases, see :attr:`Case.family`; no constraints, one device)."""
+    case = next(c for c in CASES if c.family == family)
     g = case.training(optimizer)
     env = _on_one_device(lambda f: run_graph(g, f), feeds(case, optimizer))
     return {k: np.asarray(v) for k, v in env.items()}
 
 
 @cache
-def _jax_grad(model: str) -> dict[str, np.ndarray]:
+def _jax_grad(family: str) -> dict[str, np.ndarray]:
     """``jax.grad`` of the unsharded forward graph's loss with respect to every parameter."""
-    case = next(c for c in CASES if c.model == model)
+    case = next(c for c in CASES if c.family == family)
     fwd = case.graph()
     f = feeds(case, SGD)
     params = {p.name: f[p.name] for p in fwd.parameters}
@@ -78,7 +79,7 @@ def _run(case: Case, optimizer: Optimizer) -> dict[str, np.ndarray]:
 
 def _check_step(case: Case, optimizer: Optimizer) -> None:
     got = _run(case, optimizer)
-    want = _reference(case.model, optimizer)
+    want = _reference(case.family, optimizer)
     g = case.training(optimizer)
     assert sorted(got) == sorted(step_outputs(g))
     for k in step_outputs(g):
@@ -109,18 +110,18 @@ def test_sharded_gradients_equal_jax_grad(case: Case):
     ``jax.grad`` of the unsharded forward: the derived backward pass, run
     sharded, is the true gradient."""
     got = _run(case, SGD)
-    grads = _jax_grad(case.model)
+    grads = _jax_grad(case.family)
     f = feeds(case, SGD)
     assert grads, case.name
     for p, g in grads.items():
         _close(f"{case.name}: new/{p}", got[f"new/{p}"], np.asarray(f[p]) - g)
 
 
-@pytest.mark.parametrize("model", sorted({c.model for c in CASES}))
-def test_unsharded_derived_gradients_equal_jax_grad(model: str):
-    ref = _reference(model, SGD)
-    for p, g in _jax_grad(model).items():
-        _close(f"{model}: grad/{p}", ref[f"grad/{p}"], g)
+@pytest.mark.parametrize("family", sorted({c.family for c in CASES}))
+def test_unsharded_derived_gradients_equal_jax_grad(family: str):
+    ref = _reference(family, SGD)
+    for p, g in _jax_grad(family).items():
+        _close(f"{family}: grad/{p}", ref[f"grad/{p}"], g)
 
 
 def test_default_pipeline_runs_the_same_step():
@@ -128,7 +129,7 @@ def test_default_pipeline_runs_the_same_step():
     the ordinary ``jax.jit`` path (:func:`run_sharded`) computes the same step."""
     case = CASES_BY_NAME["gpt/2d"]
     got = run_sharded(case.training(SGD), case.layout(), feeds(case, SGD))
-    want = _reference(case.model, SGD)
+    want = _reference(case.family, SGD)
     for k, v in got.items():
         _close(f"{case.name} (fused): {k}", v, want[k])
 
@@ -143,3 +144,10 @@ def test_every_model_and_strategy_is_covered():
     g, lay = fsdp.graph(), fsdp.layout()
     assert lay.spec(g.tensors["layer.0/wq"]) == ("data", None, None)
     assert lay.spec(g.tensors["layer.0/ln_attn"]) == ("data", None, None)
+    # Llama-style GQA: the KV heads (and the query heads grouped under them) split over model
+    llama = CASES_BY_NAME["gpt-llama/2d"]
+    g, lay = llama.graph(), llama.layout()
+    assert lay.spec(g.tensors["layer.0/wk"]) == (None, "model", None)
+    assert lay.spec(g.tensors["layer.0/wq"]) == (None, "model", None, None)
+    assert lay.spec(g.tensors["layer.0/attn_logits"]) == ("data", "model", None, None, None)
+    assert lay.spec(g.tensors["layer.0/wi_gate"]) == (None, "model")

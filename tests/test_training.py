@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import pytest
+from cases import GPT_VARIANTS
 
 from graphs import build_model, list_models
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
@@ -142,6 +143,18 @@ def norm_graph() -> Graph:
     return b.build(loss)
 
 
+def rms_norm_graph() -> Graph:
+    """RMSNorm (a layer norm without centring) over a dim that is not the last, and a layer norm beside it."""
+    b = GraphBuilder("rms")
+    b.dim("b", 4), b.dim("d", 3), b.dim("e", 6)
+    x, t1, t2 = b.input("x", ["b", "d"]), b.input("t1", ["e", "b"]), b.input("t2", ["b", "e"])
+    w = b.parameter("w", ["d", "e"])
+    h = b.einsum([x, w], ["e", "b"])
+    rms = b.layer_norm(h, "e", eps=1e-3, center=False)
+    loss = b.reduce(rms * t1, [], fn="sum") + b.reduce(b.square(b.layer_norm(rms, "e")) * t2, [], fn="sum")
+    return b.build(loss)
+
+
 def reshape_graph() -> Graph:
     b = GraphBuilder("reshape")
     for n, s in {"a": 6, "b": 4, "a1": 2, "a2": 3, "c": 8, "a3": 3, "z": 24}.items():
@@ -178,8 +191,8 @@ def stop_graph() -> Graph:
     return b.build(b.reduce(y, [], fn="sum"))
 
 
-GRAPHS = [einsum_graph, broadcast_graph, unary_graph, reduce_graph, norm_graph, reshape_graph, lm_graph,
-          stop_graph]
+GRAPHS = [einsum_graph, broadcast_graph, unary_graph, reduce_graph, norm_graph, rms_norm_graph, reshape_graph,
+          lm_graph, stop_graph]
 
 
 @pytest.mark.parametrize("build", GRAPHS, ids=lambda f: f.__name__)
@@ -352,3 +365,13 @@ def test_zoo_gradients_equal_jax_grad(model):
     spec = next(m for m in list_models() if m.name == model)
     fwd = build_model(model, **{k: v for k, v in ZOO_SMALL.items() if k in spec.params})
     assert_grads_match(fwd)
+
+
+@pytest.mark.parametrize("variant", list(GPT_VARIANTS))
+def test_gpt_variant_gradients_equal_jax_grad(variant):
+    """Llama-style (SwiGLU, GQA, RMSNorm, rotary, no bias, untied), PaLM-style (parallel block) and
+    multi-query GPTs: the derived backward pass is jax.grad of the forward."""
+    fwd = build_model("gpt", **{**GPT_VARIANTS[variant], "batch": 2})
+    train = assert_grads_match(fwd)
+    if GPT_VARIANTS[variant].get("norm") == "rmsnorm":
+        assert all(not op.center for op in train.ops if op.kind in ("layer_norm", "layer_norm_grad"))

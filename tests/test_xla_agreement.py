@@ -37,8 +37,9 @@ from layoutsearch.backend.hlo import CompiledSummary, summarize
 from layoutsearch.backend.program import ELEMENTWISE_IMPL
 from layoutsearch.backend.sharding import FAST_COMPILE, UNFUSED
 from layoutsearch.costmodel.memory import memory_profile
-from layoutsearch.costmodel.ops import ELEMENTWISE_FLOPS, FORWARD_SHARED_FLOPS, OpRules
-from layoutsearch.ir import Optimizer
+from layoutsearch.costmodel.ops import ELEMENTWISE_FLOPS, FORWARD_SHARED_FLOPS, OpRules, op_flops
+from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, Optimizer, Tensor
+from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.ops import ELEMENTWISE_FNS, UNARY_GRAD
 from layoutsearch.mesh import hardware
 
@@ -82,6 +83,12 @@ KNOWN_DEVIATIONS: tuple[Deviation, ...] = (
     # memory: predicted / compiled (default pipeline, donated) - 1, measured on these sizes
     Deviation("memory", ("mlp/mp-alternating", "moe/ep-gshard"), -0.36, -0.20,
               "model-parallel activations, all-reduced and sliced or all-gathered: " + _UNSLICED_KEPT),
+    Deviation("memory", ("gpt-llama/2d-dmodel",), -0.28, -0.20,
+              "d_model split over model (every projection all-reduces its partial sums, attention runs replicated "
+              "over model): not analysed yet. Not caused by the Llama options: the plain gpt case sizes under the "
+              "same rules measure -19.7% (mtf-transformer/2d-dmodel: -10%); grouped-query attention lowers the "
+              "predicted peak (smaller keys and values) where XLA's stays put (measured -24.1% with 2 KV heads, "
+              "-13.5% with 8)."),
 )
 
 
@@ -141,7 +148,7 @@ def test_flops_agree(case: Case):
 
 
 ADAM_CASES = tuple(CASES_BY_NAME[n] for n in (
-    "mtf-ffn/fsdp", "mlp/2d", "mtf-transformer/mp", "gpt/2d", "gpt/fsdp", "moe/ep"))
+    "mtf-ffn/fsdp", "mlp/2d", "mtf-transformer/mp", "gpt/2d", "gpt/fsdp", "moe/ep", "gpt-llama/2d"))
 """The Adam subset of ``test_sharded_numerics`` (same executables)."""
 
 
@@ -237,3 +244,26 @@ def test_forward_shared_flops_match_xla(fn: str):
     g = UNARY_GRAD[fn]
     both = _xla_flops_per_element(lambda x, dy: (ELEMENTWISE_IMPL[fn](x), ELEMENTWISE_IMPL[g](x, dy)), 2)
     assert both == ELEMENTWISE_FLOPS[fn] + ELEMENTWISE_FLOPS[g] - FORWARD_SHARED_FLOPS.get(g, 0)
+
+
+@pytest.mark.parametrize("center", [True, False], ids=["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("rows, width", [(8, 64), (4, 128)])
+def test_norm_flops_match_xla(center: bool, rows: int, width: int):
+    """:func:`op_flops` of a layer norm (RMSNorm: ``center=False``) and of its gradient
+    computed beside it (as in a training step: the normalized input is shared) is
+    XLA's count of the backend's lowering, exactly."""
+    from layoutsearch.backend.program import run_graph
+
+    r, d = Dim("r", rows), Dim("d", width)
+    tensors = [Tensor("x", (r, d), role="input"), Tensor("dy", (d, r), role="input"), Tensor("y", (r, d)),
+               Tensor("dx", (r, d), role="gradient")]
+    ops = [LayerNorm(name="y", inputs=("x",), output="y", dim="d", center=center),
+           LayerNormGrad(name="dx", inputs=("x", "dy"), output="dx", dim="d", center=center, phase="backward")]
+    feeds = {"x": jnp.arange(rows * width, dtype=jnp.float32).reshape(rows, width) * 0.01,
+             "dy": jnp.arange(rows * width, dtype=jnp.float32).reshape(width, rows) * 0.02 + 1}
+    for n in (1, 2):
+        g = Graph("norm", tensors if n == 2 else tensors[:1] + tensors[2:3], ops[:n])
+        args = {k: v for k, v in feeds.items() if k in g.tensors}
+        exe = jax.jit(lambda f, g=g: {op.output: run_graph(g, f)[op.output] for op in g.ops}).lower(args).compile(
+            compiler_options={**UNFUSED, **FAST_COMPILE})
+        assert exe.cost_analysis().get("flops", 0.0) == sum(op_flops(g, op) for op in g.ops), (n, center)

@@ -1,12 +1,16 @@
 """The model zoo: builders, registry, presets, parameter counts and JSON files."""
 
-import pytest
+import json
 
-from graphs import JSON_DIR, MODELS, build_model, list_models, load_model, parse_overrides
+import numpy as np
+import pytest
+from cases import GPT_VARIANTS
+
+from graphs import JSON_DIR, MODELS, STR_PARAMS, build_model, list_models, load_model, parse_overrides
 from graphs.export_json import export
-from graphs.gpt import GPT_PRESETS, PUBLISHED_PARAMS
+from graphs.gpt import DEFAULTS, GPT_PRESETS, OPTIONS, PUBLISHED_PARAMS, gpt_config, rotary_table
 from layoutsearch.errors import GraphError
-from layoutsearch.ir import Graph, graph_from_json, graph_to_json, load_graph
+from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, graph_from_json, graph_to_json, load_graph, training_graph
 
 MODEL_NAMES = list(MODELS)
 
@@ -35,10 +39,17 @@ def expected_params(m: dict) -> int:
         d, L = m["d_model"], m["layers"]
         return 2 * m["vocab"] * d + L * (4 * d * m["heads"] * m["d_kv"] + 2 * d * m["d_ff"] + 2 * d) + d
     if name == "gpt":
-        h, f, L = m["d_model"], m["d_ff"], m["layers"]
-        layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-        embed = (m["vocab"] * (2 - m["tie_embeddings"]) + m["seq"]) * h
-        return L * layer + embed + 2 * h
+        # architecture options absent from meta have GPT's values
+        h, f, L, dk = m["d_model"], m["d_ff"], m["layers"], m["d_kv"]
+        heads, kv = m["heads"], m.get("kv_heads", m["heads"])
+        bias, rms, gated = m.get("bias", 1), m.get("norm") == "rmsnorm", m.get("mlp") == "swiglu"
+        attn = 2 * h * heads * dk + 2 * h * kv * dk + bias * (heads * dk + 2 * kv * dk + h)
+        mlp = (3 if gated else 2) * h * f + bias * ((2 if gated else 1) * f + h)
+        ln = h * (1 if rms or not bias else 2)
+        layer = attn + mlp + (1 if m.get("parallel_block") else 2) * ln
+        embed = m["vocab"] * (2 - m["tie_embeddings"]) * h + (m["seq"] * h if m.get("position", "learned") == "learned"
+                                                                else 0)
+        return L * layer + embed + ln
     if name == "moe":
         d, e = m["d_model"], m["experts"]
         return m["layers"] * (d * e + 2 * e * d * m["d_ff"] + d)
@@ -55,6 +66,9 @@ def test_every_model_builds_with_defaults_and_describes_itself(name):
     assert g.name == name and g.meta["model"] == name
     assert g.loss is not None and g.tensors[g.loss].dims == ()
     for k, v in spec.params.items():
+        if name == "gpt" and k in OPTIONS:  # an architecture option is recorded only where it differs from GPT's
+            assert k not in g.meta
+            continue
         assert k in g.meta
         if v is not None:
             assert g.meta[k] == v
@@ -257,3 +271,208 @@ def test_overrides_with_a_graph_file_are_refused():
     with pytest.raises(GraphError, match="is a graph file; size overrides"):
         load_model(str(JSON_DIR / "gpt.json"), {"batch": 2})
     assert load_model(str(JSON_DIR / "gpt.json"), {}) == build_model("gpt")
+
+
+# -- modern decoders: the gpt builder's architecture options ---------------------------------------
+
+GPT_DEFAULT_OPTIONS = {"d_kv": 8, "kv_heads": 4, "mlp": "gelu", "norm": "layernorm", "position": "learned",
+                       "bias": 1, "parallel_block": 0, "tie_embeddings": 1}
+
+
+def test_gpt_options_at_their_defaults_give_the_gpt_graph_and_its_json_file():
+    g = build_model("gpt", **GPT_DEFAULT_OPTIONS)
+    assert g == build_model("gpt")
+    assert graph_to_json(g) + "\n" == (JSON_DIR / "gpt.json").read_text()
+    assert not any(k in g.meta for k in OPTIONS)
+    assert {k: gpt_config()[k] for k in GPT_DEFAULT_OPTIONS} == GPT_DEFAULT_OPTIONS
+
+
+def test_gpt_options_are_listed_and_string_options_parse_as_strings():
+    params = MODELS["gpt"].params
+    for k in ("d_kv", "kv_heads", "mlp", "norm", "position", "bias", "parallel_block", "tie_embeddings"):
+        assert k in params and params[k] == DEFAULTS[k]
+    assert {"mlp", "norm", "position"} <= STR_PARAMS
+    assert parse_overrides(["mlp=swiglu", "norm=rmsnorm", "position=rotary", "kv_heads=2", "bias=0"]) == {
+        "mlp": "swiglu", "norm": "rmsnorm", "position": "rotary", "kv_heads": 2, "bias": 0}
+    g = load_model("gpt", parse_overrides(["mlp=swiglu", "norm=rmsnorm", "heads=8", "kv_heads=2"]))
+    assert g.meta["mlp"] == "swiglu" and g.meta["kv_heads"] == 2
+
+
+@pytest.mark.parametrize("variant", list(GPT_VARIANTS))
+def test_gpt_variants_build_count_and_round_trip(variant):
+    g = build_model("gpt", **GPT_VARIANTS[variant])
+    assert param_count(g) == expected_params(g.meta)
+    assert graph_from_json(graph_to_json(g)) == g
+    train = training_graph(g, "adam")
+    assert graph_from_json(graph_to_json(train)) == train
+    for k, v in GPT_VARIANTS[variant].items():
+        assert gpt_config(**GPT_VARIANTS[variant])[k] == v
+
+
+def test_gpt_head_dim_is_independent_of_d_model():
+    g = build_model("gpt", d_model=32, heads=3, d_kv=16)   # 3 does not divide 32: fine with d_kv given
+    assert g.dims["d_kv"] == 16 and g.tensors["layer.0/wq"].dim_names == ("d_model", "heads", "d_kv")
+    assert param_count(g) == expected_params(g.meta)
+
+
+def test_gpt_grouped_query_attention_dims():
+    g = build_model("gpt", d_model=32, heads=8, kv_heads=2, d_kv=8)
+    assert g.dims["kv_heads"] == 2 and g.dims["q_per_kv"] == 4 and "heads" not in g.dims
+    shapes = {
+        "layer.0/wq": ("d_model", "kv_heads", "q_per_kv", "d_kv"),
+        "layer.0/q": ("batch", "seq", "kv_heads", "q_per_kv", "d_kv"),
+        "layer.0/wk": ("d_model", "kv_heads", "d_kv"), "layer.0/wv": ("d_model", "kv_heads", "d_kv"),
+        "layer.0/k": ("batch", "kv_seq", "kv_heads", "d_kv"), "layer.0/v": ("batch", "kv_seq", "kv_heads", "d_kv"),
+        "layer.0/attn_logits": ("batch", "kv_heads", "q_per_kv", "seq", "kv_seq"),
+        "layer.0/attn_context": ("batch", "seq", "kv_heads", "q_per_kv", "d_kv"),
+        "layer.0/wo": ("kv_heads", "q_per_kv", "d_kv", "d_model"),
+        "layer.0/wq_bias": ("kv_heads", "q_per_kv", "d_kv"), "layer.0/wk_bias": ("kv_heads", "d_kv"),
+    }
+    for t, dims in shapes.items():
+        assert g.tensors[t].dim_names == dims, t
+    # multi-query: one KV head; kv_heads == heads: the multi-head graph
+    mqa = build_model("gpt", heads=4, kv_heads=1)
+    assert mqa.dims["kv_heads"] == 1 and mqa.dims["q_per_kv"] == 4
+    assert build_model("gpt", heads=4, kv_heads=4) == build_model("gpt")
+
+
+def test_gpt_swiglu_mlp():
+    g = build_model("gpt", mlp="swiglu", d_ff=48)
+    for w in ("wi_gate", "wi_up"):
+        assert g.tensors[f"layer.0/{w}"].dim_names == ("d_model", "d_ff")
+    assert "layer.0/wi" not in g.tensors
+    assert g.op("layer.0/ff_act").fn == "silu" and g.op("layer.0/ff_act").inputs == ("layer.0/ff_gate_biased",)
+    assert g.op("layer.0/ff_gated").fn == "mul"
+    assert g.op("layer.0/ff_out").inputs[0] == "layer.0/ff_gated"
+    no_bias = build_model("gpt", mlp="swiglu", bias=0)
+    assert no_bias.op("layer.0/ff_gated").inputs == ("layer.0/ff_act", "layer.0/ff_up")
+    assert build_model("gpt", mlp="relu").op("layer.0/ff_act").fn == "relu"
+
+
+def test_gpt_rmsnorm_and_no_bias():
+    g = build_model("gpt", norm="rmsnorm")
+    norms = [op for op in g.ops if isinstance(op, LayerNorm)]
+    assert len(norms) == 2 * 2 + 1 and all(not op.center for op in norms)
+    assert not any(t.endswith("ln_attn_bias") or t.endswith("final_ln_bias") for t in g.tensors)  # scale only
+    assert "layer.0/wq_bias" in g.tensors                                                    # projections keep theirs
+    grads = [op for op in training_graph(g).ops if isinstance(op, LayerNormGrad)]
+    assert len(grads) == 5 and all(not op.center for op in grads)
+    plain = build_model("gpt", bias=0)
+    assert not [t for t in plain.tensors if t.endswith("_bias")]
+    assert all(op.center for op in plain.ops if isinstance(op, LayerNorm))
+
+
+def test_layer_norm_center_is_written_only_when_false_and_old_files_read_as_layer_norm():
+    doc = json.loads(graph_to_json(build_model("gpt", norm="rmsnorm")))
+    norms = [op for op in doc["ops"] if op["kind"] == "layer_norm"]
+    assert norms and all(op["center"] is False for op in norms)
+    old = json.loads((JSON_DIR / "gpt.json").read_text())
+    assert all("center" not in op for op in old["ops"])
+    assert all(op.center for op in load_graph(JSON_DIR / "gpt.json").ops if isinstance(op, LayerNorm))
+    bad = json.loads(graph_to_json(build_model("gpt")))
+    next(op for op in bad["ops"] if op["kind"] == "layer_norm")["center"] = "no"
+    with pytest.raises(GraphError, match="center must be true or false"):
+        graph_from_json(json.dumps(bad))
+
+
+def test_gpt_parallel_block_has_one_norm_per_layer():
+    g = build_model("gpt", parallel_block=1, layers=2)
+    assert "layer.0/ln" in g.tensors and "layer.0/ln_attn" not in g.tensors and "layer.0/ln_ff" not in g.tensors
+    assert g.op("layer.0/q").inputs[0] == "layer.0/ln_biased" == g.op("layer.0/ff_in").inputs[0]
+    assert g.op("layer.0/attn_residual").inputs == ("embedded", "layer.0/attn_out_biased")
+    assert g.op("layer.0/ff_residual").inputs == ("layer.0/attn_residual", "layer.0/ff_out_biased")
+    assert param_count(g) == expected_params(g.meta)
+
+
+def test_gpt_positions_none_and_rotary():
+    none = build_model("gpt", position="none")
+    assert "pos_embed" not in none.tensors and none.op("embedded").kind == "gather"
+    g = build_model("gpt", position="rotary", heads=2, layers=1)   # d_kv 16
+    assert g.tensors["rope"].role == "input"
+    assert g.tensors["rope"].dim_names == ("seq", "rope_out", "rope_half", "rope_freq")
+    assert g.tensors["rope_kv"].dim_names == ("kv_seq", "rope_out", "rope_half", "rope_freq")
+    assert g.dims["rope_freq"] == 8 and "pos_embed" not in g.tensors
+    assert g.op("layer.0/q_scaled").inputs == ("layer.0/q_rot",)
+    assert g.op("layer.0/attn_logits").inputs == ("layer.0/q_scaled", "layer.0/k_rot")
+
+
+def test_rotary_is_the_llama_rotation():
+    """With :func:`rotary_table`, the graph's rotated queries and keys are Llama's
+    ``x * cos + rotate_half(x) * sin`` (GPT-NeoX pairing), position by position."""
+    from layoutsearch.backend.program import init_params, random_inputs, run_graph
+
+    g = build_model("gpt", **GPT_VARIANTS["gpt-llama"])
+    seq, d_kv = g.dims["seq"], g.dims["d_kv"]
+    feeds = {**init_params(g), **random_inputs(g), "rope": rotary_table(seq, d_kv)}
+    env = run_graph(g, feeds)
+    inv = 10000.0 ** (-np.arange(0, d_kv, 2) / d_kv)
+    angle = np.arange(seq)[:, None] * inv[None, :]
+    cos = np.concatenate([np.cos(angle)] * 2, axis=-1)            # [seq, d_kv]
+    sin = np.concatenate([np.sin(angle)] * 2, axis=-1)
+
+    def rope(x, seq_axis):                                        # x[..., d_kv], positions along seq_axis
+        half = d_kv // 2
+        rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        shape = [1] * x.ndim
+        shape[seq_axis], shape[-1] = seq, d_kv
+        return x * cos.reshape(shape) + rotated * sin.reshape(shape)
+
+    for name in ("q", "k"):
+        x = np.asarray(env[f"layer.0/{name}"])
+        np.testing.assert_allclose(env[f"layer.0/{name}_rot"], rope(x, 1), rtol=1e-5, atol=1e-5)
+    # a rotation keeps the norm of every pair
+    q, q_rot = np.asarray(env["layer.0/q"]), np.asarray(env["layer.0/q_rot"])
+    np.testing.assert_allclose(np.linalg.norm(q, axis=-1), np.linalg.norm(q_rot, axis=-1), rtol=1e-5)
+
+
+# Table 1 of Touvron et al. 2023, Table 3 of Dubey et al. 2024, the MaxText README table
+MODERN_PRESETS = {
+    "llama2-7b": (32, 4096, 32, 32, 11008, 32000, 4096, 1024),
+    "llama2-13b": (40, 5120, 40, 40, 13824, 32000, 4096, 1024),
+    "llama2-70b": (80, 8192, 64, 8, 28672, 32000, 4096, 1024),
+    "llama3-8b": (32, 4096, 32, 8, 14336, 128256, 8192, 2048),
+    "llama3-70b": (80, 8192, 64, 8, 28672, 128256, 8192, 2048),
+    "llama3-405b": (126, 16384, 128, 8, 53248, 128256, 8192, 2048),
+    "maxtext-16b": (32, 4096, 64, 64, 28672, 32000, 2048, 6 * 256),
+    "maxtext-32b": (32, 8192, 64, 64, 28672, 32000, 2048, 4 * 256),
+    "maxtext-64b": (64, 8192, 64, 64, 28672, 32000, 2048, 2 * 256),
+    "maxtext-128b": (64, 8192, 128, 128, 57344, 32000, 2048, 1 * 256),
+}
+
+
+@pytest.mark.parametrize("preset", list(MODERN_PRESETS))
+def test_modern_presets_have_their_published_shapes(preset):
+    cfg = gpt_config(preset)
+    layers, d_model, heads, kv_heads, d_ff, vocab, seq, batch = MODERN_PRESETS[preset]
+    assert (cfg["layers"], cfg["d_model"], cfg["heads"], cfg["kv_heads"], cfg["d_ff"], cfg["vocab"], cfg["seq"],
+            cfg["batch"]) == MODERN_PRESETS[preset]
+    assert cfg["d_kv"] == 128 and cfg["vocab"] % 128 == 0
+    assert (cfg["mlp"], cfg["norm"], cfg["position"], cfg["bias"], cfg["tie_embeddings"], cfg["parallel_block"]) == (
+        "swiglu", "rmsnorm", "rotary", 0, 0, 0)
+
+
+def test_exact_parameter_counts_of_released_checkpoints():
+    """The graph has exactly the parameters of the released models (Hugging Face counts)."""
+    for preset, n in {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
+                      "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496}.items():
+        assert param_count(build_model("gpt", preset=preset)) == n, preset
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"mlp": "geglu"}, "mlp must be one of gelu, relu, swiglu, got 'geglu'"),
+    ({"norm": "batchnorm"}, "norm must be one of layernorm, rmsnorm, got 'batchnorm'"),
+    ({"position": "alibi"}, "position must be one of learned, none, rotary, got 'alibi'"),
+    ({"mlp": 3}, "mlp must be a string, got 3"),
+    ({"heads": 8, "kv_heads": 3}, r"kv_heads=3 does not divide heads=8 .*kv_heads that divide it: 1, 2, 4, 8"),
+    ({"kv_heads": 0}, "kv_heads must be a positive integer, got 0"),
+    ({"heads": 4, "kv_heads": 8}, "kv_heads=8 does not divide heads=4"),
+    ({"d_kv": 0}, "d_kv must be a positive integer, got 0"),
+    ({"d_kv": -2}, "d_kv must be a positive integer, got -2"),
+    ({"bias": 2}, "bias must be 0 or 1, got 2"),
+    ({"parallel_block": -1}, "parallel_block must be 0 or 1, got -1"),
+    ({"position": "rotary", "d_kv": 7}, r"position='rotary' rotates pairs of features: d_kv=7 must be even"),
+    ({"d_model": 30, "heads": 4}, r"heads=4 does not divide d_model=30.*\(or set the head dim d_kv\)"),
+])
+def test_bad_gpt_options_raise_one_clear_error(over, match):
+    with pytest.raises(GraphError, match=match):
+        build_model("gpt", **over)

@@ -150,20 +150,25 @@ class _Interpreter:
         y, dy = (self.arg(t, out) for t in op.inputs)
         return y * (dy - jnp.sum(dy * y, axis=ax, keepdims=True))
 
-    def _normalized(self, x: jax.Array, ax: int, eps: float) -> tuple[jax.Array, jax.Array]:
-        mu = jnp.mean(x, axis=ax, keepdims=True)
-        rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x - mu), axis=ax, keepdims=True) + eps)
-        return (x - mu) * rstd, rstd
+    def _normalized(self, x: jax.Array, ax: int, eps: float, center: bool) -> tuple[jax.Array, jax.Array]:
+        """``(xhat, rstd)``: layer norm (``center``) or RMSNorm of ``x`` along ``ax``."""
+        if center:
+            x = x - jnp.mean(x, axis=ax, keepdims=True)
+        rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=ax, keepdims=True) + eps)
+        return x * rstd, rstd
 
     def _layer_norm(self, op: O.LayerNorm) -> jax.Array:
-        return self._normalized(self.arg(op.inputs[0], self.dims(op.output)), self._axis(op), op.eps)[0]
+        x = self.arg(op.inputs[0], self.dims(op.output))
+        return self._normalized(x, self._axis(op), op.eps, op.center)[0]
 
     def _layer_norm_grad(self, op: O.LayerNormGrad) -> jax.Array:
         out, ax = self.dims(op.output), self._axis(op)
         x, dy = (self.arg(t, out) for t in op.inputs)
-        xhat, rstd = self._normalized(x, ax, op.eps)
+        xhat, rstd = self._normalized(x, ax, op.eps, op.center)
         mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)
-        return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+        if op.center:
+            return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+        return rstd * (dy - xhat * mean(dy * xhat))
 
     def _reshape(self, op: O.Reshape) -> jax.Array:
         x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
@@ -245,15 +250,21 @@ def forward_fn(graph: Graph) -> Callable[[Mapping[str, jax.Array], Mapping[str, 
 def init_params(graph: Graph, seed: int = 0) -> Arrays:
     """Deterministic parameters (scaled normal, fan-in from the first dim) and
     zero optimizer state, from ``seed``; the same seed gives the same values
-    on any device count."""
+    on any device count. Master weights (``meta["training"]["master_weights"]``)
+    start as their parameter's values, in their own dtype."""
     out: Arrays = {}
     rng = np.random.default_rng(seed)
+    values: dict[str, np.ndarray] = {}
     for t in graph.tensors.values():
         if t.role == "parameter" and graph.producer(t.name) is None:
             fan_in = t.dims[0].size if len(t.dims) > 1 else 1
-            v = rng.standard_normal([d.size for d in t.dims], dtype=np.float32) / np.sqrt(fan_in)
-            out[t.name] = jnp.asarray(v, dtype=jax_dtype(t))
-        elif t.role == "optimizer_state" and graph.producer(t.name) is None:
+            values[t.name] = rng.standard_normal([d.size for d in t.dims], dtype=np.float32) / np.sqrt(fan_in)
+            out[t.name] = jnp.asarray(values[t.name], dtype=jax_dtype(t))
+    masters = graph.meta.get("training", {}).get("master_weights") or {}
+    for p, master in masters.items():
+        out[master] = jnp.asarray(values[p], dtype=jax_dtype(graph.tensors[master]))
+    for t in graph.tensors.values():
+        if t.role == "optimizer_state" and graph.producer(t.name) is None and t.name not in out:
             out[t.name] = jnp.zeros([d.size for d in t.dims], jax_dtype(t))
     return out
 

@@ -99,8 +99,9 @@ from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.tensor import Tensor
-from layoutsearch.ir.training import Optimizer
+from layoutsearch.ir.training import Optimizer, parameter_gradients
 from layoutsearch.layout import Layout
 
 REMAT_POLICIES = ("none", "selective", "full")
@@ -205,23 +206,6 @@ class MemoryReport:
                 "recomputed_ops": self.recomputed_ops}
 
 
-def _parameter_gradients(graph: Graph) -> set[str]:
-    """``grad/P`` of every parameter and the contributions its sum chain adds up."""
-    out: set[str] = set()
-    for p in graph.parameters:
-        stack = [f"grad/{p.name}"]
-        while stack:
-            t = stack.pop()
-            if t not in graph.tensors or t in out:
-                continue
-            out.add(t)
-            op = graph.producer(t)
-            if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and (
-                    t == f"grad/{p.name}" or t.startswith(f"grad/{p.name}/add")):
-                stack.extend(op.inputs)
-    return out
-
-
 def _transient(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = False) -> tuple[int, dict[Any, int]]:
     """Bytes of the buffers ``op``'s collectives need besides its stored inputs and
     output: those of this op alone, and the resharded inputs shared with other ops
@@ -246,23 +230,24 @@ def _transient(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = False) 
 
 def memory_profile(graph: Graph, layout: Layout, remat: str | RematPlan = "none", *,
                    op_costs: Sequence[OpCost] | None = None, reduce_scatter: bool = True,
-                   combined_gradient_all_reduce: bool = False,
-                   optimizer: Optimizer | str = "adam") -> MemoryReport:
+                   combined_gradient_all_reduce: bool = False, float32_collectives: bool = False, optimizer: Optimizer | str = "adam",
+                   precision: Precision | str = DEFAULT_PRECISION) -> MemoryReport:
     """Peak per-device memory of the training step of ``graph`` under ``layout``.
 
     ``graph`` is a forward graph (its training graph is derived with
-    ``optimizer``) or a training graph. ``op_costs`` (one per op of the
+    ``optimizer`` and ``precision``) or a training graph. No fusion: the
+    tensors of the graph all live in HBM (see :func:`simulate`). ``op_costs`` (one per op of the
     training graph, in its op order, each with all its collectives: the first
     of :func:`step_costs`) give the collectives whose transient buffers count;
-    computed when omitted. ``reduce_scatter``, ``combined_gradient_all_reduce``:
-    the backend's behaviour (see :class:`~layoutsearch.mesh.Hardware`; XLA on
-    CPU: ``False``, ``True``).
+    computed when omitted. ``reduce_scatter``, ``combined_gradient_all_reduce``,
+    ``float32_collectives``: the backend's behaviour (see
+    :class:`~layoutsearch.mesh.Hardware`; XLA on CPU: ``False``, ``True``, ``True``).
     """
-    g = training_step(graph, optimizer)
+    g = training_step(graph, optimizer, precision)
     layout.check(g)
     plan = remat if isinstance(remat, RematPlan) else remat_plan(g, remat)
     if op_costs is None:
-        op_costs = step_costs(g, layout, reduce_scatter)[0]
+        op_costs = step_costs(g, layout, reduce_scatter, float32_collectives=float32_collectives)[0]
     if len(op_costs) != len(g.ops):
         raise CostModelError(f"memory_profile got {len(op_costs)} op costs for {len(g.ops)} ops")
     return simulate(g, layout, plan, op_costs, combined_gradient_all_reduce=combined_gradient_all_reduce)
@@ -312,7 +297,7 @@ def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
     producer_index = {op.output: i for i, op in enumerate(g.ops)}
     phases = [op.phase for op in g.ops]
     consumers = g.consumers
-    param_grads = _parameter_gradients(g)
+    param_grads = parameter_gradients(g)
     block_of = {op.output: op.block for op in g.ops}
     recomputed = frozenset(plan.recomputed)
     recomputed_outputs = frozenset(g.op(name).output for name in plan.recomputed)
@@ -369,16 +354,18 @@ def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
 
 
 def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCost], *,
-             combined_gradient_all_reduce: bool = False) -> MemoryReport:
+             combined_gradient_all_reduce: bool = False, on_chip: frozenset[str] = frozenset()) -> MemoryReport:
     """The live-set simulation of training graph ``g`` (layout already checked),
     one op cost per op of ``g``; ``combined_gradient_all_reduce``: the backend
-    defers the gradient all-reduces (see the module docstring)."""
+    defers the gradient all-reduces (see the module docstring); ``on_chip``:
+    tensors that never reach HBM (fused, or flash-attention scores; see
+    :mod:`layoutsearch.costmodel.fusion`) and take no memory."""
     n = len(g.ops)
     if n == 0:
         raise CostModelError(f"graph {g.name!r} has no ops: nothing to simulate")
     life: _Lifetimes = graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
     local_bytes = local_bytes_fn(layout)
-    nbytes = np.array([local_bytes(t) for t in life.tensors], dtype=np.int64)
+    nbytes = np.array([0 if t.name in on_chip else local_bytes(t) for t in life.tensors], dtype=np.int64)
     local = {t.name: int(b) for t, b in zip(life.tensors, nbytes, strict=True)}
     # deltas[c, i]: bytes of category c becoming live at op i (negative: freed after op i-1)
     deltas = np.zeros((len(CATEGORIES), n + 1), dtype=np.int64)

@@ -13,7 +13,9 @@ The rules are Mesh-TensorFlow's, for any op over named dims:
 * a reduced dim (contracted by an einsum, summed by a reduction) split over
   axes leaves partial sums: one all-reduce per such dim, or a reduce-scatter
   over the axes the output tensor keeps split (FSDP gradients), when the
-  backend emits reduce-scatter (``Hardware.reduce_scatter``);
+  backend emits reduce-scatter (``Hardware.reduce_scatter``); a backend that
+  runs collectives of bf16/fp16 tensors in float32 (XLA on CPU:
+  ``Hardware.float32_collectives``) moves 4 bytes per element;
 * normalizations over a split dim (softmax, layer norm, cross-entropy and
   their gradients) all-reduce their per-row statistics over the splitting axes;
 * the result, laid out as the computation layout restricted to the output's
@@ -38,7 +40,9 @@ conceivable choice:
   axes is masked locally and all-reduced (Megatron's vocab-parallel embedding);
 * a reshard of an einsum operand that several ops need (a weight all-gathered
   for the forward and the backward matmul) is done once (:attr:`Comm.shared`,
-  :meth:`OpRules.step_costs`);
+  :meth:`OpRules.step_costs`) — on XLA:CPU; on GPU/TPU
+  (``Hardware.regather_weights``) once per phase: FSDP releases a gathered
+  weight after the forward pass and gathers it again for the backward pass;
 * FLOPs are counted as XLA's cost analysis counts the backend's lowering
   (:func:`op_flops`): transcendentals apart, constants folded, shared
   sub-expressions of a forward op and its gradient counted once, one FLOP per
@@ -51,7 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from layoutsearch.ir import ops as O
@@ -84,6 +88,17 @@ NORM_ALL_REDUCES = {"softmax": 2, "softmax_grad": 1, "layer_norm": 2, "layer_nor
 """Per-row statistics all-reduced by a normalization whose dim is split (max and
 sum for softmax; mean and variance for layer norm; ...), matching the backend."""
 
+RMS_NORM_ALL_REDUCES = {"layer_norm": 1, "layer_norm_grad": 2}
+"""The same for RMSNorm (a layer norm with ``center=False``): the mean square;
+the gradient, the mean square and ``mean(dy * xhat)``."""
+
+
+def norm_all_reduces(op: O.Op) -> int:
+    """Per-row statistics ``op`` all-reduces when its normalized dim is split."""
+    if isinstance(op, (O.LayerNorm, O.LayerNormGrad)) and not op.center:
+        return RMS_NORM_ALL_REDUCES[op.kind]
+    return NORM_ALL_REDUCES[op.kind]
+
 
 def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, split: frozenset[str] = frozenset(),
              constant: frozenset[str] = frozenset(), forward_shared: bool = False) -> float:
@@ -102,7 +117,8 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
     * reduce: sum/max ``N - out``, mean ``N``;
     * softmax ``4N - R`` (max, subtract, sum, one divide per row, multiply);
       softmax_grad ``4N - R``; layer_norm ``5N + R``; layer_norm_grad ``7N``
-      (the normalized input is shared with the forward); cross_entropy
+      (the normalized input is shared with the forward); RMSNorm (layer_norm
+      with ``center`` False) ``3N + R``, its gradient ``5N``; cross_entropy
       ``8N - R`` (one-hot compare and convert, log-softmax, select, sum,
       negate); cross_entropy_grad ``2N`` (log-softmax and one-hot shared with
       the forward), ``5N - R`` when ``dim`` is split (the log-softmax is
@@ -144,9 +160,9 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
         if isinstance(op, (O.Softmax, O.SoftmaxGrad)):
             return float(4 * n - rows)
         if isinstance(op, O.LayerNorm):
-            return float(5 * n + rows)
+            return float((5 if op.center else 3) * n + rows)
         if isinstance(op, O.LayerNormGrad):
-            return float(7 * n)
+            return float((7 if op.center else 5) * n)
         if isinstance(op, O.CrossEntropy):
             return float(8 * n - rows)
         return float(5 * n - rows if op.dim in split else 2 * n)
@@ -186,7 +202,15 @@ class Comm:
 
 @dataclass(frozen=True)
 class OpCost:
-    """Per-device work of one op under a layout."""
+    """Per-device work of one op under a layout.
+
+    ``hbm_bytes``: bytes read and written in HBM (inputs as the op consumes them,
+    its output as it produces it; a fusion model may lower it, see
+    :mod:`layoutsearch.costmodel.fusion`); ``reads``: the bytes of each input,
+    ``write``: of the output. ``dtype``: the dtype the op computes in (its first
+    float input's); ``matmul_dims``: an einsum of two operands as a batched
+    matmul ``(batch, m, n, k)`` at the local sizes (see
+    :func:`layoutsearch.costmodel.compute.matmul_efficiency`)."""
 
     op: str
     kind: str
@@ -196,6 +220,10 @@ class OpCost:
     hbm_bytes: float
     matmul: bool
     comms: tuple[Comm, ...]
+    reads: tuple[int, ...] = ()
+    write: int = 0
+    dtype: str = "float32"
+    matmul_dims: tuple[int, int, int, int] | None = None
 
 
 def local_bytes(tensor: Tensor, lay: DimLayout, mesh: Mesh) -> int:
@@ -296,15 +324,31 @@ def _reshape_layout(op: O.Reshape, src: DimLayout, graph: Graph, mesh: Mesh) -> 
 class OpRules:
     """Evaluates op costs on one graph and mesh; layouts are given per call."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, reduce_scatter: bool = True) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, reduce_scatter: bool = True,
+                 float32_collectives: bool = False, regather_weights: bool = False) -> None:
         self.graph = graph
         self.mesh = mesh
         self.reduce_scatter = reduce_scatter
+        self.float32_collectives = float32_collectives
+        self.regather_weights = regather_weights
         self.constant = constant_tensors(graph)
         fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
         self.forward_shared = frozenset(
             op.name for op in graph.ops if isinstance(op, O.Elementwise)
             and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
+
+    def promoted(self, comms: Sequence[Comm]) -> list[Comm]:
+        """``comms`` as the backend runs them: with ``float32_collectives``, a collective of a bf16/fp16
+        tensor moves 4 bytes per element (the backend converts around it)."""
+        if not self.float32_collectives:
+            return list(comms)
+        t = self.graph.tensors
+        return [dataclasses.replace(c, bytes=c.bytes * 4 // t[c.tensor].itemsize)
+                if t[c.tensor].is_float and t[c.tensor].itemsize < 4 else c for c in comms]
+
+    def reshard(self, tensor: Tensor, src: DimLayout, dst: DimLayout, cause: str) -> list[Comm]:
+        """:func:`reshard` as the backend runs it (see :meth:`promoted`)."""
+        return self.promoted(reshard(tensor, src, dst, self.mesh, cause))
 
     def iteration_layout(self, op: O.Op, layout: Layout) -> DimLayout:
         """The computation layout the global rules give ``op``."""
@@ -354,17 +398,20 @@ class OpRules:
             comms += reshard(t[op.inputs[0]], src, need, mesh, f"reshape {op.name} input")
             comms += reshard(out, produced, output, mesh, f"{op.output} stored differently")
             moved = local_bytes(out, produced, mesh)
-            return OpCost(op.name, op.kind, op.phase, op.block, 0.0, 2.0 * moved, False, tuple(comms))
+            return OpCost(op.name, op.kind, op.phase, op.block, 0.0, 2.0 * moved, False,
+                          tuple(self.promoted(comms)), (moved,), moved, out.dtype)
         space = op.iteration_dims(t)
-        hbm = 0.0
+        reads: list[int] = []
         for name, stored in zip(op.inputs, inputs, strict=True):
             want = restrict(iteration, t[name].dim_names)
             more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
             if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once
                 key = ("reshard", name, _key(stored), _key(want))
+                if self.regather_weights:  # ... once per phase: not kept from the forward to the backward pass
+                    key += (op.phase,)
                 more = [dataclasses.replace(c, shared=key + (i,)) for i, c in enumerate(more)]
             comms += more
-            hbm += local_bytes(t[name], want, mesh)
+            reads.append(local_bytes(t[name], want, mesh))
         sizes = {d: g.dims[d] // mesh.group_size(iteration.get(d, ())) for d in space}
         flops = op_flops(g, op, sizes, split=frozenset(d for d in space if iteration.get(d)),
                          constant=self.constant, forward_shared=op.name in self.forward_shared)
@@ -375,7 +422,7 @@ class OpRules:
             rows = t[op.inputs[0]]
             row_bytes = local_bytes(rows, restrict(iteration, rows.dim_names), mesh) // (
                 g.dims[norm_dim] // mesh.group_size(axes))
-            for i in range(NORM_ALL_REDUCES[op.kind]):
+            for i in range(norm_all_reduces(op)):
                 comms.append(Comm("all-reduce", axes, row_bytes, op.output,
                                   f"{op.kind} over {norm_dim} split over {'+'.join(axes)} (statistic {i + 1})"))
         if isinstance(op, (O.Einsum, O.Reduce, O.ScatterAdd, O.Gather)):
@@ -387,10 +434,14 @@ class OpRules:
                                            self.reduce_scatter, cause)
             comms += more
         comms += reshard(out, produced, output, mesh, f"{op.output} stored as {_fmt(output)}")
-        hbm += local_bytes(out, produced, mesh)
+        write = local_bytes(out, produced, mesh)
         # XLA counts one FLOP per element an all-reduce (or reduce-scatter) sums
         flops += sum(c.bytes // t[c.tensor].itemsize for c in comms if c.kind in ("all-reduce", "reduce-scatter"))
-        return OpCost(op.name, op.kind, op.phase, op.block, flops, hbm, isinstance(op, O.Einsum), tuple(comms))
+        comms = self.promoted(comms)
+        dtype = next((t[i].dtype for i in op.inputs if t[i].is_float), out.dtype)
+        mm = _matmul_dims(op, t, sizes) if isinstance(op, O.Einsum) else None
+        return OpCost(op.name, op.kind, op.phase, op.block, flops, float(sum(reads) + write),
+                      isinstance(op, O.Einsum), tuple(comms), tuple(reads), write, dtype, mm)
 
     def cost_under(self, op: O.Op, layout: Layout) -> OpCost:
         """Cost of ``op`` when ``layout`` lays out every tensor and computation."""
@@ -420,6 +471,17 @@ def dedupe_shared(costs: Sequence[OpCost]) -> list[OpCost]:
             keep.append(x)
         out.append(c if len(keep) == len(c.comms) else dataclasses.replace(c, comms=tuple(keep)))
     return out
+
+
+def _matmul_dims(op: O.Einsum, t: Mapping[str, Tensor], sizes: Mapping[str, int]) -> tuple[int, int, int, int] | None:
+    """A two-operand einsum as a batched matmul ``(batch, m, n, k)`` at the local sizes: batch dims are in
+    both operands and the output, m (n) in the first (second) operand and the output, k contracted."""
+    if len(op.inputs) != 2:
+        return None
+    a, b = (set(t[i].dim_names) for i in op.inputs)
+    out = set(t[op.output].dim_names)
+    size = lambda dims: math.prod(sizes[d] for d in dims)  # noqa: E731
+    return (size(a & b & out), size((a - b) & out), size((b - a) & out), size((a & b) - out))
 
 
 def _key(lay: DimLayout) -> tuple[tuple[str, Axes], ...]:

@@ -52,6 +52,7 @@ from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.gantt import bubble_fraction, render_gantt
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
@@ -235,7 +236,8 @@ def _chain(g: Graph, unit: dict[str, str]) -> list[str]:
 
 def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Hardware | str, *,
                      microbatches: int, remat: bool = False, optimizer: Optimizer | str = "adam",
-                     batch_dim: str = "batch", stage_link_mesh: Mesh | None = None) -> tuple[CostDAG, CostReport, dict]:
+                     precision: Precision | str = DEFAULT_PRECISION, batch_dim: str = "batch",
+                     stage_link_mesh: Mesh | None = None) -> tuple[CostDAG, CostReport, dict]:
     """The chain of pipeline units as a cost DAG, priced by the inner cost model on one micro-batch.
 
     Returns the DAG, the inner report on the micro-batch graph and per-unit
@@ -247,7 +249,7 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
         raise CostModelError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
     if microbatches < 1 or B % microbatches:
         raise CostModelError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
-    mb_graph = training_step(fwd.with_sizes({batch_dim: B // microbatches}), optimizer)
+    mb_graph = training_step(fwd.with_sizes({batch_dim: B // microbatches}), optimizer, precision)
     rep = estimate(mb_graph, inner, hw, remat="full" if remat else "none")
     unit = unit_of_ops(mb_graph)
     units = _units(mb_graph, rep, inner, unit)
@@ -273,8 +275,8 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
 
 def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, stage_axis: str,
                       microbatches: int, remat: bool = False, optimizer: Optimizer | str = "adam",
-                      stages: Sequence[Sequence[str]] | None = None, memory_limit: float | None = None,
-                      batch_dim: str = "batch") -> PipelineReport:
+                      precision: Precision | str = DEFAULT_PRECISION, stages: Sequence[Sequence[str]] | None = None,
+                      memory_limit: float | None = None, batch_dim: str = "batch") -> PipelineReport:
     """Predicted cost of a GPipe step with stages over ``stage_axis`` of ``layout.mesh``.
 
     ``layout``'s rules lay out each stage over the other axes (rules naming
@@ -289,7 +291,8 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
     inner_mesh = Mesh(tuple((a, s) for a, s in mesh.axes if a != stage_axis))
     inner = Layout(inner_mesh, tuple((d, ax) for d, ax in layout.rules if stage_axis not in ax))
     dag, rep, units = pipeline_costdag(graph, inner, stage_axis, hw, microbatches=microbatches, remat=remat,
-                                       optimizer=optimizer, batch_dim=batch_dim, stage_link_mesh=mesh)
+                                       optimizer=optimizer, precision=precision, batch_dim=batch_dim,
+                                       stage_link_mesh=mesh)
     if K > len(dag.nodes):
         raise CostModelError(f"cannot split {len(dag.nodes)} pipeline units of {graph.name!r} into {K} stages")
     if stages is None:
@@ -318,7 +321,7 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
         colls += tuple((kind, axes, b, 1) for u in us for kind, axes, b in u.sync)
         reports.append(StageReport(tuple(names), loads.loads[k], transfer, sum(u.once_s for u in us),
                                    static + act, static, act, colls))
-    shared = _shared_parameter_sync(graph, groups, inner, stage_axis, mesh, hw)
+    shared = _shared_parameter_sync(training_step(graph, optimizer, precision), groups, inner, stage_axis, mesh, hw)
     step = (microbatches + K - 1) * max(s.microbatch_s for s in reports) + max(s.once_s for s in reports) + shared
     return PipelineReport(graph.name, mesh, stage_axis, microbatches, remat, inner.describe(), tuple(reports), step,
                           method, optimal, rep)
@@ -326,8 +329,9 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
 
 def _shared_parameter_sync(graph: Graph, groups: Sequence[Sequence[str]], inner: Layout, stage_axis: str,
                            mesh: Mesh, hw: Hardware) -> float:
-    """All-reduce over the stage axis of the gradients of parameters used on several stages (tied weights)."""
-    unit = unit_of_ops(training_step(graph))
+    """All-reduce over the stage axis of the gradients of parameters used on several stages (tied weights);
+    ``graph`` is the training graph."""
+    unit = unit_of_ops(graph)
     stage_of = {u: k for k, us in enumerate(groups) for u in us}
     seconds = 0.0
     for p in graph.parameters:

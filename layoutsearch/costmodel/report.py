@@ -8,20 +8,26 @@ with :mod:`layoutsearch.costmodel.memory`.
 
 Model
 -----
-Per op (per device)::
+The training graph is derived under a precision policy
+(:mod:`layoutsearch.ir.precision`; default ``mixed``). Per op (per device)::
 
-    compute_s = max(flops / (peak_flops * e), hbm_bytes / (hbm_bandwidth * memory_efficiency))
-    e = matmul_efficiency for einsums, 1 otherwise (the peak of the others is
-        not reached either, but they are memory-bound: the second term wins)
-
+    compute_s = max(flops / rate, hbm_bytes / (hbm_bandwidth * memory_efficiency))
+                (rate: the matmul peak of the op's dtype times a shape-dependent
+                efficiency for einsums, :mod:`layoutsearch.costmodel.compute`;
+                hbm_bytes: per fusion group where the backend fuses,
+                :mod:`layoutsearch.costmodel.fusion`)
     comm_s    = sum of the op's collectives' alpha-beta times
 
-Totals: ``compute_s`` and ``comm_s`` are sums over ops; ``step_s = compute_s
-+ comm_s - overlap * min(compute_s, comm_s)``: ``overlap`` (default 0, no
-overlap; XLA on CPU runs collectives synchronously) is the fraction of the
-shorter of the two hidden behind the other, a knob for schedulers that
-overlap gradient all-reduces with the backward pass. Recomputed ops (remat)
-are priced again (phase ``recompute``), communication included.
+Totals: ``compute_s`` and ``comm_s`` are sums over ops. ``step_s`` comes from
+the schedule of the step on a compute stream and one stream per communicator
+(:mod:`layoutsearch.costmodel.overlap`, ``overlap="auto"``, the default):
+weight gathers are prefetched, gradient reductions run behind the backward
+pass, the other collectives are on the critical path; ``comm_exposed_s`` is
+``step_s - compute_s``. On ``cpu-sim`` (XLA on CPU runs collectives in line)
+``step_s = compute_s + comm_s``. A number ``overlap`` in [0, 1] instead uses
+``step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)``.
+Recomputed ops (remat, flash attention's backward) are priced again (phase
+``recompute``), communication included.
 
 ``flops_per_device``: FLOPs each device executes (every op, optimizer and
 recomputation included). ``model_flops``: the global FLOPs of the forward and
@@ -45,11 +51,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
+from layoutsearch.costmodel.compute import compute_seconds
+from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import REMAT_POLICIES, MemoryReport, remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, op_flops
+from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
 from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
@@ -128,8 +138,10 @@ class CostReport:
     layout: str
     hardware: Hardware = field(repr=False)
     optimizer: str
+    precision: str
     remat: str
-    overlap: float
+    attention: str
+    overlap: float | str
     compute_s: float
     comm_s: float
     step_s: float
@@ -139,6 +151,17 @@ class CostReport:
     bytes_per_axis: dict[str, float]
     memory: MemoryReport
     ops: tuple[OpReport, ...] = field(repr=False)
+    exposure: Overlap | None = field(default=None, repr=False)
+
+    @property
+    def comm_exposed_s(self) -> float:
+        """Communication on the critical path: ``step_s - compute_s``."""
+        return self.step_s - self.compute_s
+
+    @property
+    def comm_hidden_s(self) -> float:
+        """Communication hidden behind compute."""
+        return self.comm_s - self.comm_exposed_s
 
     @property
     def memory_bytes(self) -> int:
@@ -206,8 +229,11 @@ class CostReport:
         hw = self.hardware
         d: dict[str, Any] = {
             "model": self.model, "mesh": str(self.mesh), "devices": self.devices, "layout": self.layout,
-            "optimizer": self.optimizer, "remat": self.remat, "overlap": self.overlap,
+            "optimizer": self.optimizer, "precision": self.precision, "remat": self.remat,
+            "attention": self.attention, "overlap": self.overlap,
             "step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "comm_exposed_s": self.comm_exposed_s, "comm_hidden_s": self.comm_hidden_s,
+            "overlap_by_class": self.exposure.to_dict()["by_class"] if self.exposure else None,
             "memory_bytes": self.memory_bytes, "fits": self.fits,
             "flops_per_device": self.flops_per_device, "model_flops": self.model_flops, "mfu": self.mfu,
             "bytes_per_axis": dict(self.bytes_per_axis), "bytes_by_kind": self.bytes_by_kind(),
@@ -260,13 +286,6 @@ def _fold(cause: str) -> str:
 
 # -- estimation -----------------------------------------------------------------------------------------------------
 
-def _op_seconds(cost: OpCost, hw: Hardware) -> tuple[float, str]:
-    rate = hw.peak_flops * (hw.matmul_efficiency if cost.matmul else 1.0)
-    t_flops = cost.flops / rate
-    t_mem = cost.hbm_bytes / (hw.hbm_bandwidth * hw.memory_efficiency)
-    return (t_flops, "flops") if t_flops >= t_mem else (t_mem, "memory")
-
-
 def _check_links(hw: Hardware, layout: Layout) -> None:
     for axis, link in hw.links_for(layout.mesh).items():
         if layout.mesh.axis_size(axis) > 1 and not (link.bandwidth > 0 and link.efficiency > 0
@@ -277,17 +296,24 @@ def _check_links(hw: Hardware, layout: Layout) -> None:
 
 
 def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
-             optimizer: Optimizer | str = "adam", remat: str = "none", overlap: float = 0.0) -> CostReport:
+             optimizer: Optimizer | str = "adam", precision: Precision | str = DEFAULT_PRECISION,
+             remat: str = "none", attention: str = "auto", overlap: float | str = "auto") -> CostReport:
     """Predicted time, communication, FLOPs and memory of one training step.
 
     ``graph``: a forward graph (its training graph is derived with
     ``optimizer``; derivations are cached per graph object) or an already
-    derived training graph (``optimizer`` is then ignored). ``layout`` is
+    derived training graph (``optimizer`` and ``precision`` are then ignored).
+    ``precision``: ``"mixed"`` (default), ``"bf16"`` or ``"fp32"``
+    (:mod:`layoutsearch.ir.precision`). ``attention``: ``"standard"``
+    (scores materialized), ``"flash"`` (a flash-attention kernel) or ``"auto"``
+    (flash where the backend fuses kernels, i.e. GPU/TPU presets; standard on
+    ``cpu-sim``); see :mod:`layoutsearch.costmodel.fusion`. ``layout`` is
     checked against the graph. ``hardware``: a preset name or a
     :class:`Hardware`. ``remat``: ``"none"``, ``"selective"`` or ``"full"``
-    (see :mod:`layoutsearch.costmodel.memory`). ``overlap`` in [0, 1]: the
-    fraction of the shorter of compute and communication hidden behind the
-    other.
+    (see :mod:`layoutsearch.costmodel.memory`). ``overlap``: ``"auto"`` (the
+    schedule of :mod:`layoutsearch.costmodel.overlap`) or a number in [0, 1],
+    the fraction of the shorter of compute and communication hidden behind
+    the other.
 
     Raises HardwareError (unknown hardware), LayoutError (a dim the model
     lacks, an indivisible split, an axis not in the mesh), CostModelError (a
@@ -296,17 +322,23 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     hw = _hardware(hardware)
     if remat not in REMAT_POLICIES:
         raise CostModelError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
-    if isinstance(overlap, bool) or not isinstance(overlap, int | float) or not 0 <= overlap <= 1:
-        raise CostModelError(f"overlap must be a number in [0, 1], got {overlap!r}")
+    if overlap != "auto" and (isinstance(overlap, bool) or not isinstance(overlap, int | float)
+                              or not 0 <= overlap <= 1):
+        raise CostModelError(f"overlap must be 'auto' or a number in [0, 1], got {overlap!r}")
     if not isinstance(layout, Layout):
         raise LayoutError(f"estimate needs a Layout (Layout.from_rules(mesh, rules)), got {type(layout).__name__}")
-    g = training_step(graph, optimizer)
+    g = training_step(graph, optimizer, precision)
     layout.check(g)
     _check_links(hw, layout)
     mesh = layout.mesh
-    each, costs = step_costs(g, layout, hw.reduce_scatter)
+    each, costs = step_costs(g, layout, hw.reduce_scatter, float32_collectives=hw.float32_collectives,
+                             regather_weights=hw.regather_weights)
+    attention = resolve_attention(attention, hw)
+    fusion = fusion_plan(g, hw.fusion, attention)
+    costs = [fusion.cost(op, c) for op, c in zip(g.ops, costs, strict=True)]
     plan = remat_plan(g, remat)
-    memory = simulate(g, layout, plan, each, combined_gradient_all_reduce=hw.combined_gradient_all_reduce)
+    memory = simulate(g, layout, plan, each, combined_gradient_all_reduce=hw.combined_gradient_all_reduce,
+                      on_chip=fusion.on_chip)
 
     priced: dict[tuple[str, tuple[str, ...], int], CollectiveCost] = {}
 
@@ -318,7 +350,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         return c
 
     def report(cost: OpCost, phase: str, prefix: str = "") -> OpReport:
-        seconds, bound = _op_seconds(cost, hw)
+        seconds, bound = compute_seconds(cost, hw)
         colls = []
         for c in cost.comms:
             p = price(c.kind, c.axes, c.bytes)
@@ -328,32 +360,43 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
                         bound, tuple(colls))
 
     index = {op.name: i for i, op in enumerate(g.ops)}
-    redo: dict[int, list[str]] = defaultdict(list)  # schedule index -> ops recomputed just before it
+    redo: dict[int, list[tuple[str, str]]] = defaultdict(list)  # schedule index -> ops recomputed just before it
     for name in plan.recomputed:
-        redo[plan.points[g.op(name).block]].append(name)  # type: ignore[index]
+        redo[plan.points[g.op(name).block]].append((name, f"recompute ({remat} remat): "))  # type: ignore[index]
+    for core in fusion.flash:  # flash attention's backward recomputes q·k and the softmax
+        first = next(i for i, op in enumerate(g.ops) if op.phase == "backward" and op.block == core.block
+                     and op.output in core.scores)
+        redo[first] += [(name, "recompute (flash attention backward): ") for name in core.recompute]
     ops: list[OpReport] = []
     for i, (op, cost) in enumerate(zip(g.ops, costs, strict=True)):
-        for name in redo.get(i, ()):
-            ops.append(report(costs[index[name]], "recompute", f"recompute ({remat} remat): "))
+        for name, why in redo.get(i, ()):
+            ops.append(report(costs[index[name]], "recompute", why))
         ops.append(report(cost, op.phase))
     model_flops = graph_cached(g, "model_flops", lambda: sum(op_flops(g, op) for op in g.ops
                                                                if op.phase != "optimizer"))
 
     compute_s = sum(o.compute_s for o in ops)
     comm_s = sum(c.seconds for o in ops for c in o.collectives)
-    step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)
+    exposure = None
+    if overlap == "auto":
+        exposure = schedule(ops, collective_classes(g), hw.async_collectives)
+        step_s = exposure.step_s
+    else:
+        step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)
     per_axis = {a: 0.0 for a in mesh.names}
     for o in ops:
         for c in o.collectives:
             for a, b in c.link_bytes.items():
                 per_axis[a] += b
     mfu = model_flops / (mesh.size * hw.peak_flops * step_s) if step_s > 0 else 0.0
-    opt = g.meta.get("training", {}).get("optimizer", {}).get("kind", Optimizer.of(optimizer).kind)
+    training = g.meta.get("training", {})
+    opt = training.get("optimizer", {}).get("kind", Optimizer.of(optimizer).kind)
     return CostReport(
         model=g.name, mesh=mesh, devices=mesh.size, layout=layout.describe(), hardware=hw, optimizer=opt,
-        remat=remat, overlap=float(overlap), compute_s=compute_s, comm_s=comm_s, step_s=step_s,
+        precision=training.get("precision") or "as built", remat=remat, attention=attention,
+        overlap=overlap if overlap == "auto" else float(overlap), compute_s=compute_s, comm_s=comm_s, step_s=step_s,
         flops_per_device=sum(o.flops for o in ops), model_flops=model_flops, mfu=mfu, bytes_per_axis=per_axis,
-        memory=memory, ops=tuple(ops))
+        memory=memory, ops=tuple(ops), exposure=exposure)
 
 
 # -- rendering ------------------------------------------------------------------------------------------------------
@@ -386,11 +429,19 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
     mem = d["memory"]
     out: list[Any] = [
         (f"{d['model']} on mesh {d['mesh']} ({d['devices']} devices, {hw['name']}), layout "
-         f"{d['layout'] or '(replicated)'}; optimizer {d['optimizer']}, remat {d['remat']}, overlap {d['overlap']:g}"),
+         f"{d['layout'] or '(replicated)'}; optimizer {d['optimizer']}, precision {d['precision']}, "
+         f"attention {d['attention']}, remat {d['remat']}, overlap {d['overlap']}"),
     ]
     phases = d["phases"]
-    rows = [["step", format_seconds(d["step_s"]), "compute + communication" + (
-        f" - {d['overlap']:g} x overlap" if d["overlap"] else "")],
+    if d["overlap"] == "auto":
+        how = (f"compute + exposed communication ({format_seconds(d['comm_exposed_s'])} exposed, "
+               f"{format_seconds(d['comm_hidden_s'])} hidden behind compute)")
+        if d["overlap_by_class"]:
+            how += "; " + ", ".join(f"{k} collectives {format_seconds(v['seconds'])} ({format_seconds(v['exposed_s'])} "
+                                    "exposed)" for k, v in d["overlap_by_class"].items() if v["seconds"])
+    else:
+        how = "compute + communication" + (f" - {d['overlap']:g} x overlap" if d["overlap"] else "")
+    rows = [["step", format_seconds(d["step_s"]), how],
             ["compute", format_seconds(d["compute_s"]), ", ".join(f"{k} {format_seconds(v)}" for k, v in d["compute_by_bound_s"].items())],
             ["communication", format_seconds(d["comm_s"]), ", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_by_kind"].items())
              or "none"]]

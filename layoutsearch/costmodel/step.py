@@ -27,6 +27,7 @@ from typing import Any
 from layoutsearch.costmodel.ops import OpCost, OpRules
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer, training_graph
 from layoutsearch.layout import Layout
 
@@ -53,13 +54,15 @@ def is_training_graph(graph: Graph) -> bool:
     return any(op.phase != "forward" for op in graph.ops)
 
 
-def training_step(graph: Graph, optimizer: Optimizer | str = "adam") -> Graph:
+def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
+                  precision: Precision | str = DEFAULT_PRECISION) -> Graph:
     """``graph`` if it is a training graph, else its training graph with ``optimizer``
-    (derived once per forward graph object and optimizer)."""
+    under the ``precision`` policy (derived once per forward graph object, optimizer and policy)."""
     if is_training_graph(graph):
         return graph
     opt = Optimizer.of(optimizer)
-    return graph_cached(graph, ("training", opt), lambda: training_graph(graph, opt))
+    policy = Precision.of(precision)
+    return graph_cached(graph, ("training", opt, policy), lambda: training_graph(graph, opt, policy))
 
 
 def _signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
@@ -119,17 +122,20 @@ def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
     return dataclasses.replace(cost, op=op.name, block=op.block, comms=tuple(comms))
 
 
-def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True,
-               memo: bool = True) -> tuple[list[OpCost], list[OpCost]]:
+def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool = True,
+               float32_collectives: bool = False, regather_weights: bool = False
+               ) -> tuple[list[OpCost], list[OpCost]]:
     """The cost of every op of ``g`` under ``layout``: as each op sees it (all its
     collectives: for memory), and for the step (a collective that several ops
     share, ``Comm.shared``, kept by its first op only: for time and bytes).
 
     ``memo``: price repeated ops once (see the module docstring); False prices
-    every op (the reference the memoized result is tested against)."""
+    every op (the reference the memoized result is tested against). ``reduce_scatter``,
+    ``float32_collectives``, ``regather_weights``: the backend's behaviour
+    (:class:`~layoutsearch.mesh.Hardware`)."""
     from layoutsearch.costmodel import ops as op_rules
 
-    rules = OpRules(g, layout.mesh, reduce_scatter)
+    rules = OpRules(g, layout.mesh, reduce_scatter, float32_collectives, regather_weights)
     if not memo:
         each = [rules.cost_under(op, layout) for op in g.ops]
     else:

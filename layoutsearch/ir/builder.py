@@ -185,8 +185,10 @@ class GraphBuilder:
     def softmax(self, x: Ref, dim: DimLike, name: str | None = None) -> Ref:
         return self._op(O.Softmax, [x], x.dims, name, dim=_name(dim))
 
-    def layer_norm(self, x: Ref, dim: DimLike, eps: float = 1e-5, name: str | None = None) -> Ref:
-        return self._op(O.LayerNorm, [x], x.dims, name, dim=_name(dim), eps=eps)
+    def layer_norm(self, x: Ref, dim: DimLike, eps: float = 1e-5, name: str | None = None,
+                   center: bool = True) -> Ref:
+        """Layer norm over ``dim``; ``center=False``: RMSNorm (no mean subtraction)."""
+        return self._op(O.LayerNorm, [x], x.dims, name, dim=_name(dim), eps=eps, center=center)
 
     def reshape(self, x: Ref, groups: Sequence[tuple[Sequence[DimLike], Sequence[DimLike]]],
                 name: str | None = None) -> Ref:

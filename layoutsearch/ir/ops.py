@@ -74,6 +74,10 @@ class Op:
     """
 
     kind: ClassVar[str] = ""
+    defaulted_attrs: ClassVar[frozenset[str]] = frozenset()
+    """Attributes added to an op kind after graph files of it existed: written
+    only when they differ from their default (see :meth:`file_attrs`)."""
+
     name: str
     inputs: tuple[str, ...]
     output: str
@@ -103,6 +107,14 @@ class Op:
         """The op-specific attributes (everything but name/inputs/output/phase/block)."""
         base = {"name", "inputs", "output", "phase", "block"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
+
+    def file_attrs(self) -> dict[str, Any]:
+        """:meth:`attrs` as written to a graph file: a :attr:`defaulted_attrs`
+        attribute at its default is left out, so the files of graphs that do
+        not use it stay as they were (and files without it read as the default)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.attrs().items()
+                if not (k in self.defaulted_attrs and type(v) is type(defaults[k]) and v == defaults[k])}
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         """Raise GraphError if the op's tensors do not fit its semantics."""
@@ -229,21 +241,36 @@ class SoftmaxGrad(_OverDim):
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerNorm(_OverDim):
-    """Normalize to zero mean and unit variance over ``dim`` (scale and bias
-    are separate elementwise ops)."""
+class _Norm(_OverDim):
+    """A normalization over ``dim``: divide by ``sqrt(mean square + eps)``,
+    after subtracting the mean when ``center`` (layer norm), without (RMSNorm)."""
 
-    kind: ClassVar[str] = "layer_norm"
     eps: float = 1e-5
+    center: bool = True
+    defaulted_attrs: ClassVar[frozenset[str]] = frozenset({"center"})
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        super().check(tensors)
+        if not isinstance(self.center, bool):
+            raise self._fail(f"center must be true or false, got {self.center!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
-class LayerNormGrad(_OverDim):
-    """Gradient of LayerNorm: inputs (x, dy) -> dx."""
+class LayerNorm(_Norm):
+    """Normalize over ``dim`` (scale and bias are separate elementwise ops):
+    ``center=True`` (layer norm, Ba et al. 2016) to zero mean and unit variance,
+    ``(x - mean(x)) / sqrt(var(x) + eps)``; ``center=False`` (RMSNorm, Zhang &
+    Sennrich 2019) to unit root mean square, ``x / sqrt(mean(x**2) + eps)``."""
+
+    kind: ClassVar[str] = "layer_norm"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerNormGrad(_Norm):
+    """Gradient of LayerNorm (with the same ``eps`` and ``center``): inputs (x, dy) -> dx."""
 
     kind: ClassVar[str] = "layer_norm_grad"
     arity: ClassVar[int] = 2
-    eps: float = 1e-5
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,7 @@ def graph_to_dict(graph: Graph) -> dict[str, Any]:
     ops = []
     for op in graph.ops:
         d: dict[str, Any] = {"kind": op.kind, "name": op.name, "inputs": list(op.inputs), "output": op.output}
-        for k, v in op.attrs().items():
+        for k, v in op.file_attrs().items():
             d[k] = _jsonable(v)
         if op.phase != "forward":
             d["phase"] = op.phase

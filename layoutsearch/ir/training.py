@@ -25,12 +25,20 @@ Conventions (other modules rely on them):
   they differentiate (a sum chain: the block of ``T``'s producer, or of its
   first consumer for a parameter).
 * SGD: ``new/P = sgd(P, grad/P)``. Adam: state ``adam_m/P`` and ``adam_v/P``
-  (role ``optimizer_state``, P's dims, float32), ``new/adam_m/P``,
-  ``new/adam_v/P`` (role ``optimizer_state``) and ``new/P = adam_update(P,
-  new/adam_m/P, new/adam_v/P)`` (role ``parameter``); each ``new/X`` has
-  ``updates="X"``. Optimizer ops have phase ``optimizer`` and the block of the
-  parameter's first consumer.
-* ``meta["training"] = {"optimizer": {...}}`` records the optimizer.
+  (role ``optimizer_state``, P's dims, the policy's optimizer-state dtype,
+  float32 without a policy), ``new/adam_m/P``, ``new/adam_v/P`` (role
+  ``optimizer_state``) and ``new/P = adam_update(P, new/adam_m/P,
+  new/adam_v/P)`` (role ``parameter``); each ``new/X`` has ``updates="X"``.
+  Optimizer ops have phase ``optimizer`` and the block of the parameter's
+  first consumer.
+* Master weights (a precision policy with ``master``, e.g. ``mixed``): the
+  optimizer updates ``master/P`` (role ``optimizer_state``, the master dtype;
+  fed in, initialized to P's values) instead of P: ``new/master/P =
+  sgd|adam_update(master/P, ...)``, then ``new/P = identity(new/master/P)``
+  casts the result to P's dtype.
+* ``meta["training"] = {"optimizer": {...}}`` records the optimizer; with a
+  precision policy also ``"precision": name`` and ``"master_weights": {P:
+  "master/P", ...}`` (empty without master weights).
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Shape
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import Precision, with_precision
 from layoutsearch.ir.tensor import Tensor
 
 OPTIMIZERS = ("sgd", "adam")
@@ -89,10 +98,15 @@ class Optimizer:
         return {"kind": self.kind, "lr": self.lr} if self.kind == "sgd" else asdict(self)
 
 
-def training_graph(forward: Graph, optimizer: Optimizer | str = "adam") -> Graph:
+def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
+                   precision: Precision | str | None = None) -> Graph:
     """The training step of ``forward``: its ops, the backward ops computing
     ``grad/T`` of the loss for every parameter (and every intermediate on the
     way), and the optimizer ops writing ``new/P`` (see the module docstring).
+
+    ``precision``: a policy (:mod:`layoutsearch.ir.precision`) typing every
+    float tensor and adding master weights; None keeps the forward graph's
+    dtypes (optimizer state float32, no master weights).
 
     Raises GraphError if ``forward`` has no loss, already has backward or
     optimizer ops, or differentiates through a function without a gradient rule.
@@ -105,12 +119,35 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam") -> Graph
     if derived:
         raise GraphError(f"graph {forward.name!r} is already a training graph (has {derived[0]!r}); "
                          "pass its forward graph")
+    policy = Precision.of(precision) if precision is not None else None
+    if policy is not None:
+        forward = with_precision(forward, policy)
     d = _Derivation(forward)
     d.backward()
-    d.optimize(opt)
+    masters = d.optimize(opt, policy)
     meta = copy.deepcopy(forward.meta)
     meta["training"] = {"optimizer": opt.to_dict()}
+    if policy is not None:
+        meta["training"].update(precision=policy.name, master_weights=masters)
     return Graph(forward.name, d.tensors.values(), d.ops, loss=forward.loss, meta=meta)
+
+
+def parameter_gradients(graph: Graph) -> set[str]:
+    """Tensors of training graph ``graph`` that are parameter gradients: ``grad/P`` of every
+    parameter and the contributions its sum chain adds up."""
+    out: set[str] = set()
+    for p in graph.parameters:
+        stack = [f"grad/{p.name}"]
+        while stack:
+            t = stack.pop()
+            if t not in graph.tensors or t in out:
+                continue
+            out.add(t)
+            op = graph.producer(t)
+            if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and (
+                    t == f"grad/{p.name}" or t.startswith(f"grad/{p.name}/add")):
+                stack.extend(op.inputs)
+    return out
 
 
 def _grad_inputs(op: O.Op, tensors: dict[str, Tensor]) -> tuple[int, ...]:
@@ -259,7 +296,7 @@ class _Derivation:
         elif isinstance(op, O.LayerNorm):
             x = t[op.inputs[0]]
             self._emit(O.LayerNormGrad, self._target(op, 0), [x.name, dy], x.dims, x.dtype, op.block,
-                       dim=op.dim, eps=op.eps)
+                       dim=op.dim, eps=op.eps, center=op.center)
             self._add(op, 0, self._target(op, 0))
         elif isinstance(op, O.Reshape):
             x = t[op.inputs[0]]
@@ -335,23 +372,35 @@ class _Derivation:
             self._elementwise(op, 0, "mul", [mask, share], x.dims)
 
     # -- the optimizer
-    def optimize(self, opt: Optimizer) -> None:
+    def optimize(self, opt: Optimizer, policy: Precision | None) -> dict[str, str]:
+        """The optimizer ops; returns parameter -> master copy (master weights only)."""
+        state_dtype = policy.optimizer_state if policy else "float32"
+        masters: dict[str, str] = {}
         for p in self.fwd.parameters:
             if not p.is_float:
                 continue
             first = self.fwd.consumers[p.name]
             block = first[0].block if first else None
             g = f"grad/{p.name}"
+            target = p
+            if policy is not None and policy.master is not None:
+                target = self._state("master", p, policy.master)
+                masters[p.name] = target.name
             if opt.kind == "sgd":
-                self._update(p, "sgd", [p.name, g], block, lr=opt.lr)
-                continue
-            m = self._update(self._state("adam_m", p), "adam_m", [f"adam_m/{p.name}", g], block, b1=opt.b1)
-            v = self._update(self._state("adam_v", p), "adam_v", [f"adam_v/{p.name}", g], block, b2=opt.b2)
-            self._update(p, "adam_update", [p.name, m, v], block, lr=opt.lr, b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                         step=float(opt.step))
+                new = self._update(target, "sgd", [target.name, g], block, lr=opt.lr)
+            else:
+                m = self._update(self._state("adam_m", p, state_dtype), "adam_m", [f"adam_m/{p.name}", g], block,
+                                 b1=opt.b1)
+                v = self._update(self._state("adam_v", p, state_dtype), "adam_v", [f"adam_v/{p.name}", g], block,
+                                 b2=opt.b2)
+                new = self._update(target, "adam_update", [target.name, m, v], block, lr=opt.lr, b1=opt.b1,
+                                   b2=opt.b2, eps=opt.eps, step=float(opt.step))
+            if target is not p:  # the parameter is the master copy cast to its dtype
+                self._update(p, "identity", [new], block)
+        return masters
 
-    def _state(self, kind: str, p: Tensor) -> Tensor:
-        state = Tensor(f"{kind}/{p.name}", p.dims, "float32", "optimizer_state")
+    def _state(self, kind: str, p: Tensor, dtype: str) -> Tensor:
+        state = Tensor(f"{kind}/{p.name}", p.dims, dtype, "optimizer_state")
         if state.name in self.tensors:
             raise GraphError(f"cannot derive the training graph: the optimizer state name {state.name!r} "
                              "is already used in the forward graph")
@@ -364,4 +413,4 @@ class _Derivation:
                           role=old.role, updates=old.name, fn=fn, params=tuple(params.items()))
 
 
-__all__ = ["OPTIMIZERS", "Optimizer", "training_graph"]
+__all__ = ["OPTIMIZERS", "Optimizer", "parameter_gradients", "training_graph"]

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.memory import _lifetimes, _transient, remat_plan
-from layoutsearch.costmodel.ops import OpCost, local_bytes, reshard
+from layoutsearch.costmodel.ops import OpCost, local_bytes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
@@ -290,7 +290,7 @@ class _Builder:
         """What an op's cost depends on besides layouts (its kind, attributes, shapes)."""
         key = ("sig", op.name)
         if key not in self._fcache:
-            self._fcache[key] = _op_sig(self.g, op)
+            self._fcache[key] = (_op_sig(self.g, op), self.p.fusion.signature(op))
         return self._fcache[key]
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:
@@ -314,7 +314,7 @@ class _Builder:
         """(seconds, transient bytes: the payload of the last gather or all-to-all) of resharding ``t``."""
         key = ("rs", t.dims, t.dtype, src.tobytes(), dst.tobytes())
         if key not in self._fcache:
-            comms = reshard(t, self.dl(src), self.dl(dst), self.mesh, "")
+            comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all")]
             self._fcache[key] = (sum(self.p.collective(c.kind, c.bytes, c.axes) for c in comms),
                                  payload[-1] if payload else 0)
@@ -405,7 +405,7 @@ class _Builder:
             def whole(a: list[np.ndarray]) -> OpCost:
                 return self.f_whole(op, a[0], a[2:], a[1])
 
-            cost.append(("whole", roles, lambda a: self.p.seconds(whole(a))))
+            cost.append(("whole", roles, lambda a: self.p.seconds(whole(a), op)))
             mem.append(("whole", roles, lambda a: float(self.transient(op, whole(a), a[1])[0])))
             return cost, mem
         I = self.iter_keys(n, op)
@@ -413,7 +413,7 @@ class _Builder:
         # the output) depends on the stored output; otherwise compute depends on the iteration layout only
         partial = isinstance(op, (O.Einsum, O.Reduce, O.ScatterAdd, O.Gather))
         if not partial:
-            cost.append(("compute", [(n, I)], lambda a: self.p.compute(self.f_op(op, a[0], project(a[0], om)))))
+            cost.append(("compute", [(n, I)], lambda a: self.p.compute(self.f_op(op, a[0], project(a[0], om)), op)))
         special = len(self.dims) + 1
         coarse = I if partial else np.where(om[I], I, np.where(I >= 0, special, NONE)).astype(np.int32)
         reps = {c.tobytes(): I[k] for k, c in enumerate(coarse)}
@@ -422,7 +422,7 @@ class _Builder:
             """Communication (statistics, partial sums, reshard to the stored output; with partial sums also
             the compute) and its buffers."""
             full = self.f_op(op, reps[a[0].tobytes()], a[1])
-            seconds = self.p.seconds(full) if partial else self.p.comm(full)
+            seconds = self.p.seconds(full, op) if partial else self.p.comm(full)
             return seconds, float(self.transient(op, full, a[1])[0])
 
         froles: Roles = [(n, coarse), (o, self.store_keys(o, out))]
@@ -536,16 +536,18 @@ class _Builder:
 
             c_items, m_items = items()
             for j, (kind, _, _) in enumerate(c_items):
-                for _ in range(2 if op.name in self.recomputed else 1):
+                for _ in range(1 + (op.name in self.recomputed) + (op.name in self.p.flash_recomputed)):
                     add(cost_items, ("op", base, kind), lambda j=j, items=items: items()[0][j], None)
             for j, (kind, _, _) in enumerate(m_items):
                 add(mem_items, ("op", base, kind), lambda j=j, items=items: items()[1][j], (k, k))
-        readers: dict[str, list[tuple[int, int, O.Op]]] = defaultdict(list)
+        # the einsums sharing one reshard of an operand: all of them, or those of one phase where the backend
+        # gathers weights again for the backward pass (Hardware.regather_weights)
+        readers: dict[tuple[str, str], list[tuple[int, int, O.Op]]] = defaultdict(list)
         for k, op in enumerate(g.ops):
             if isinstance(op, O.Einsum):
                 for i, x in enumerate(op.inputs):
-                    readers[x].append((k, i, op))
-        for x, slots in readers.items():
+                    readers[(x, op.phase if self.hw.regather_weights else "")].append((k, i, op))
+        for (x, _), slots in readers.items():
             t = g.tensors[x]
             nodes = {self.owner[x], *(self.op_node[op.name] for _, _, op in slots)}
             if len(nodes) > 2:  # readers in several nodes: priced per reader (see the module docstring)
@@ -595,6 +597,8 @@ class _Builder:
                         add(mem_items, ("deferred", part, t.dim_names, t.dtype, o, self.op_node[op.name],
                                         self.sig(op)), lambda t=t, part=part: self.deferred_item(t, part), span)
                 continue
+            if t.name in self.p.fusion.on_chip:
+                continue  # never in HBM
             add(mem_items, ("store", t.dim_names, t.dtype, o),
                 lambda t=t, o=o: ("store", [(o, self.store_keys(o, t))], lambda a, t=t: float(self.stored(t, a[0]))),
                 (int(start), int(end)))

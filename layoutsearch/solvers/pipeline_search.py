@@ -20,6 +20,7 @@ from typing import Any
 from layoutsearch.costmodel.pipeline import PipelineReport, estimate_pipeline
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
@@ -74,7 +75,8 @@ def microbatch_candidates(batch: int, stages: int, limit: int | None = None) -> 
 
 def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None = None, *,
                     hardware: Hardware | str = "cpu-sim", stages: int | None = None,
-                    microbatches: int | None = None, optimizer: str = "adam", batch_dim: str = "batch",
+                    microbatches: int | None = None, optimizer: str = "adam",
+                    precision: Precision | str = DEFAULT_PRECISION, batch_dim: str = "batch",
                     progress: Progress | None = None) -> PipelinePlan:
     """The fastest GPipe plan of ``graph`` on ``mesh`` whose stages fit ``memory_limit``.
 
@@ -100,7 +102,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         if inner_mesh.axes:
             if progress:
                 progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
-            plan = search(graph, inner_mesh, hardware=hw, optimizer=optimizer, top=2)
+            plan = search(graph, inner_mesh, hardware=hw, optimizer=optimizer, precision=precision, top=2)
             inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
             inner_rules += [b.plan.rules for b in plan.baselines if b.plan is not None and b.plan.rules is not None]
             inner_rules = list(dict.fromkeys(inner_rules))
@@ -111,7 +113,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                 for remat in (False, True):
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
-                                                optimizer=optimizer, memory_limit=memory_limit, batch_dim=batch_dim)
+                                                optimizer=optimizer, precision=precision, memory_limit=memory_limit,
+                                                batch_dim=batch_dim)
                     except LayoutSearchError as e:
                         reasons.append(f"{axis} K={K} M={mb} remat={remat}: {e}")
                         continue

@@ -2,8 +2,9 @@
 
 Problem: given a model, a mesh, hardware and a per-device memory limit, find
 the layout minimizing the predicted step time (compute + communication of
-the cost model, :func:`~layoutsearch.costmodel.estimate`) whose peak memory
-per device fits the limit, in one of the spaces of :mod:`.space`.
+the cost model, :func:`~layoutsearch.costmodel.estimate`, without overlap:
+:data:`SEARCH_OVERLAP`) whose peak memory per device fits the limit, in one
+of the spaces of :mod:`.space`.
 
 Method. The rules space is solved first, exactly, by bound-and-evaluate: a
 lower bound of every candidate (the einsums' roofline compute alone, which
@@ -38,12 +39,14 @@ from typing import Any
 
 import numpy as np
 
+from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.ops import op_flops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout, format_rules
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
@@ -151,16 +154,23 @@ def baseline_rules(graph: Graph, mesh: Mesh) -> dict[str, tuple[RuleSets | None,
 
 # -- the rules space ------------------------------------------------------------------------------------------------
 
-def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str]) -> np.ndarray:
+SEARCH_OVERLAP = 0.0
+"""The spaces price a step as the sum of its ops' compute and communication (no overlap: an upper bound of
+the cost model's ``overlap="auto"`` schedule, which is not a sum over ops); plans are reported on the same
+terms, so the optimality proof holds for the reported times."""
+
+
+def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str],
+                    on_chip: frozenset[str] = frozenset()) -> np.ndarray:
     """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
-    of their inputs), which communication and the other ops only add to."""
+    of their inputs not ``on_chip``), which communication and the other ops only add to."""
     axis = np.array([s for _, s in mesh.axes], dtype=float)
     total = np.zeros(len(cands))
     seen: dict[tuple, int] = {}
     reps: dict[tuple, O.Op] = {}
     for op in g.ops:
         if isinstance(op, O.Einsum):
-            key = tuple((g.tensors[x].dims, g.tensors[x].dtype) for x in (*op.inputs, op.output))
+            key = tuple((g.tensors[x].dims, g.tensors[x].dtype, x in on_chip) for x in (*op.inputs, op.output))
             seen[key] = seen.get(key, 0) + 1
             reps.setdefault(key, op)
 
@@ -172,9 +182,11 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
     for key, op in reps.items():
         proj = cands.project(mask(op.iteration_dims(g.tensors)))
         split = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
-        flops = op_flops(g, op) / split / (hw.peak_flops * hw.matmul_efficiency)
+        flops = op_flops(g, op) / split / fastest_matmul_rate(hw)
         hbm = np.zeros(len(cands))
         for x in op.inputs:
+            if x in on_chip:
+                continue
             t = g.tensors[x]
             px = cands.project(mask(t.dim_names))
             hbm += t.nbytes / np.where(px >= 0, axis[None, :], 1.0).prod(axis=1)
@@ -216,7 +228,7 @@ class _RulesSearch:
         self.dims = list(g.dims)
         cands = rule_sets(g, mesh)
         self.cands = cands.concat(extra) if extra is not None else cands
-        self.lb = _compute_bounds(g, mesh, hw, self.cands, self.dims)
+        self.lb = _compute_bounds(g, mesh, hw, self.cands, self.dims, pricer.fusion.on_chip)
         self.mem_lb = _resident_bounds(g, mesh, self.cands, self.dims)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
@@ -307,7 +319,7 @@ def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign:
     fit = limit if limit is not None else hw.hbm_bytes
     if rules is not None:
         layout = Layout(mesh, rules).check(g)
-        rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat)
+        rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, overlap=SEARCH_OVERLAP)
         return Costed(name, layout, rules, rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
                       rep.memory_bytes <= fit, None, rep)
     iteration = space.op_layouts(assign)
@@ -319,7 +331,7 @@ def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign:
 def _costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None,
                   optimizer: str, remat: str = "none") -> Costed:
     layout = Layout(mesh, rules).check(g)
-    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat)
+    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, overlap=SEARCH_OVERLAP)
     fit = limit if limit is not None else hw.hbm_bytes
     return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
                   rep.memory_bytes <= fit, None, rep)
@@ -332,13 +344,14 @@ def _stats(problem: Problem) -> dict[str, Any]:
 
 
 def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = None, solver: str = "auto", *,
-           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam", remat: str = "none",
-           top: int = 3, time_limit: float | None = None, tie: bool = True,
+           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam",
+           precision: Precision | str = DEFAULT_PRECISION, remat: str = "none", top: int = 3, time_limit: float | None = None, tie: bool = True,
            progress: Progress | None = None) -> Plan:
     """The layout of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
     ``memory_limit`` (bytes per device, or a string like ``16GiB``; None: no limit), in ``space``
     (``rules``, ``layers`` or ``ops``, see :mod:`.space`), found by ``solver`` (:data:`SOLVERS`), with the
-    cost model's ``remat`` policy (``none``, ``selective``, ``full``; rules and layers spaces).
+    cost model's ``remat`` policy (``none``, ``selective``, ``full``; rules and layers spaces) and
+    ``precision`` policy (``mixed``, ``bf16``, ``fp32``; :mod:`layoutsearch.ir.precision`).
 
     Returns a :class:`Plan` with the layout, its cost report, the proof status, ``top - 1`` runner-ups and
     the baselines. Raises :class:`InfeasibleError` naming the smallest peak memory any layout needs when none
@@ -354,7 +367,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = No
     mesh = Mesh.of(mesh)
     hw = _hardware(hardware)
     limit = float(parse_bytes(memory_limit)) if memory_limit is not None else None
-    g = training_step(graph, optimizer)
+    g = training_step(graph, optimizer, precision)
     dims = list(g.dims)
     pricer = Pricer(g, mesh, hw)
     base = baseline_rules(g, mesh)

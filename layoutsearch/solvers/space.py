@@ -56,6 +56,8 @@ import networkx as nx
 import numpy as np
 
 from layoutsearch.costmodel.collectives import collective_time
+from layoutsearch.costmodel.compute import compute_seconds
+from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
 from layoutsearch.ir import ops as O
@@ -434,9 +436,13 @@ class Space:
 class Pricer:
     """Seconds of op costs and collectives on one mesh and hardware (cached)."""
 
-    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware) -> None:
+    def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, attention: str = "auto") -> None:
         self.graph, self.mesh, self.hw = graph, mesh, hw
-        self.rules = OpRules(graph, mesh, hw.reduce_scatter)
+        self.rules = OpRules(graph, mesh, hw.reduce_scatter, hw.float32_collectives, hw.regather_weights)
+        self.fusion = fusion_plan(graph, hw.fusion, resolve_attention(attention, hw))
+        """HBM traffic per op and on-chip tensors (:mod:`layoutsearch.costmodel.fusion`)."""
+        self.flash_recomputed = frozenset(n for core in self.fusion.flash for n in core.recompute)
+        """Forward ops a flash-attention backward pass runs again."""
         self._coll: dict[tuple, float] = {}
         self.cache: dict[tuple, Any] = {}
         """Prices of op and reshard variants, shared by the spaces built with this pricer."""
@@ -447,17 +453,16 @@ class Pricer:
             self._coll[key] = collective_time(kind, nbytes, axes, self.mesh, self.hw).seconds
         return self._coll[key]
 
-    def compute(self, c: OpCost) -> float:
-        """Roofline time of an op: FLOPs at (matmul-efficient) peak vs HBM traffic at effective bandwidth."""
-        hw = self.hw
-        peak = hw.peak_flops * (hw.matmul_efficiency if c.matmul else 1.0)
-        return max(c.flops / peak, c.hbm_bytes / (hw.hbm_bandwidth * hw.memory_efficiency))
+    def compute(self, c: OpCost, op: O.Op | None = None) -> float:
+        """Roofline time of an op (:func:`~layoutsearch.costmodel.compute.compute_seconds`); ``c`` may be
+        priced for another op of the same shapes: ``op`` gives the HBM traffic of the fusion plan."""
+        return compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0]
 
     def comm(self, c: OpCost) -> float:
         return sum(self.collective(x.kind, x.bytes, x.axes) for x in c.comms)
 
-    def seconds(self, c: OpCost) -> float:
-        return self.compute(c) + self.comm(c)
+    def seconds(self, c: OpCost, op: O.Op | None = None) -> float:
+        return self.compute(c, op) + self.comm(c)
 
 
 def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLayout],
@@ -470,11 +475,11 @@ def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLay
     t = graph.tensors
     each = [p.rules.cost(op, iteration.get(op.name, {}), [storage[i] for i in op.inputs], storage[op.output])
             for op in graph.ops]
-    costs = dedupe_shared(each)
+    costs = [p.fusion.cost(op, c) for op, c in zip(graph.ops, dedupe_shared(each), strict=True)]
     plan = remat_plan(graph, remat)
     index = {op.name: i for i, op in enumerate(graph.ops)}
-    costs += [costs[index[name]] for name in plan.recomputed]
+    costs += [costs[index[name]] for name in (*plan.recomputed, *p.flash_recomputed)]
     layout = Layout(mesh, (), tuple((n, tuple(storage[n].items())) for n in t if storage[n]))
-    mem = simulate(graph, layout, plan, each,
+    mem = simulate(graph, layout, plan, each, on_chip=p.fusion.on_chip,
                    combined_gradient_all_reduce=getattr(hw, "combined_gradient_all_reduce", False))
     return sum(p.compute(c) for c in costs), sum(p.comm(c) for c in costs), mem.peak_bytes

@@ -1,0 +1,218 @@
+"""Which tensors reach HBM: kernel fusion and flash attention.
+
+Without fusion (``Hardware.fusion`` False: the ``cpu-sim`` preset, priced as the
+compiled-program agreement tests count it) every op reads its inputs from HBM
+and writes its output there, and every tensor occupies memory from its producer
+to its last consumer.
+
+Fusion (XLA on GPU and TPU; Megatron-LM's fused kernels)
+--------------------------------------------------------
+XLA fuses elementwise ops, reductions, normalizations and reshapes with their
+producers and consumers into one kernel ("loop" and "input" fusions, XLA's
+``instruction_fusion`` / ``multi_output_fusion`` passes), so a tensor passed
+between such ops never reaches HBM; matmuls (cuBLAS / MXU kernels), gathers and
+scatters are fusion barriers here. A tensor stays *on chip* when
+
+* a fusible op produces it and only fusible ops of the same phase (forward,
+  backward, optimizer) read it — a tensor the backward pass reads is saved for it
+  and must be written, and so is one a matmul reads;
+* it is neither fed in, nor a new parameter or state value, nor the loss.
+
+The classification does not depend on the layout (so the solvers price it as
+the report does): a collective on such a tensor is rare under rules layouts
+(reshards happen at matmul inputs and outputs, which are in HBM anyway) and is
+priced as if it read the fused kernel's registers.
+
+Fusible ops joined by on-chip tensors form one *fusion group*; a tensor the
+group reads from HBM is read once, however many of its ops read it (multi-output
+fusion), and a tensor the group writes is not read back by the group's other
+ops. Reshapes are layout changes XLA performs as bitcasts: no traffic. Each
+op's HBM bytes (:attr:`OpCost.hbm_bytes`) become its share of its group's
+traffic (:meth:`FusionPlan.cost`: per op, which inputs it reads from HBM and
+whether it writes its output), and on-chip tensors take no memory
+(:func:`~layoutsearch.costmodel.memory.simulate`).
+
+Flash attention (``attention="flash"``)
+---------------------------------------
+Dao et al. 2022 ("FlashAttention", NeurIPS) and Dao 2023 ("FlashAttention-2"):
+the attention core ``softmax(q·k) · v`` runs tile by tile in on-chip memory;
+the ``[.., seq, kv_seq]`` scores, probabilities and their gradients never reach
+HBM (in time and in memory: only the per-row log-sum-exp is kept, which this
+model neglects), and the backward pass recomputes ``q·k`` and the softmax from
+``q`` and ``k`` (Dao 2023, algorithm 2), whose FLOPs the report adds in phase
+``recompute``. The core is found structurally: a softmax whose input comes from
+an einsum of two activations (through elementwise ops such as a scale or a
+mask) and whose output an einsum with another activation reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from layoutsearch.costmodel.ops import OpCost
+from layoutsearch.costmodel.step import graph_cached
+from layoutsearch.errors import CostModelError
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.mesh import Hardware
+
+ATTENTION_KINDS = ("standard", "flash")
+"""How the attention core runs: materializing the scores, or as a flash-attention kernel."""
+
+FUSIBLE = (O.Elementwise, O.Reduce, O.Softmax, O.SoftmaxGrad, O.LayerNorm, O.LayerNormGrad, O.CrossEntropy,
+           O.CrossEntropyGrad, O.Reshape)
+"""Op kinds a fusing backend merges with their producers and consumers."""
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """One flash-attention core: the score tensors it keeps on chip and the forward
+    ops (``q·k`` through the softmax) its backward pass recomputes."""
+
+    scores: frozenset[str]
+    recompute: tuple[str, ...]
+    block: str | None
+
+
+@dataclass(frozen=True)
+class FusionPlan:
+    """The fusion model of one training graph (layout-independent).
+
+    ``on_chip``: tensors that never reach HBM (and take no memory);
+    ``charged[op]``: for each input of ``op``, whether ``op`` reads it from HBM
+    (False: on chip, or already read by its fusion group); ``writes[op]``:
+    whether ``op`` writes its output to HBM; ``flash``: the flash-attention
+    cores (empty with ``attention="standard"``); ``fused``: whether the backend
+    fuses. Ops absent from ``charged`` read and write everything."""
+
+    fused: bool
+    on_chip: frozenset[str]
+    charged: dict[str, tuple[bool, ...]] = field(hash=False, compare=False)
+    writes: dict[str, bool] = field(hash=False, compare=False)
+    flash: tuple[AttentionCore, ...] = ()
+
+    def cost(self, op: O.Op, cost: OpCost) -> OpCost:
+        """``cost`` of ``op`` (or of an op of the same shapes, priced for another layout) with the HBM
+        traffic this plan gives ``op``."""
+        charged = self.charged.get(op.name)
+        if charged is None:
+            return cost
+        hbm = sum(b for b, c in zip(cost.reads, charged, strict=False) if c) + (cost.write if self.writes[op.name]
+                                                                                else 0)
+        return cost if hbm == cost.hbm_bytes else dataclasses.replace(cost, hbm_bytes=float(hbm))
+
+    def signature(self, op: O.Op) -> tuple:
+        """What ``op``'s HBM traffic depends on in this plan (for caches keyed by op shapes)."""
+        return (self.charged.get(op.name), self.writes.get(op.name))
+
+
+def resolve_attention(attention: str, hw: Hardware) -> str:
+    """``attention`` with ``"auto"`` resolved: flash where the backend fuses kernels (flash-attention kernels
+    exist for GPUs and TPUs: FlashAttention, cuDNN, Pallas splash attention), standard otherwise."""
+    if attention == "auto":
+        return "flash" if hw.fusion else "standard"
+    if attention not in ATTENTION_KINDS:
+        raise CostModelError(f"unknown attention {attention!r} (known: auto, {', '.join(ATTENTION_KINDS)})")
+    return attention
+
+
+def fusion_plan(g: Graph, fused: bool, attention: str = "standard") -> FusionPlan:
+    """The fusion plan of training graph ``g`` (cached per graph)."""
+    if attention not in ATTENTION_KINDS:
+        raise CostModelError(f"unknown attention {attention!r} (known: {', '.join(ATTENTION_KINDS)})")
+    return graph_cached(g, ("fusion", fused, attention), lambda: _plan(g, fused, attention))
+
+
+def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
+    flash = attention_cores(g) if attention == "flash" else ()
+    scores = frozenset().union(*(c.scores for c in flash))
+    if not fused and not scores:
+        return FusionPlan(False, frozenset(), {}, {}, ())
+    on_chip: set[str] = set(scores)
+    producer = {op.output: op for op in g.ops}
+    if fused:
+        fed = {t.name for t in g.fed}
+        for name, t in g.tensors.items():
+            p = producer.get(name)
+            users = g.consumers[name]
+            if (p is None or name in fed or t.updates is not None or name == g.loss or not users
+                    or not isinstance(p, FUSIBLE)):
+                continue
+            if all(isinstance(c, FUSIBLE) and c.phase == p.phase for c in users):
+                on_chip.add(name)
+    group = _groups(g, on_chip - scores, producer) if fused else {}
+    charged: dict[str, tuple[bool, ...]] = {}
+    writes: dict[str, bool] = {}
+    seen: set[tuple[int, str]] = set()
+    for op in g.ops:
+        gid = group.get(op.name)
+        if fused and isinstance(op, O.Reshape):  # a bitcast
+            charged[op.name], writes[op.name] = (False,) * len(op.inputs), False
+            continue
+        marks = []
+        for x in op.inputs:
+            marks.append(x not in on_chip and (gid is None or (gid, x) not in seen))
+            if gid is not None:
+                seen.add((gid, x))
+        charged[op.name] = tuple(marks)
+        writes[op.name] = op.output not in on_chip
+        if gid is not None and writes[op.name]:  # written by the group: its other ops read it on chip
+            seen.add((gid, op.output))
+    return FusionPlan(fused, frozenset(on_chip), charged, writes, flash)
+
+
+def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str, int]:
+    """Fusion group of each fusible op: fusible ops joined by ``internal`` tensors (union-find)."""
+    parent = {op.name: op.name for op in g.ops if isinstance(op, FUSIBLE)}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for name in internal:
+        a = find(producer[name].name)
+        for c in g.consumers[name]:
+            b = find(c.name)
+            if a != b:
+                parent[b] = a
+    roots: dict[str, int] = {}
+    return {op.name: roots.setdefault(find(op.name), len(roots)) for op in g.ops if op.name in parent}
+
+
+def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
+    """Every attention core of training graph ``g`` (see the module docstring)."""
+    producer = {op.output: op for op in g.ops}
+    fed = {t.name for t in g.fed}
+
+    def activation_einsum(op: O.Op | None) -> bool:
+        return isinstance(op, O.Einsum) and len(op.inputs) == 2 and not any(i in fed for i in op.inputs)
+
+    cores = []
+    for s in g.ops:
+        if not isinstance(s, O.Softmax) or s.phase != "forward":
+            continue
+        chain = [s]
+        op = producer.get(s.inputs[0])
+        while isinstance(op, O.Elementwise) and op.phase == "forward" and sum(
+                i not in fed for i in op.inputs) == 1:
+            chain.append(op)
+            op = producer.get(next(i for i in op.inputs if i not in fed))
+        if not activation_einsum(op):
+            continue
+        chain.append(op)  # type: ignore[arg-type]
+        if not any(activation_einsum(c) for c in g.consumers[s.output]):
+            continue
+        forward = {c.output for c in chain[:-1]} | {op.output}  # type: ignore[union-attr]
+        dims = frozenset(g.tensors[s.output].dim_names)
+        backward = {t for t, p in producer.items() if p.phase == "backward" and p.block == s.block
+                    and frozenset(g.tensors[t].dim_names) == dims}
+        cores.append(AttentionCore(frozenset(forward | backward), tuple(c.name for c in reversed(chain)), s.block))
+    return tuple(cores)
+
+
+__all__ = ["ATTENTION_KINDS", "FUSIBLE", "AttentionCore", "FusionPlan", "attention_cores", "fusion_plan",
+           "resolve_attention"]

@@ -1,0 +1,159 @@
+"""Which communication hides behind compute: a two-resource schedule of one step.
+
+A GPU or TPU runs collectives on their own streams (NCCL communicators, XLA's
+asynchronous collectives) beside the compute stream; XLA on CPU runs them in
+line (``Hardware.async_collectives`` False: nothing overlaps). What can
+overlap depends on the collective, not on a tuned constant:
+
+* **weight gathers** (all-gather or all-to-all of a parameter: FSDP/ZeRO-3)
+  do not depend on the step's data: they are *prefetched* one block ahead
+  (issued when the block before the one that needs them starts, as PyTorch
+  FSDP's forward/backward prefetch and XLA's latency-hiding scheduler do);
+  compute waits only if the gather is not done when its op starts;
+* **gradient reductions** (all-reduce or reduce-scatter of a parameter
+  gradient: data parallelism, FSDP) are *deferred*: issued when the gradient is
+  produced, they run while the rest of the backward pass computes (DDP's
+  gradient buckets, Li et al. 2020, VLDB); only the optimizer waits for them;
+* everything else is **critical**: tensor-parallel all-reduces of activations,
+  activation reshards, normalization statistics, pipeline transfers — the next
+  op needs the result, so compute waits for it (Megatron-LM runs them in line).
+
+The schedule (:func:`schedule`): ops run one at a time on the compute stream
+in the step's order; each group of mesh axes (a communicator) is one FIFO
+stream. An op starts when the compute stream is free and its prefetched
+weights have arrived; its critical collectives run after its compute and
+block; its gradient reductions are queued on their stream and only the
+optimizer (or the end of the step) waits for them. ``step_s`` is when the
+last op ends; ``exposed`` communication is ``step_s - compute_s``, the rest of
+the communication is ``hidden``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.training import parameter_gradients
+
+CLASSES = ("critical", "weight", "gradient")
+"""How a collective overlaps (see the module docstring)."""
+
+
+class _Collective(Protocol):
+    kind: str
+    axes: tuple[str, ...]
+    seconds: float
+    tensor: str
+
+
+class _Op(Protocol):
+    phase: str
+    block: str | None
+    compute_s: float
+    collectives: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """The result of :func:`schedule`: step time, and communication exposed
+    (on the critical path) and hidden, in total and by class (:data:`CLASSES`)."""
+
+    step_s: float
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+    by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def hidden_s(self) -> float:
+        return self.comm_s - self.exposed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exposed_s": self.exposed_s, "hidden_s": self.hidden_s,
+                "by_class": {k: dict(v) for k, v in self.by_class.items()}}
+
+
+def collective_classes(g: Graph) -> dict[str, str]:
+    """Tensor name -> class for the tensors whose collectives are not critical: parameters
+    (``weight``: gathers are prefetched) and parameter gradients (``gradient``: reductions deferred)."""
+    out = {p.name: "weight" for p in g.parameters}
+    out.update({t: "gradient" for t in parameter_gradients(g)})
+    return out
+
+
+def classify(c: _Collective, classes: dict[str, str]) -> str:
+    """The class of one collective (see the module docstring)."""
+    cls = classes.get(c.tensor)
+    if cls == "weight" and c.kind in ("all-gather", "all-to-all"):
+        return "weight"
+    if cls == "gradient" and c.kind in ("all-reduce", "reduce-scatter"):
+        return "gradient"
+    return "critical"
+
+
+def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
+    """For each op, the index of the op at which its weight gathers are issued: the first op of the
+    previous segment (a run of ops of one block and phase), i.e. one block ahead."""
+    seg_start: list[int] = []
+    starts: list[int] = []
+    for i, op in enumerate(ops):
+        if i == 0 or (op.block, op.phase) != (ops[i - 1].block, ops[i - 1].phase):
+            starts.append(i)
+        seg_start.append(len(starts) - 1)
+    return [starts[max(0, s - 1)] for s in seg_start]
+
+
+def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: bool = True) -> Overlap:
+    """Simulate the step (see the module docstring); ``ops`` in schedule order, each with its
+    ``compute_s`` and ``collectives`` (``kind``, ``axes``, ``seconds``, ``tensor``)."""
+    compute = sum(op.compute_s for op in ops)
+    comm = sum(c.seconds for op in ops for c in op.collectives)
+    by_class = {k: {"seconds": 0.0, "exposed_s": 0.0} for k in CLASSES}
+    kinds = [[classify(c, classes) if async_collectives else "critical" for c in op.collectives] for op in ops]
+    for op, ks in zip(ops, kinds, strict=True):
+        for c, k in zip(op.collectives, ks, strict=True):
+            by_class[k]["seconds"] += c.seconds
+    issue: dict[int, list[tuple[int, _Collective]]] = defaultdict(list)
+    for i, (p, op, ks) in enumerate(zip(_prefetch_points(ops), ops, kinds, strict=True)):
+        for c, k in zip(op.collectives, ks, strict=True):
+            if k == "weight":
+                issue[p].append((i, c))
+    free: dict[tuple[str, ...], float] = defaultdict(float)
+    ready: dict[int, float] = defaultdict(float)
+    t = 0.0
+    deferred = 0.0
+    waited_for_gradients = False
+    for i, (op, ks) in enumerate(zip(ops, kinds, strict=True)):
+        for target, c in issue.get(i, ()):
+            start = max(t, free[c.axes])
+            free[c.axes] = start + c.seconds
+            ready[target] = max(ready[target], start + c.seconds)
+        if op.phase == "optimizer" and not waited_for_gradients:
+            by_class["gradient"]["exposed_s"] += max(0.0, deferred - t)
+            t = max(t, deferred)
+            waited_for_gradients = True
+        if ready[i] > t:
+            by_class["weight"]["exposed_s"] += ready[i] - t
+            t = ready[i]
+        t += op.compute_s
+        for c, k in zip(op.collectives, ks, strict=True):
+            if k == "weight":
+                continue  # issued at its prefetch point
+            start = max(t, free[c.axes])
+            end = start + c.seconds
+            free[c.axes] = end
+            if k == "critical":
+                by_class["critical"]["exposed_s"] += end - t
+                t = end
+            elif k == "gradient":
+                deferred = max(deferred, end)
+    if not waited_for_gradients and deferred > t:
+        by_class["gradient"]["exposed_s"] += deferred - t
+        t = deferred
+    return Overlap(t, compute, comm, t - compute, by_class)
+
+
+__all__ = ["CLASSES", "Overlap", "classify", "collective_classes", "schedule"]
