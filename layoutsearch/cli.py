@@ -69,9 +69,11 @@ def _add_mesh_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
 
 
 def _add_layout_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--layout", default="", metavar="RULES",
+    p.add_argument("--layout", default=None, metavar="RULES",
                    help="layout rules dim:axis, e.g. batch:data,d_ff:model; several axes batch:data+fsdp; "
-                        "'-' for unsplit (default: everything replicated)")
+                        "'' or 'replicated' for none (default: the conventional layout for the mesh's axis names: "
+                        "data/fsdp axes split batch, fsdp also d_model, model/tensor axes heads, d_ff, vocab and "
+                        "seq (sequence parallelism), seq/context axes seq, expert axes experts)")
 
 
 def _add_hardware_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
@@ -123,8 +125,17 @@ def _mesh(args: argparse.Namespace) -> Mesh:
 
 
 def _layout(args: argparse.Namespace, graph: Graph) -> Layout:
-    """The ``--layout`` rules on the ``--mesh``, checked against ``graph``."""
-    return Layout.from_rules(_mesh(args), args.layout).check(graph)
+    """The ``--layout`` rules on the ``--mesh`` (default: the conventional rules for the mesh's axis names,
+    :func:`~layoutsearch.layout.conventional_rules`), checked against ``graph``."""
+    from layoutsearch.layout import conventional_rules
+
+    mesh = _mesh(args)
+    rules = args.layout
+    if rules is None:
+        rules = conventional_rules(graph, mesh, getattr(args, "stage_axis", None))
+    elif rules.strip() in ("replicated", "-"):
+        rules = ""
+    return Layout.from_rules(mesh, rules).check(graph)
 
 
 def _number(value: str) -> Any:
@@ -434,6 +445,16 @@ def _add_cost(sub: Any) -> None:
                         "rest on the critical path, from the step's schedule; or F, the fraction of the shorter of "
                         "compute and communication hidden behind the other")
     p.add_argument("--top", type=int, default=15, metavar="N", help="ops listed in the table of top ops (default 15)")
+    p.add_argument("--attention", choices=("auto", "standard", "flash"), default="auto",
+                   help="attention core: standard (scores in HBM), flash (a flash-attention kernel) or auto (flash "
+                        "on GPU/TPU presets, standard on cpu-sim; default)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="micro-batches per step: pipeline micro-batches with --stage-axis, else gradient "
+                        "accumulation (default 1)")
+    p.add_argument("--stage-axis", metavar="AXIS",
+                   help="pipeline stages over this mesh axis (the layout's rules apply inside each stage)")
+    p.add_argument("--schedule", default="1f1b", metavar="S",
+                   help="pipeline schedule: gpipe, 1f1b (default) or interleaved:V (V virtual stages per device)")
 
 
 def _overlap_arg(text: str) -> str | float:
@@ -449,19 +470,74 @@ def _overlap_arg(text: str) -> str | float:
 
 
 def _cmd_cost(args: argparse.Namespace) -> Result:
+    from layoutsearch.costmodel.pipeline import Schedule, estimate_pipeline
     from layoutsearch.costmodel.report import estimate
 
     graph = _load_graph(args)
     layout = _layout(args, graph)
-    hw = _hardware(args)
-    return estimate(graph, layout, hw if hw is not None else "cpu-sim", optimizer=args.optimizer,
-                    precision=args.precision, remat=args.remat, overlap=args.overlap).to_dict()
+    hw = _hardware(args) or hardware("cpu-sim")
+    if args.top < 0:
+        raise LayoutSearchError(f"--top must be at least 0, got {args.top}")
+    if args.microbatches < 1:
+        raise LayoutSearchError(f"--microbatches must be a positive integer, got {args.microbatches}")
+    schedule = Schedule.parse(args.schedule)
+    if args.stage_axis is not None:
+        layout.mesh.axis_size(args.stage_axis)  # a clear error for an axis the mesh lacks
+    if args.stage_axis is None and args.microbatches == 1:
+        return estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
+                        attention=args.attention, overlap=args.overlap).to_dict()
+    if args.overlap != "auto":
+        raise LayoutSearchError("--overlap takes only 'auto' with --microbatches or --stage-axis (the schedule "
+                                "decides what overlaps)")
+    rep = estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
+                            schedule=schedule, remat=args.remat, optimizer=args.optimizer, precision=args.precision,
+                            attention=args.attention)
+    return {**rep.to_dict(), "gantt": rep.gantt() if args.stage_axis is not None else None}
 
 
 def _render_cost(result: Result, args: argparse.Namespace) -> list[Any]:
     from layoutsearch.costmodel.report import render_report
 
+    if "stage_costs" in result:
+        return _render_microbatched(result)
     return render_report(result, top=args.top)
+
+
+def _render_microbatched(r: Result) -> list[Any]:
+    """A micro-batched step (pipeline or gradient accumulation) as text."""
+    mb = r["microbatch"]
+    if r["stage_axis"] is None:
+        head = (f"{r['model']} on mesh {r['mesh']} ({r['hardware']}), layout {r['inner_layout'] or 'replicated'}: "
+                f"{r['microbatches']} micro-batches of gradient accumulation")
+    else:
+        head = (f"{r['model']} on mesh {r['mesh']} ({r['hardware']}): {r['stages']} pipeline stages over "
+                f"'{r['stage_axis']}', schedule {r['schedule']}, {r['microbatches']} micro-batches, layout inside "
+                f"a stage {r['inner_layout'] or 'replicated'}")
+    head += f"; precision {r['precision']}, attention {r['attention']}, remat {r['remat']}"
+    fits = "fits" if r["fits"] else "DOES NOT FIT"
+    once = max(s["once_s"] for s in r["stage_costs"])
+    rows = [["step", format_seconds(r["step_s"]),
+             f"micro-batch loop {format_seconds(r['pipeline_s'])} + once per step {format_seconds(once)}"
+             + (f" + tied-weight all-reduce {format_seconds(r['tied_s'])}" if r["tied_s"] else "")],
+            ["bubble", f"{r['bubble_fraction']:.1%}", "idle fraction of the loop with equal stages"],
+            ["peak memory", format_bytes(r["memory_bytes"]), f"{fits} in {format_bytes(r['hbm_bytes'])} HBM "
+             "(the largest stage)"],
+            ["micro-batch compute", format_seconds(mb["compute_s"]),
+             f"all stages together; communication {format_seconds(mb['comm_s'])}, of which "
+             f"{format_seconds(mb['comm_exposed_s'])} exposed (the unpipelined micro-batch step)"]]
+    out: list[Any] = [head, _table(["total", "value", "breakdown"], rows, "step (per device)")]
+    srows = []
+    for k, s in enumerate(r["stage_costs"]):
+        m = s["memory"]
+        srows.append([k, f"{s['units'][0]} .. {s['units'][-1]}", format_seconds(s["microbatch_s"]),
+                      format_seconds(s["transfer_s"]), format_seconds(s["once_s"]), f"{s['in_flight']:g}",
+                      format_bytes(s["memory_bytes"]),
+                      ", ".join(f"{key} {format_bytes(v)}" for key, v in m.items() if v)])
+    out.append(_table(["stage", "units", "per micro-batch", "transfers", "once per step", "in flight", "memory",
+                       "memory breakdown"], srows, "stages (time and memory per device)"))
+    if r.get("gantt"):
+        out.append(r["gantt"])
+    return out
 
 
 # -- table1 ---------------------------------------------------------------------------------------------------------
@@ -626,11 +702,13 @@ def _add_search(sub: Any) -> None:
                    help="activation rematerialization of the cost model: none, selective or full (rules and layers "
                         "spaces; default none)")
     p.add_argument("--pipeline", default="off", metavar="auto|off|K",
-                   help="GPipe stages over one mesh axis: off (default), auto (stage axis, K, micro-batches and remat "
+                   help="pipeline stages over one mesh axis: off (default), auto (stage axis, K, micro-batches and remat "
                         "searched with the layout; chosen when faster or when nothing else fits), or K (an axis of "
                         "size K must carry stages)")
     p.add_argument("--microbatches", default="auto", metavar="N|auto",
                    help="micro-batches of a pipelined plan (default auto: divisors of the batch up to 4K)")
+    p.add_argument("--schedule", default="1f1b", metavar="S",
+                   help="schedule of a pipelined plan: gpipe, 1f1b (default) or interleaved:V")
 
 
 def _progress() -> Callable[[str], None]:
@@ -673,7 +751,8 @@ def _cmd_search(args: argparse.Namespace) -> Result:
         microbatches = None if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
         limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
         pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=stages or None, microbatches=microbatches,
-                             optimizer=args.optimizer, precision=args.precision, progress=progress)
+                             optimizer=args.optimizer, precision=args.precision, schedule=args.schedule,
+                             progress=progress)
         forced = args.pipeline != "auto"
         chosen = forced or "unpipelined" in result or pp.step_s < result["step_s"]
         result["pipeline"] = {**pp.to_dict(), "chosen": chosen, "gantt": pp.report.gantt()}
@@ -699,18 +778,7 @@ def _positive_int(text: str, flag: str) -> int:
 
 def _render_pipeline(pp: Result) -> list[Any]:
     verdict = "chosen" if pp["chosen"] else "not chosen (the unpipelined plan is faster)"
-    out: list[Any] = [
-        (f"pipelined plan ({verdict}): {pp['stages']} stages over '{pp['stage_axis']}', {pp['microbatches']} "
-         f"micro-batches, remat {'on' if pp['remat'] else 'off'}, layout inside a stage "
-         f"{pp['inner_layout'] or 'replicated'}: step {format_seconds(pp['step_s'])}, peak memory "
-         f"{format_bytes(pp['memory_bytes'])} per device, bubble {pp['bubble_fraction']:.1%}")]
-    rows = [[k, f"{s['units'][0]} .. {s['units'][-1]}", format_seconds(s["microbatch_s"]),
-             format_seconds(s["transfer_s"]), format_seconds(s["once_s"]), format_bytes(s["memory_bytes"])]
-            for k, s in enumerate(pp["stage_costs"])]
-    out.append(_table(["stage", "units", "per micro-batch", "of which transfers", "once per step", "memory"], rows,
-                      "pipeline stages (time per device)"))
-    out.append(pp["gantt"])
-    return out
+    return [f"pipelined plan ({verdict}):", *_render_microbatched(pp)]
 
 
 def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
@@ -857,12 +925,15 @@ def _render_calibrate(result: Result, args: argparse.Namespace) -> list[Any]:
 # -- registry and entry point ---------------------------------------------------------------------------------------
 
 def _add_costdag(sub: Any) -> None:
+    from layoutsearch.costmodel.memory import REMAT_POLICIES
+
     p = _command(sub, "costdag", _cmd_costdag, "write a model's pipeline cost DAG (blocks priced by the cost model "
                  "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
     _add_case_args(p)
     _add_training_args(p)
     p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
-    p.add_argument("--remat", action="store_true", help="recompute each block in the backward pass")
+    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
+                   help="activation rematerialization inside each block: none (default), selective or full")
     p.add_argument("--out", required=True, metavar="FILE", help="cost DAG JSON file to write")
 
 

@@ -1,9 +1,15 @@
-"""Text Gantt charts of the GPipe schedule (Huang et al. 2019, Figure 2c).
+"""Text Gantt charts of pipeline schedules: GPipe (Huang et al. 2019, Figure 2c) and 1F1B.
 
-``K`` stages, ``M`` micro-batches: stage ``k`` runs the forward of micro-batch ``m`` at step ``k + m``
-(``M + K - 1`` forward steps), then the backward passes in reverse order, the last stage first
-(``M + K - 1`` backward steps). Every step lasts as long as the slowest stage, so a stage is idle for
-``(K - 1) / (M + K - 1)`` of the step (the bubble) plus whatever it is faster than the slowest stage.
+``K`` stages, ``M`` micro-batches. GPipe: stage ``k`` runs the forward of micro-batch ``m`` at step
+``k + m`` (``M + K - 1`` forward steps), then the backward passes in reverse order, the last stage
+first (``M + K - 1`` backward steps). Every step lasts as long as the slowest stage, so a stage is idle
+for ``(K - 1) / (M + K - 1)`` of the step (the bubble) plus whatever it is faster than the slowest stage.
+
+1F1B (PipeDream-flush, Narayanan et al. 2021, Figure 4 top): stage ``k`` runs ``min(K - k - 1, M)``
+warm-up forwards, then alternates one forward and one backward, then drains the remaining backwards; a
+forward waits for the previous stage's forward of that micro-batch, a backward for the next stage's
+backward. Same bubble as GPipe, but stage ``k`` holds at most ``K - k`` micro-batches in flight. The
+chart gives forwards and backwards one slot each.
 """
 
 from __future__ import annotations
@@ -35,11 +41,51 @@ def gpipe_schedule(stages: int, microbatches: int) -> list[list[Cell]]:
     return grid
 
 
+def one_f_one_b_schedule(stages: int, microbatches: int) -> list[list[Cell]]:
+    """The 1F1B schedule as a grid ``[stage][slot]`` (one slot per forward or backward)."""
+    _check(stages, microbatches)
+    K, M = stages, microbatches
+    order: list[list[tuple[str, int]]] = []
+    for k in range(K):
+        warm = min(K - k - 1, M)
+        seq = [("F", m) for m in range(warm)]
+        for m in range(M - warm):
+            seq += [("F", warm + m), ("B", m)]
+        seq += [("B", m) for m in range(M - warm, M)]
+        order.append(seq)
+    done: dict[tuple[str, int, int], int] = {}  # (kind, stage, micro-batch) -> slot after it ends
+    free = [0] * K
+    pos = [0] * K
+    while any(p < len(o) for p, o in zip(pos, order, strict=True)):
+        progressed = False
+        for k in range(K):
+            if pos[k] == len(order[k]):
+                continue
+            kind, m = order[k][pos[k]]
+            deps = [("F", k - 1, m)] if kind == "F" and k > 0 else []
+            if kind == "B":
+                deps = [("F", k, m)] + ([("B", k + 1, m)] if k < K - 1 else [])
+            if all(d in done for d in deps):
+                start = max([free[k], *(done[d] for d in deps)])
+                done[(kind, k, m)] = free[k] = start + 1
+                pos[k] += 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the order above never deadlocks
+            raise AssertionError("1F1B schedule deadlocked")
+    grid: list[list[Cell]] = [[None] * max(free) for _ in range(K)]
+    for (kind, k, m), end in done.items():
+        grid[k][end - 1] = (kind, m)
+    return grid
+
+
 def render_gantt(stages: int, microbatches: int, *, labels: Sequence[str] | None = None,
-                 times: Sequence[float] | None = None) -> str:
+                 times: Sequence[float] | None = None, schedule: str = "gpipe") -> str:
     """The GPipe schedule as text, one row per stage: ``F3`` forward / ``B3`` backward of micro-batch 3,
     ``.`` idle; a ``|`` separates the forward and backward phases. ``times`` (per-stage seconds per
-    micro-batch) adds each stage's busy fraction, ``M t_k / ((M + K - 1) max t)``."""
+    micro-batch) adds each stage's busy fraction, ``M t_k / ((M + K - 1) max t)``. ``schedule``:
+    ``"gpipe"`` or ``"1f1b"`` (one row of slots per stage, forwards and backwards interleaved)."""
+    if schedule == "1f1b":
+        return _render_1f1b(stages, microbatches, labels, times)
     grid = gpipe_schedule(stages, microbatches)
     labels = list(labels) if labels is not None else [f"stage {k}" for k in range(stages)]
     if len(labels) != stages or (times is not None and len(times) != stages):
@@ -65,6 +111,31 @@ def render_gantt(stages: int, microbatches: int, *, labels: Sequence[str] | None
         fwd = sep.join(cell(c) for c in row[:steps])
         bwd = sep.join(cell(c) for c in row[steps:])
         line = f"{labels[k].ljust(pad)} | {fwd} | {bwd} |"
+        if times is not None:
+            busy = microbatches * times[k] / (steps * worst) if worst > 0 else 0.0
+            line += f" busy {busy:.0%}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _render_1f1b(stages: int, microbatches: int, labels: Sequence[str] | None,
+                 times: Sequence[float] | None) -> str:
+    grid = one_f_one_b_schedule(stages, microbatches)
+    labels = list(labels) if labels is not None else [f"stage {k}" for k in range(stages)]
+    if len(labels) != stages or (times is not None and len(times) != stages):
+        raise ValueError(f"need one label and one time per stage ({stages})")
+    steps = microbatches + stages - 1
+    compact = microbatches > COMPACT_ABOVE
+    width = 1 if compact else len(f"F{microbatches - 1}")
+    sep = "" if compact else " "
+    pad = max(map(len, labels))
+    lines = [f"1F1B schedule: {stages} stages x {microbatches} micro-batches, {len(grid[0])} slots, bubble "
+             f"{stages - 1}/{steps} = {bubble_fraction(stages, microbatches):.1%}, stage k holds at most "
+             f"min(K - k, M) micro-batches" + (" (F forward, B backward, . idle)" if compact else "")]
+    worst = max(times) if times else 0.0
+    for k, row in enumerate(grid):
+        cells = sep.join(("." if c is None else c[0] if compact else f"{c[0]}{c[1]}").ljust(width) for c in row)
+        line = f"{labels[k].ljust(pad)} | {cells} |"
         if times is not None:
             busy = microbatches * times[k] / (steps * worst) if worst > 0 else 0.0
             line += f" busy {busy:.0%}"

@@ -218,6 +218,53 @@ class Layout:
         return d
 
 
+AXIS_ROLES: dict[str, tuple[str, ...]] = {
+    "data": ("data", "dp", "replica", "batch", "dcn", "slice"),
+    "fsdp": ("fsdp", "zero", "sharded"),
+    "seq": ("seq", "sequence", "sp", "context", "cp"),
+    "model": ("model", "tensor", "tp", "mp"),
+    "expert": ("expert", "experts", "ep"),
+}
+"""Conventional mesh-axis names and the parallelism they stand for (MaxText, Megatron-LM, Alpa usage)."""
+
+CONVENTIONAL_DIMS: dict[str, tuple[str, ...]] = {
+    "model": ("heads", "kv_heads", "q_per_kv", "d_ff", "vocab"),
+    "expert": ("experts",),
+}
+"""Model dims a tensor-parallel (Megatron) or expert axis splits."""
+
+
+def conventional_rules(graph: Graph, mesh: Mesh, stage_axis: str | None = None) -> str:
+    """The layout practitioners write for ``mesh`` by its axis names (:data:`AXIS_ROLES`), as rules for
+    ``graph``'s dims: data and FSDP axes split ``batch``; FSDP axes also split ``d_model`` (parameters,
+    gradients and optimizer state sharded, ZeRO-3; MaxText's ``embed: fsdp``); sequence axes split
+    ``seq``; tensor-parallel axes split ``heads``, ``kv_heads``, ``q_per_kv``, ``d_ff`` and ``vocab``
+    (Megatron-LM) and, where a tensor has none of them, ``seq`` (sequence parallelism, Korthikanti et
+    al. 2022); expert axes split ``experts``. ``stage_axis`` and axes of unknown names split nothing.
+    Rules whose split would not divide the dim are left out."""
+    role = {}
+    for axis in mesh.names:
+        for r, names in AXIS_ROLES.items():
+            if axis.lower() in names and axis != stage_axis:
+                role[axis] = r
+    by_role = {r: [a for a in mesh.names if role.get(a) == r] for r in AXIS_ROLES}
+    rules: list[tuple[str, tuple[str, ...]]] = []
+
+    def rule(dim: str, axes: list[str]) -> None:
+        if axes and dim in graph.dims and graph.dims[dim] % mesh.group_size(axes) == 0:
+            rules.append((dim, tuple(axes)))
+
+    rule("batch", by_role["data"] + by_role["fsdp"])
+    rule("seq", by_role["seq"])
+    for dim in CONVENTIONAL_DIMS["model"]:
+        rule(dim, by_role["model"])
+    rule("experts", by_role["expert"])
+    rule("d_model", by_role["fsdp"])
+    if not by_role["seq"]:
+        rule("seq", by_role["model"])
+    return format_rules(rules)
+
+
 def _axes(a: Any) -> Axes:
     if a is None:
         return ()

@@ -47,12 +47,17 @@ LAYOUTS: dict[str, dict[str, str]] = {
 SIZES: dict[str, dict[str, int]] = {"moe": {"experts": 8}}
 """Sizes changed from the zoo defaults (so every layout divides on every mesh)."""
 
-# extra variants on one mesh: remat policies, SGD and the cpu-sim preset (all-reduce instead of reduce-scatter)
+# extra variants on one mesh: remat policies, SGD, the cpu-sim preset (XLA:CPU's behaviour), precision policies,
+# materialized attention scores and no overlap
 VARIANTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("remat-selective", {"remat": "selective"}),
     ("remat-full", {"remat": "full"}),
     ("sgd", {"optimizer": "sgd"}),
     ("cpu-sim", {"hardware": "cpu-sim"}),
+    ("fp32", {"precision": "fp32"}),
+    ("bf16", {"precision": "bf16"}),
+    ("attention-standard", {"attention": "standard"}),
+    ("no-overlap", {"overlap": 0.0}),
 )
 
 
@@ -89,7 +94,7 @@ def predict(model: str, mesh: str, rules: str, kw: dict[str, Any]) -> dict[str, 
         "step_s": r.step_s, "compute_s": r.compute_s, "comm_s": r.comm_s, "memory_bytes": r.memory_bytes,
         "memory_breakdown": r.memory.breakdown, "peak_op": r.memory.peak_op, "flops_per_device": r.flops_per_device,
         "model_flops": r.model_flops, "mfu": r.mfu, "bytes_by_kind": r.bytes_by_kind(),
-        "bytes_per_axis": r.bytes_per_axis,
+        "bytes_per_axis": r.bytes_per_axis, "comm_exposed_s": r.comm_exposed_s,
     }
 
 

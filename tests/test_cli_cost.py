@@ -17,7 +17,16 @@ def test_cost_json_has_totals_memory_and_collectives(capsys):
     assert ("grad/w", "all-reduce", ("data",)) in kinds  # batch split: gradient all-reduce
     for c in d["collectives"]:
         assert set(c) >= {"op", "kind", "axes", "bytes", "seconds"} and c["bytes"] > 0
-    assert d["step_s"] == pytest.approx(d["compute_s"] + d["comm_s"])
+    # overlap auto (the default): the data-parallel gradient all-reduces hide behind the backward pass, the
+    # tensor-parallel all-reduces of y do not
+    assert d["overlap"] == "auto" and d["comm_exposed_s"] + d["comm_hidden_s"] == pytest.approx(d["comm_s"])
+    assert d["step_s"] == pytest.approx(d["compute_s"] + d["comm_exposed_s"])
+    assert d["overlap_by_class"]["critical"]["exposed_s"] >= d["overlap_by_class"]["critical"]["seconds"]
+    assert d["overlap_by_class"]["gradient"]["exposed_s"] < d["overlap_by_class"]["gradient"]["seconds"]
+    flat = run_json(capsys, "cost", "mtf-ffn", "--mesh", "data:2,model:4", "--layout", "batch:data,hidden:model",
+                    "--hardware", "tpu-v3", "--set", "batch=32", "--overlap", "0")
+    assert flat["step_s"] == pytest.approx(flat["compute_s"] + flat["comm_s"])
+    assert flat["step_s"] > d["step_s"]
 
 
 def test_cost_options_reach_the_estimate(capsys):

@@ -1,4 +1,5 @@
-"""The GPipe cost model: units, stage partition, step time and memory."""
+"""The pipeline cost model: units, stage partition, schedules (GPipe, 1F1B, interleaved), step time and memory,
+and gradient accumulation."""
 
 import pytest
 
@@ -68,10 +69,11 @@ def test_microbatching_keeps_activations_and_remat_trades_them_for_time():
     backward pass: as much as the whole batch, whatever M. With remat only the
     block inputs are kept, plus one block's activations during recomputation,
     so more micro-batches mean less memory."""
-    a = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=2, stages=_even(4))
-    b = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8, stages=_even(4))
-    ra = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=2, stages=_even(4), remat=True)
-    rb = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8, stages=_even(4), remat=True)
+    kw = {"stage_axis": "stage", "stages": _even(4), "schedule": "gpipe"}
+    a = estimate_pipeline(GPT, layout(4), "h100", microbatches=2, **kw)
+    b = estimate_pipeline(GPT, layout(4), "h100", microbatches=8, **kw)
+    ra = estimate_pipeline(GPT, layout(4), "h100", microbatches=2, remat="full", **kw)
+    rb = estimate_pipeline(GPT, layout(4), "h100", microbatches=8, remat="full", **kw)
     assert b.stages[1].activation_bytes == a.stages[1].activation_bytes
     assert rb.memory_bytes < ra.memory_bytes < a.memory_bytes
     assert ra.stages[1].microbatch_s > a.stages[1].microbatch_s  # recomputation costs time

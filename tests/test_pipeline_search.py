@@ -26,7 +26,7 @@ def test_a_limit_only_a_pipeline_meets_gets_a_pipelined_plan():
         search(GPT, MESH, memory_limit=limit, hardware="h100")
     plan = search_pipeline(GPT, MESH, limit, hardware="h100")
     assert plan.memory_bytes <= limit
-    assert plan.report.remat  # keeping only block inputs is what fits
+    assert plan.report.remat == "full"  # keeping only block inputs is what fits
     best = min(c.step_s for c in plan.candidates if c.fits)
     assert plan.step_s == best
     assert {c.stage_axis for c in plan.candidates} == {"pipe", "data"}
@@ -55,10 +55,10 @@ def test_search_command_with_pipeline_auto_shows_stages_bubble_and_gantt(capsys)
     d = run_json(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "auto")
     pp = d["pipeline"]
     assert pp["chosen"] == (pp["step_s"] < d["step_s"])
-    assert len(pp["stage_costs"]) == pp["stages"] and "GPipe schedule" in pp["gantt"]
+    assert len(pp["stage_costs"]) == pp["stages"] and "1F1B schedule" in pp["gantt"]
     code, out, _ = run(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "4",
                        "--microbatches", "8")
-    assert code == 0 and "4 stages over 'pipe', 8 micro-batches" in out and "bubble 27.3%" in out
+    assert code == 0 and "4 pipeline stages over 'pipe', schedule 1f1b, 8 micro-batches" in out and "27.3%" in out
 
 
 def test_search_command_falls_back_to_a_pipeline_when_nothing_else_fits(capsys):

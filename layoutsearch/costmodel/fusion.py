@@ -48,7 +48,6 @@ mask) and whose output an einsum with another activation reads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from layoutsearch.costmodel.ops import OpCost

@@ -1,44 +1,77 @@
-"""Cost of a GPipe pipeline: K stages over one mesh axis, M micro-batches.
+"""Micro-batched training steps: gradient accumulation and pipeline schedules.
 
-A pipelined plan puts the model's repeated blocks (``layer.0 .. layer.L-1``)
-into K contiguous stages over a *stage axis* of the mesh; each stage lays out
-its ops over the remaining axes with an inner layout. The batch is split into
-M micro-batches that flow through the stages (Huang et al., "GPipe", NeurIPS
-2019).
+A step of global batch ``B`` may run as ``M`` micro-batches of ``B / M``:
 
-Model (per device, one training step)::
+* **gradient accumulation** (no stage axis): one device group runs the M
+  micro-batches one after another, adding their gradients up, and synchronizes
+  and applies them once (Megatron-LM, MaxText ``gradient_accumulation_steps``);
+* **pipelining** (a *stage axis* of the mesh): the model's repeated blocks
+  (``layer.0 .. layer.L-1``) are split into K contiguous stages, one per
+  position on the stage axis; each stage lays out its ops over the other axes
+  with an inner layout, and the micro-batches flow through the stages.
 
-    t_k    = forward + backward (+ recompute, with remat) time of stage k's ops
-             for ONE micro-batch (the inner cost model on the graph resized to
-             batch / M), plus the point-to-point transfers of the activations
-             and their gradients crossing its boundaries (collective-permute
-             over the stage axis)
-    step_s = (M + K - 1) * max_k t_k  +  max_k once_k
+Schedules (:class:`Schedule`)::
 
-``once_k``: what a stage does once per step, not per micro-batch, because
-gradients are accumulated over micro-batches outside the loop: the gradient
-synchronization collectives (all-reduce / reduce-scatter of parameter
-gradients over the inner axes), the optimizer update, and for a parameter
-used on several stages (tied embeddings) an all-reduce of its gradient over
-the stage axis. For identical stages the speed-up over one stage is
-``K * M / (M + K - 1)``; the idle fraction (bubble) is ``(K - 1) / (M + K - 1)``.
+    gpipe          (Huang et al. 2019, "GPipe", NeurIPS): all forwards, then all backwards
+                   loop = (M + K - 1) * t,  stage k holds M micro-batches in flight
+    1f1b           (PipeDream-flush, Narayanan et al. 2021, SC'21, section 2.2): one forward, one backward
+                   loop = (M + K - 1) * t,  stage k holds min(M, K - k)
+    interleaved:V  (Narayanan et al. 2021, section 2.2.1): each device holds V chunks of L / (K V) layers
+                   loop = (M + (K - 1) / V) * t,  bubble (K - 1) / (V M); the first device holds
+                   K (1 + (K - 1) / (K V)) micro-batches' worth of its activations (Korthikanti et al.
+                   2022, "Reducing activation recomputation in large transformer models", section 4.2.3);
+                   Megatron-LM requires M to be a multiple of K.
 
-Memory of stage k: parameters, gradients and optimizer state of its ops
-(by the inner layout), plus for every micro-batch in flight (GPipe keeps all
-M until the backward pass) the activations saved for the backward pass —
-with remat only the tensors entering each block, plus one block's internal
-activations while it is recomputed.
+``t`` is the slowest stage's time for one micro-batch (forward, backward and
+recomputation, with the critical communication of its inner layout and the
+point-to-point transfers of the activations entering it and the gradients
+leaving it). Step::
+
+    step_s = loop + max_k once_k + tied
+
+``once_k``: what stage k does once per step because gradients accumulate over
+the micro-batches: the gradient all-reduces of its parameters (exposed as far
+as they do not hide behind the last micro-batch's backward pass, see
+:mod:`layoutsearch.costmodel.overlap`) and the optimizer; ``tied``: the
+all-reduce over the stage axis of the gradients of a parameter used on several
+stages (tied input/output embeddings). Reduce-scatters of gradients (FSDP
+inside a stage) run every micro-batch, into the sharded accumulator.
+
+Each stage's time comes from the schedule of its ops on one micro-batch (the
+inner cost model on the graph resized to ``B / M``, with its precision, fusion,
+attention and remat policy): :func:`~layoutsearch.costmodel.overlap.schedule`
+once without the once-per-step reductions (every micro-batch but the last)
+and once with them and the optimizer (the last).
+
+Memory of stage k (per device)::
+
+    parameters + optimizer state + gradients          (gradients accumulate in the master weights'
+                                                       dtype, float32 under ``mixed``, when M > 1)
+    + in_flight_k * saved_k                           (activations kept for the backward pass, per
+                                                       micro-batch, under the remat policy)
+    + max over its blocks of the recomputation workspace (remat: one block's recomputed activations)
+    + max over its ops of the working set             (an op's activation gradients and the buffers
+                                                       of its collectives)
+
+A stage's *saved* activations are the tensors its backward (or recomputing)
+ops read, kept from the forward pass: all of them without remat, the block
+inputs (and with ``selective`` the projections' outputs) with remat; on-chip
+tensors (fused, flash-attention scores) take nothing. Without a stage axis
+the memory is the inner cost model's simulated peak for one micro-batch, plus
+the float32 accumulation buffer when M > 1.
 
 Units: the ops of each top-level block form one unit; ops outside blocks form
 ``pre`` (forward ops no block op precedes, e.g. the embedding, and their
 backward) and ``post`` (the head and loss). The stage partition is found on
 the chain ``pre, layer.0, ..., post`` as a :class:`~layoutsearch.costdag.CostDAG`
-with :func:`~layoutsearch.solvers.partition.partition` (exact DP), or given.
+with :func:`~layoutsearch.solvers.partition.partition` (exact DP, minimizing
+the slowest stage under the memory limit), or given.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,10 +79,14 @@ from typing import Any
 
 from layoutsearch.costdag import CostDAG, Edge, Node
 from layoutsearch.costmodel.collectives import collective_time
-from layoutsearch.costmodel.report import CostReport, estimate
-from layoutsearch.costmodel.step import training_step
+from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
+from layoutsearch.costmodel.memory import _transient, remat_plan
+from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.overlap import schedule as overlap_schedule
+from layoutsearch.costmodel.report import CostReport, OpReport, estimate
+from layoutsearch.costmodel.step import step_costs, training_step
 from layoutsearch.errors import CostModelError, PartitionError
-from layoutsearch.gantt import bubble_fraction, render_gantt
+from layoutsearch.gantt import render_gantt
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
@@ -107,36 +144,112 @@ def _optimizer_unit(g: Graph, op: O.Op, unit: dict[str, str]) -> str:
     return PRE
 
 
+SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved")
+"""Pipeline schedules (see the module docstring); ``interleaved`` is written ``interleaved:V``."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``virtual`` stages per device (V)."""
+
+    kind: str = "1f1b"
+    virtual: int = 1
+
+    @classmethod
+    def parse(cls, spec: Schedule | str) -> Schedule:
+        """``gpipe``, ``1f1b`` or ``interleaved:V`` (V >= 1)."""
+        if isinstance(spec, Schedule):
+            return spec
+        if not isinstance(spec, str):
+            raise CostModelError(f"schedule must be a string like '1f1b', got {spec!r}")
+        name, colon, v = spec.strip().lower().partition(":")
+        if name == "interleaved":
+            if not colon or not v.strip().isdigit() or int(v) < 1:
+                raise CostModelError(f"bad schedule {spec!r}: write interleaved:V with V >= 1 virtual stages "
+                                     "per device, e.g. interleaved:2")
+            return cls("interleaved", int(v))
+        if name in ("gpipe", "1f1b") and not colon:
+            return cls(name)
+        raise CostModelError(f"unknown schedule {spec!r} (known: gpipe, 1f1b, interleaved:V)")
+
+    def __str__(self) -> str:
+        return f"interleaved:{self.virtual}" if self.kind == "interleaved" else self.kind
+
+    def check(self, stages: int, microbatches: int) -> None:
+        """CostModelError if the schedule cannot run ``microbatches`` over ``stages``."""
+        if self.kind == "interleaved" and stages > 1 and microbatches % stages:
+            raise CostModelError(f"the interleaved schedule needs the micro-batches to be a multiple of the "
+                                 f"stages (Megatron-LM's constraint): {microbatches} micro-batches, {stages} stages")
+
+    def steps(self, stages: int, microbatches: int) -> float:
+        """Length of the micro-batch loop in units of the slowest stage's micro-batch time."""
+        bubble = stages - 1
+        return microbatches + (bubble / self.virtual if self.kind == "interleaved" else bubble)
+
+    def bubble(self, stages: int, microbatches: int) -> float:
+        """The idle fraction of the loop with equal stages."""
+        steps = self.steps(stages, microbatches)
+        return (steps - microbatches) / steps
+
+    def in_flight(self, stage: int, stages: int, microbatches: int) -> float:
+        """Micro-batches' worth of activations stage ``stage`` holds at its peak."""
+        if self.kind == "gpipe":
+            return float(microbatches)
+        held = float(min(microbatches, stages - stage))
+        if self.kind == "interleaved" and stages > 1:
+            held *= 1 + (stages - 1) / (stages * self.virtual)
+        return held
+
+
 @dataclass(frozen=True)
 class StageReport:
-    """One pipeline stage: its units and what it costs per device."""
+    """One pipeline stage (or the only one, for gradient accumulation): its units and its cost per device.
+
+    ``microbatch_s``: one micro-batch through the stage (forward, backward and recomputation with their
+    exposed communication, transfers included); ``once_s``: once per step (gradient all-reduces as exposed
+    behind the last micro-batch, and the optimizer); ``memory`` the breakdown of ``memory_bytes``."""
 
     units: tuple[str, ...]
-    microbatch_s: float       # forward + backward (+ recompute) of one micro-batch, transfers included
-    transfer_s: float         # the point-to-point part of microbatch_s
-    once_s: float             # gradient synchronization + optimizer, once per step
+    microbatch_s: float
+    transfer_s: float
+    once_s: float
+    in_flight: float
     memory_bytes: int
-    static_bytes: int         # parameters, gradients, optimizer state
-    activation_bytes: int     # activations kept for all micro-batches in flight (+ remat workspace)
+    memory: dict[str, int]
     collectives: tuple[tuple[str, tuple[str, ...], int, int], ...] = ()  # (kind, axes, bytes, count) per step
+
+    @property
+    def static_bytes(self) -> int:
+        """Parameters, optimizer state and gradients."""
+        return sum(self.memory.get(k, 0) for k in ("parameters", "optimizer_state", "gradients"))
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations kept for the micro-batches in flight, plus the recomputation workspace."""
+        return sum(self.memory.get(k, 0) for k in ("activations", "recompute_workspace"))
 
     def to_dict(self) -> dict[str, Any]:
         colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
-        return dict(self.__dict__, units=list(self.units), collectives=colls)
+        return {"units": list(self.units), "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
+                "once_s": self.once_s, "in_flight": self.in_flight, "memory_bytes": self.memory_bytes,
+                "memory": dict(self.memory), "collectives": colls}
 
 
 @dataclass(frozen=True)
 class PipelineReport:
-    """Predicted cost of a pipelined training step (see the module docstring)."""
+    """Predicted cost of a micro-batched step (see the module docstring). ``stage_axis`` None: gradient
+    accumulation on one stage."""
 
     model: str
     mesh: Mesh
-    stage_axis: str
+    stage_axis: str | None
+    schedule: Schedule
     microbatches: int
-    remat: bool
+    remat: str
     inner_layout: str
     stages: tuple[StageReport, ...]
     step_s: float
+    tied_s: float
     partition_method: str
     partition_optimal: bool
     inner: CostReport = field(repr=False)
@@ -147,12 +260,13 @@ class PipelineReport:
 
     @property
     def bubble_fraction(self) -> float:
-        return bubble_fraction(self.num_stages, self.microbatches)
+        """Idle fraction of the micro-batch loop with equal stages."""
+        return self.schedule.bubble(self.num_stages, self.microbatches)
 
     @property
     def pipeline_s(self) -> float:
-        """The micro-batch loop: ``(M + K - 1) * max_k t_k``."""
-        return (self.microbatches + self.num_stages - 1) * max(s.microbatch_s for s in self.stages)
+        """The micro-batch loop: ``steps(K, M) * max_k t_k``."""
+        return self.schedule.steps(self.num_stages, self.microbatches) * max(s.microbatch_s for s in self.stages)
 
     @property
     def memory_bytes(self) -> int:
@@ -166,65 +280,129 @@ class PipelineReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "mesh": str(self.mesh), "stage_axis": self.stage_axis,
-            "stages": self.num_stages, "microbatches": self.microbatches, "remat": self.remat,
-            "inner_layout": self.inner_layout, "step_s": self.step_s, "pipeline_s": self.pipeline_s,
-            "memory_bytes": self.memory_bytes,
+            "schedule": str(self.schedule), "stages": self.num_stages, "microbatches": self.microbatches,
+            "remat": self.remat, "inner_layout": self.inner_layout, "step_s": self.step_s,
+            "pipeline_s": self.pipeline_s, "tied_s": self.tied_s, "memory_bytes": self.memory_bytes,
             "bubble_fraction": self.bubble_fraction, "fits": self.fits,
+            "hbm_bytes": self.inner.hardware.hbm_bytes, "hardware": self.inner.hardware.name,
+            "precision": self.inner.precision, "attention": self.inner.attention,
             "partition": {"method": self.partition_method, "optimal": self.partition_optimal},
             "stage_costs": [s.to_dict() for s in self.stages],
+            "microbatch": self.inner.to_dict(ops=False),
         }
 
     def gantt(self) -> str:
-        """The GPipe schedule as a text Gantt chart, with each stage's busy fraction."""
+        """The schedule as a text Gantt chart (GPipe or 1F1B; the interleaved schedule as its 1F1B skeleton),
+        with each stage's busy fraction."""
         labels = [f"stage {k} ({s.units[0]}..{s.units[-1]})" for k, s in enumerate(self.stages)]
-        return render_gantt(self.num_stages, self.microbatches, labels=labels,
-                            times=[s.microbatch_s for s in self.stages])
+        kind = "gpipe" if self.schedule.kind == "gpipe" else "1f1b"
+        text = render_gantt(self.num_stages, self.microbatches, labels=labels,
+                            times=[s.microbatch_s for s in self.stages], schedule=kind)
+        if self.schedule.kind == "interleaved":
+            text += (f"\n(interleaved:{self.schedule.virtual}: each device runs {self.schedule.virtual} chunks per "
+                     f"micro-batch; bubble {self.bubble_fraction:.1%} instead of the chart's)")
+        return text
 
 
 @dataclass
 class _Unit:
-    compute_s: float = 0.0
-    once_s: float = 0.0
-    static: int = 0
-    saved: int = 0          # activations saved for backward per micro-batch (no remat)
-    boundary: int = 0       # bytes of the tensors entering the unit per micro-batch (kept with remat)
-    sync: list[tuple[str, tuple[str, ...], int]] = field(default_factory=list)  # once-per-step collectives
+    """What one unit costs, per micro-batch unless said otherwise."""
+
+    ops: list[OpReport] = field(default_factory=list)   # forward, backward, recompute (one micro-batch)
+    optimizer: list[OpReport] = field(default_factory=list)
+    parameters: int = 0
+    optimizer_state: int = 0
+    gradients: int = 0
+    accumulator: int = 0    # M > 1: the gradients accumulated in the master dtype, bytes beyond ``gradients``
+    saved: int = 0          # activations kept from the forward to the backward pass
+    workspace: int = 0      # remat: the recomputed activations, live together at the recompute point
+    working: int = 0        # the largest op working set (activation gradients, collective buffers)
+    boundary: int = 0       # bytes of the activations entering the unit (what a stage before it sends)
 
 
-def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str]) -> dict[str, _Unit]:
-    """Per-unit costs of the micro-batch training graph ``g`` under ``layout``."""
-    grads = {f"grad/{p.name}" for p in g.parameters}
+@dataclass(frozen=True)
+class _View:
+    """An op as the overlap schedule sees it (collectives possibly filtered)."""
+
+    phase: str
+    block: str | None
+    compute_s: float
+    collectives: tuple[Any, ...]
+
+
+def _once(c: Any, classes: dict[str, str]) -> bool:
+    """Whether a collective runs once per step (a gradient all-reduce), not once per micro-batch."""
+    return c.kind == "all-reduce" and classify(c, classes) == "gradient"
+
+
+def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[_View]:
+    """``ops`` for the schedule: with (``once``) or without the once-per-step gradient all-reduces."""
+    return [_View(o.phase, o.block, o.compute_s,
+                  tuple(c for c in o.collectives if once or not _once(c, classes))) for o in ops]
+
+
+def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], remat: str, accumulate: bool,
+           on_chip: frozenset[str]) -> dict[str, _Unit]:
+    """Per-unit ops and memory of the micro-batch training graph ``g`` under ``layout`` (see the module
+    docstring); ``accumulate``: gradients accumulate over several micro-batches."""
     units: dict[str, _Unit] = defaultdict(_Unit)
     for r in rep.ops:
-        u = units[unit[r.op]]
-        if r.phase == "optimizer":
-            u.once_s += r.seconds
-            continue
-        sync = [c for c in r.collectives if c.tensor in grads]
-        u.sync += [(c.kind, c.axes, c.bytes) for c in sync]
-        u.compute_s += r.seconds - sum(c.seconds for c in sync)
-        u.once_s += sum(c.seconds for c in sync)
+        (units[unit[r.op]].optimizer if r.phase == "optimizer" else units[unit[r.op]].ops).append(r)
+    plan = remat_plan(g, remat)
+    recomputed = set(plan.recomputed)
     lb = layout.local_bytes
+    master = g.meta.get("training", {}).get("master_weights") or {}
+    grads = {f"grad/{p.name}": p for p in g.parameters}
+    acc_itemsize = {p: g.tensors[m].itemsize for p, m in master.items()}
+    fed = {t.name for t in g.fed}
     counted: set[tuple[str, str]] = set()
+
+    def add(u: str, what: str, t: str, nbytes: int) -> None:
+        if (u, t) not in counted:
+            counted.add((u, t))
+            setattr(units[u], what, getattr(units[u], what) + nbytes)
+
     for op in g.ops:
         u = unit[op.name]
         for t in (*op.inputs, op.output):
             tensor = g.tensors[t]
-            fed_state = tensor.role in ("parameter", "optimizer_state") and g.producer(t) is None
-            if (fed_state or t in grads) and (u, t) not in counted:
-                counted.add((u, t))
-                units[u].static += lb(tensor)
-        if op.phase != "forward":
+            if t in fed and tensor.role == "parameter" and op.phase == "forward":
+                add(u, "parameters", t, lb(tensor))
+            elif t in fed and tensor.role == "optimizer_state":
+                add(u, "optimizer_state", t, lb(tensor))
+            elif t in grads:
+                add(u, "gradients", t, lb(tensor))
+                if accumulate:
+                    wider = acc_itemsize.get(grads[t].name, tensor.itemsize) - tensor.itemsize
+                    add(u, "accumulator", "acc:" + t, lb(tensor) // tensor.itemsize * wider)
+        if op.phase != "forward" or op.name in recomputed:
+            for t in op.inputs:  # what a backward (or recomputing) op reads from the forward pass is saved
+                tensor = g.tensors[t]
+                producer = g.producer(t)
+                forward = (producer is not None and producer.phase == "forward") or (
+                    t in fed and tensor.role == "input")
+                if forward and t not in on_chip and t not in plan.dropped:
+                    add(u, "saved", "saved:" + t, lb(tensor))
+    for name in plan.recomputed:
+        op = g.op(name)
+        if op.output not in on_chip:
+            units[unit[name]].workspace += lb(g.tensors[op.output])
+    each = step_costs(g, layout, rep.hardware.reduce_scatter, float32_collectives=rep.hardware.float32_collectives,
+                      regather_weights=rep.hardware.regather_weights)[0]
+    for op, cost in zip(g.ops, each, strict=True):
+        if op.phase == "optimizer":
             continue
-        out = g.tensors[op.output]
-        if any(c.phase == "backward" for c in g.consumers[op.output]):
-            units[u].saved += lb(out)
-        for t in op.inputs:
-            p = g.producer(t)
-            entering = (p is None and g.tensors[t].role == "input") or (p is not None and unit[p.name] != u)
-            if entering and (u, "in:" + t) not in counted:
-                counted.add((u, "in:" + t))
-                units[u].boundary += lb(g.tensors[t])
+        u = unit[op.name]
+        own, shared = _transient(op, cost, lb(g.tensors[op.output]))
+        grads_live = sum(lb(g.tensors[t]) for t in (*op.inputs, op.output)
+                         if t not in on_chip and g.tensors[t].role == "gradient" and t not in grads)
+        units[u].working = max(units[u].working, own + sum(shared.values()) + grads_live)
+        if op.phase == "forward":
+            for t in op.inputs:
+                p = g.producer(t)
+                entering = (p is None and g.tensors[t].role == "input") or (p is not None and unit[p.name] != u)
+                if entering:
+                    add(u, "boundary", "in:" + t, lb(g.tensors[t]))
     return units
 
 
@@ -234,110 +412,199 @@ def _chain(g: Graph, unit: dict[str, str]) -> list[str]:
     return ([PRE] if PRE in blocks else []) + mid + ([POST] if POST in blocks else [])
 
 
-def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Hardware | str, *,
-                     microbatches: int, remat: bool = False, optimizer: Optimizer | str = "adam",
-                     precision: Precision | str = DEFAULT_PRECISION, batch_dim: str = "batch",
-                     stage_link_mesh: Mesh | None = None) -> tuple[CostDAG, CostReport, dict]:
-    """The chain of pipeline units as a cost DAG, priced by the inner cost model on one micro-batch.
+@dataclass(frozen=True)
+class _Priced:
+    """The micro-batch step priced under the inner layout, split into units."""
 
-    Returns the DAG, the inner report on the micro-batch graph and per-unit
-    extras (once-per-step seconds, remat workspace)."""
-    hw = _hardware(hardware)
-    fwd = graph
+    graph: Graph
+    report: CostReport
+    unit: dict[str, str]
+    units: dict[str, _Unit]
+    chain: list[str]
+    classes: dict[str, str]
+
+
+def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: str, optimizer: Optimizer | str,
+           precision: Precision | str, attention: str, batch_dim: str) -> _Priced:
     B = graph.dims.get(batch_dim)
     if B is None:
         raise CostModelError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
-    if microbatches < 1 or B % microbatches:
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1 or B % microbatches:
         raise CostModelError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
-    mb_graph = training_step(fwd.with_sizes({batch_dim: B // microbatches}), optimizer, precision)
-    rep = estimate(mb_graph, inner, hw, remat="full" if remat else "none")
+    mb_graph = training_step(graph.with_sizes({batch_dim: B // microbatches}), optimizer, precision)
+    rep = estimate(mb_graph, inner, hw, remat=remat, attention=attention)
     unit = unit_of_ops(mb_graph)
-    units = _units(mb_graph, rep, inner, unit)
-    chain = _chain(mb_graph, unit)
-    if len(chain) < 2:
-        raise CostModelError(f"model {graph.name!r} has no repeated blocks to pipeline (ops need block tags)")
-    link_mesh = stage_link_mesh or Mesh(((stage_axis, 2),) + inner.mesh.axes)
-    nodes, edges = [], []
-    for u in chain:
-        d = units[u]
-        act = d.boundary if remat else d.saved
-        work = d.saved if remat else 0
-        nodes.append(Node(u, d.compute_s, d.static + work, 0, act))
-    for a, b in itertools.pairwise(chain):
-        nbytes = units[b].boundary
-        t = collective_time("collective-permute", nbytes, (stage_axis,), link_mesh, hw).seconds
-        # Each loop step a stage sends one tensor per neighbour: the activation forward, its gradient
-        # backward. Paid on both sides of the cut, the two cuts of a stage add up to its two permutes.
-        edges.append(Edge(a, b, t, nbytes))
-    dag = CostDAG(tuple(nodes), tuple(edges), name=graph.name)
-    return dag, rep, {u: units[u] for u in chain}
+    on_chip = fusion_plan(mb_graph, hw.fusion, resolve_attention(attention, hw)).on_chip
+    units = _units(mb_graph, rep, inner, unit, remat, microbatches > 1, on_chip)
+    return _Priced(mb_graph, rep, unit, units, _chain(mb_graph, unit), collective_classes(mb_graph))
 
 
-def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, stage_axis: str,
-                      microbatches: int, remat: bool = False, optimizer: Optimizer | str = "adam",
-                      precision: Precision | str = DEFAULT_PRECISION, stages: Sequence[Sequence[str]] | None = None,
-                      memory_limit: float | None = None, batch_dim: str = "batch") -> PipelineReport:
-    """Predicted cost of a GPipe step with stages over ``stage_axis`` of ``layout.mesh``.
+def _unit_seconds(p: _Priced, u: str, hw: Hardware) -> float:
+    """One micro-batch through unit ``u`` alone (its schedule without the once-per-step reductions)."""
+    return overlap_schedule(_views(p.units[u].ops, p.classes, once=False), p.classes, hw.async_collectives).step_s
 
-    ``layout``'s rules lay out each stage over the other axes (rules naming
-    the stage axis are dropped). ``stages``: the units of each stage (see
-    :func:`unit_of_ops`); by default the partition minimizing the GPipe step
-    time, exactly, under ``memory_limit``."""
-    from layoutsearch.solvers.partition import partition, stage_loads
 
+def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Hardware | str, *,
+                     microbatches: int, remat: str = "none", optimizer: Optimizer | str = "adam",
+                     precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+                     batch_dim: str = "batch", stage_link_mesh: Mesh | None = None,
+                     in_flight: float = 1.0) -> tuple[CostDAG, CostReport, dict]:
+    """The chain of pipeline units as a cost DAG, priced by the inner cost model on one micro-batch.
+
+    Node memory: parameters, optimizer state, gradients, the recomputation workspace and the working set
+    (``memory_bytes``) and the saved activations per micro-batch (``activation_bytes``; the partitioner
+    multiplies them by the micro-batches in flight). Returns the DAG, the inner report on the micro-batch
+    graph and the units."""
     hw = _hardware(hardware)
+    p = _price(graph, inner, hw, microbatches, remat, optimizer, precision, attention, batch_dim)
+    if len(p.chain) < 2:
+        raise CostModelError(f"model {graph.name!r} has no repeated blocks to pipeline (ops need block tags)")
+    dag = _costdag(p, hw, stage_axis, stage_link_mesh or Mesh(((stage_axis, 2),) + inner.mesh.axes))
+    return dag, p.report, {u: p.units[u] for u in p.chain}
+
+
+def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
+                      stage_axis: str | None, microbatches: int, schedule: Schedule | str = "1f1b",
+                      remat: str = "none", optimizer: Optimizer | str = "adam",
+                      precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+                      stages: Sequence[Sequence[str]] | None = None, memory_limit: float | None = None,
+                      batch_dim: str = "batch") -> PipelineReport:
+    """Predicted cost of a micro-batched step: ``microbatches`` micro-batches on pipeline stages over
+    ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``, ``interleaved:V``), or
+    gradient accumulation when ``stage_axis`` is None.
+
+    ``layout``'s rules lay out each stage over the other axes (rules naming the stage axis are dropped).
+    ``stages``: the units of each stage in order (see :func:`unit_of_ops`; for ``interleaved:V``, the K V
+    chunks, device ``d`` running chunks ``d, d + K, ...``); by default the partition minimizing the
+    slowest stage, exactly, under ``memory_limit``. ``remat``: ``none``, ``selective`` or ``full``."""
+    hw = _hardware(hardware)
+    sched = Schedule.parse(schedule)
     mesh = layout.mesh
-    K = mesh.axis_size(stage_axis)
-    inner_mesh = Mesh(tuple((a, s) for a, s in mesh.axes if a != stage_axis))
-    inner = Layout(inner_mesh, tuple((d, ax) for d, ax in layout.rules if stage_axis not in ax))
-    dag, rep, units = pipeline_costdag(graph, inner, stage_axis, hw, microbatches=microbatches, remat=remat,
-                                       optimizer=optimizer, precision=precision, batch_dim=batch_dim,
-                                       stage_link_mesh=mesh)
-    if K > len(dag.nodes):
-        raise CostModelError(f"cannot split {len(dag.nodes)} pipeline units of {graph.name!r} into {K} stages")
-    if stages is None:
-        part = partition(dag, K, objective="gpipe", microbatches=microbatches, memory_limit=memory_limit)
-        groups, method, optimal = part.stages, part.method, part.optimal
+    if stage_axis is None:
+        K, inner = 1, layout
     else:
-        groups = tuple(tuple(s) for s in stages)
-        if len(groups) != K:
-            raise PartitionError(f"{len(groups)} stages given for a stage axis of size {K}")
-        method, optimal = "given", False
-    loads = stage_loads(dag, groups, "gpipe", microbatches)
-    steps = microbatches + K - 1
-    cut = [units[groups[k + 1][0]].boundary for k in range(K - 1)]  # bytes entering stage k+1
+        K = mesh.axis_size(stage_axis)
+        inner_mesh = Mesh(tuple((a, s) for a, s in mesh.axes if a != stage_axis))
+        inner = Layout(inner_mesh, tuple((d, ax) for d, ax in layout.rules if stage_axis not in ax))
+    sched.check(K, microbatches)
+    p = _price(graph, inner, hw, microbatches, remat, optimizer, precision, attention, batch_dim)
+    chunks = K * (sched.virtual if sched.kind == "interleaved" else 1)
+    if stage_axis is None:
+        groups, method, optimal = (tuple(p.chain),), "one stage", True
+    else:
+        if len(p.chain) < 2:
+            raise CostModelError(f"model {graph.name!r} has no repeated blocks to pipeline (ops need block tags)")
+        if chunks > len(p.chain):
+            raise CostModelError(f"cannot split {len(p.chain)} pipeline units of {graph.name!r} into {chunks} "
+                                 f"stages{' (chunks)' if chunks > K else ''}")
+        groups, method, optimal = _partition(p, hw, stage_axis, mesh, K, chunks, sched, microbatches, stages,
+                                             memory_limit)
+    # devices: the chunks each one runs
+    devices = [[c for c in range(len(groups)) if c % K == d] for d in range(K)]
     reports = []
-    for k, names in enumerate(groups):
-        us = [units[n] for n in names]
-        transfer = loads.loads[k] - sum(u.compute_s for u in us)
-        static = sum(u.static for u in us)
-        if remat:
-            act = microbatches * sum(u.boundary for u in us) + max(u.saved for u in us)
-        else:
-            act = microbatches * sum(u.saved for u in us)
-        sends = [cut[k - 1]] if k > 0 else []  # gradients to the previous stage
-        sends += [cut[k]] if k < K - 1 else []  # activations to the next stage
-        colls = tuple(("collective-permute", (stage_axis,), b, steps) for b in sends)
-        colls += tuple((kind, axes, b, 1) for u in us for kind, axes, b in u.sync)
-        reports.append(StageReport(tuple(names), loads.loads[k], transfer, sum(u.once_s for u in us),
-                                   static + act, static, act, colls))
-    shared = _shared_parameter_sync(training_step(graph, optimizer, precision), groups, inner, stage_axis, mesh, hw)
-    step = (microbatches + K - 1) * max(s.microbatch_s for s in reports) + max(s.once_s for s in reports) + shared
-    return PipelineReport(graph.name, mesh, stage_axis, microbatches, remat, inner.describe(), tuple(reports), step,
-                          method, optimal, rep)
+    for d, chunk_ids in enumerate(devices):
+        names = tuple(u for c in chunk_ids for u in groups[c])
+        reports.append(_stage(p, hw, names, chunk_ids, groups, d, K, sched, microbatches, stage_axis, mesh))
+    tied = _tied_sync(p.graph, groups, devices, inner, stage_axis, mesh, hw) if stage_axis is not None else 0.0
+    loop = sched.steps(K, microbatches) * max(s.microbatch_s for s in reports)
+    step = loop + max(s.once_s for s in reports) + tied
+    return PipelineReport(graph.name, mesh, stage_axis, sched, microbatches, remat, inner.describe(),
+                          tuple(reports), step, tied, method, optimal, p.report)
 
 
-def _shared_parameter_sync(graph: Graph, groups: Sequence[Sequence[str]], inner: Layout, stage_axis: str,
-                           mesh: Mesh, hw: Hardware) -> float:
-    """All-reduce over the stage axis of the gradients of parameters used on several stages (tied weights);
-    ``graph`` is the training graph."""
-    unit = unit_of_ops(graph)
-    stage_of = {u: k for k, us in enumerate(groups) for u in us}
+def _partition(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh, K: int, chunks: int, sched: Schedule,
+               microbatches: int, stages: Sequence[Sequence[str]] | None, memory_limit: float | None
+               ) -> tuple[tuple[tuple[str, ...], ...], str, bool]:
+    from layoutsearch.solvers.partition import partition
+
+    if stages is not None:
+        groups = tuple(tuple(s) for s in stages)
+        if len(groups) != chunks:
+            raise PartitionError(f"{len(groups)} stages given for {chunks} stages"
+                                 + (f" ({K} devices x {chunks // K} chunks)" if chunks > K else ""))
+        flat = [u for g in groups for u in g]
+        if sorted(flat) != sorted(p.chain) or not all(groups):
+            raise PartitionError(f"the stages must split the units {', '.join(p.chain)} into {chunks} non-empty "
+                                 "groups, each unit once")
+        return groups, "given", False
+    dag = _costdag(p, hw, stage_axis, mesh)
+    held = max(sched.in_flight(0, K, microbatches), 1.0)
+    part = partition(dag, chunks, objective="throughput", microbatches=math.ceil(held), memory_limit=memory_limit)
+    return tuple(tuple(s) for s in part.stages), part.method, part.optimal
+
+
+def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh) -> CostDAG:
+    """The cost DAG of priced units (see :func:`pipeline_costdag`); transfers over ``stage_axis`` of ``mesh``.
+    Each loop step a stage sends one tensor per neighbour, the activation forward and its gradient backward:
+    paid on both sides of the cut, the two cuts of a stage add up to its two permutes."""
+    nodes, edges = [], []
+    for u in p.chain:
+        d = p.units[u]
+        fixed = d.parameters + d.optimizer_state + d.gradients + d.workspace + d.working
+        nodes.append(Node(u, _unit_seconds(p, u, hw), fixed, d.parameters, d.saved))
+    for a, b in itertools.pairwise(p.chain):
+        nbytes = p.units[b].boundary
+        edges.append(Edge(a, b, collective_time("collective-permute", nbytes, (stage_axis,), mesh, hw).seconds,
+                          nbytes))
+    return CostDAG(tuple(nodes), tuple(edges), name=p.graph.name)
+
+
+def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int],
+           groups: Sequence[Sequence[str]], device: int, K: int, sched: Schedule, microbatches: int,
+           stage_axis: str | None, mesh: Mesh) -> StageReport:
+    us = [p.units[n] for n in names]
+    mine = set(names)  # the stage's ops in the schedule's order: forwards, then backwards
+    ops = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase != "optimizer"]
+    optimizer = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase == "optimizer"]
+    plain = overlap_schedule(_views(ops, p.classes, once=False), p.classes, hw.async_collectives)
+    last = overlap_schedule(_views(ops, p.classes, once=True) + _views(optimizer, p.classes, once=True), p.classes,
+                            hw.async_collectives)
+    sends: list[int] = []  # bytes this device sends per micro-batch: activations forward, gradients backward
+    if stage_axis is not None:
+        chain = [u for g in groups for u in g]
+        for c in chunk_ids:
+            first, last_unit = chain.index(groups[c][0]), chain.index(groups[c][-1])
+            if first > 0:
+                sends.append(p.units[chain[first]].boundary)  # the gradient of the activation that entered
+            if last_unit < len(chain) - 1:
+                sends.append(p.units[chain[last_unit + 1]].boundary)  # the activation leaving
+    transfer = sum(collective_time("collective-permute", b, (stage_axis,), mesh, hw).seconds
+                   for b in sends) if stage_axis is not None else 0.0
+    in_flight = sched.in_flight(device, K, microbatches) if stage_axis is not None else 1.0
+    accumulator = sum(u.accumulator for u in us)
+    if stage_axis is None:  # the simulated peak of one micro-batch, plus the wider gradient accumulator
+        memory = dict(p.report.memory.breakdown)
+        memory["gradients"] = memory.get("gradients", 0) + accumulator
+        total = p.report.memory.peak_bytes + accumulator
+    else:
+        memory = {"parameters": sum(u.parameters for u in us), "optimizer_state": sum(u.optimizer_state for u in us),
+                  "gradients": sum(u.gradients for u in us) + accumulator,
+                  "activations": int(in_flight * sum(u.saved for u in us)),
+                  "recompute_workspace": max((u.workspace for u in us), default=0),
+                  "working": max((u.working for u in us), default=0)}
+        total = sum(memory.values())
+    # a transfer every step of the loop (the time model charges them so; bubble steps move data too)
+    loop_steps = math.ceil(sched.steps(K, microbatches))
+    colls: list[tuple[str, tuple[str, ...], int, int]] = [
+        ("collective-permute", (stage_axis,), b, loop_steps) for b in sends] if stage_axis else []
+    for o in ops:
+        for c in o.collectives:
+            colls.append((c.kind, c.axes, c.bytes, 1 if _once(c, p.classes) else microbatches))
+    return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
+                       int(total), memory, tuple(colls))
+
+
+def _tied_sync(g: Graph, groups: Sequence[Sequence[str]], devices: list[list[int]], inner: Layout,
+               stage_axis: str, mesh: Mesh, hw: Hardware) -> float:
+    """All-reduce over the stage axis of the gradients of parameters used on several devices (tied weights);
+    ``g`` is the training graph."""
+    unit = unit_of_ops(g)
+    device_of = {u: d for d, chunk_ids in enumerate(devices) for c in chunk_ids for u in groups[c]}
     seconds = 0.0
-    for p in graph.parameters:
-        users = {stage_of[unit[c.name]] for c in graph.consumers[p.name] if c.phase == "forward"}
+    for prm in g.parameters:
+        users = {device_of[unit[c.name]] for c in g.consumers[prm.name] if c.phase == "forward"}
         if len(users) > 1:
-            seconds += collective_time("all-reduce", inner.local_bytes(p), (stage_axis,), mesh, hw).seconds
+            seconds += collective_time("all-reduce", inner.local_bytes(prm), (stage_axis,), mesh, hw).seconds
     return seconds
 
 
@@ -346,5 +613,5 @@ def speedup(stages: int, microbatches: int) -> float:
     return stages * microbatches / (microbatches + stages - 1)
 
 
-__all__ = ["PipelineReport", "StageReport", "estimate_pipeline", "pipeline_costdag", "speedup", "unit_of_ops",
-]
+__all__ = ["SCHEDULE_KINDS", "PipelineReport", "Schedule", "StageReport", "estimate_pipeline", "pipeline_costdag",
+           "speedup", "unit_of_ops"]

@@ -4,11 +4,11 @@ For each mesh axis that may carry stages (K = its size), the inner layout over
 the other axes is chosen by :func:`~layoutsearch.solvers.search.search` on the
 model (its optimum, runner-ups and baselines are the candidates); then every
 number of micro-batches M (divisors of the batch up to ``4 K``, or the one
-given) and remat on/off is priced with the GPipe cost model
-(:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline`, whose stage
-partition is exact), and the fastest plan whose largest stage fits the memory
-limit wins. Cost: one inner search per candidate axis plus
-``|candidates| x |M| x 2`` pipeline estimates.
+given) and remat policy (none, full) is priced with the pipeline cost model
+(:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline` with the given
+schedule, default 1F1B; its stage partition is exact), and the fastest plan
+whose largest stage fits the memory limit wins. Cost: one inner search per
+candidate axis plus ``|candidates| x |M| x 2`` pipeline estimates.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class PipelineCandidate:
     stage_axis: str
     stages: int
     microbatches: int
-    remat: bool
+    remat: str
     inner_rules: str
     step_s: float
     memory_bytes: int
@@ -76,9 +76,10 @@ def microbatch_candidates(batch: int, stages: int, limit: int | None = None) -> 
 def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None = None, *,
                     hardware: Hardware | str = "cpu-sim", stages: int | None = None,
                     microbatches: int | None = None, optimizer: str = "adam",
-                    precision: Precision | str = DEFAULT_PRECISION, batch_dim: str = "batch",
-                    progress: Progress | None = None) -> PipelinePlan:
-    """The fastest GPipe plan of ``graph`` on ``mesh`` whose stages fit ``memory_limit``.
+                    precision: Precision | str = DEFAULT_PRECISION, schedule: str = "1f1b",
+                    batch_dim: str = "batch", progress: Progress | None = None) -> PipelinePlan:
+    """The fastest pipelined plan of ``graph`` on ``mesh`` (``schedule``: ``gpipe``, ``1f1b`` or
+    ``interleaved:V``) whose stages fit ``memory_limit``.
 
     ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
     ``microbatches``: fixed M (None: searched). Raises LayoutSearchError when no
@@ -110,9 +111,10 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         for rules in inner_rules:
             layout = Layout(full_mesh, rules)
             for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
-                for remat in (False, True):
+                for remat in ("none", "full"):
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
+                                                schedule=schedule,
                                                 optimizer=optimizer, precision=precision, memory_limit=memory_limit,
                                                 batch_dim=batch_dim)
                     except LayoutSearchError as e:
