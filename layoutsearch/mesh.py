@@ -143,6 +143,11 @@ class Hardware:
     * ``async_collectives``: collectives run beside compute, so those off the
       critical path (weight all-gathers, gradient reductions) can hide behind
       it (:mod:`layoutsearch.costmodel.overlap`); XLA on CPU runs them in line;
+    * ``collective_matmul``: an all-gather of a matmul's activation operand, or
+      a reduce-scatter of its result, is decomposed into ring steps that
+      overlap the matmul itself (XLA on TPU: "collective matmul", Wang et al.
+      2023, ASPLOS; used by PaLM and MaxText for tensor parallelism); elsewhere
+      tensor-parallel collectives wait for, or are waited for by, their matmul;
     * ``float32_collectives``: collectives of bf16/fp16 tensors run in float32
       (XLA on CPU converts around them), moving 4 bytes per element;
     * ``regather_weights``: a parameter all-gathered for the forward pass is
@@ -170,6 +175,7 @@ class Hardware:
     async_collectives: bool = True
     regather_weights: bool = True
     float32_collectives: bool = False
+    collective_matmul: bool = False
 
     def __post_init__(self) -> None:
         if not self.peak_flops_fp32:
@@ -294,7 +300,7 @@ def _gpu(name: str, peak: float, fp32: float, hbm: float, bw: float, fast: Link,
 
 def _tpu(name: str, peak: float, hbm: float, bw: float, ici: float, dcn: float, chips: int, source: str) -> Hardware:
     return Hardware(name, peak, hbm, bw, Link(ici, 2e-6, 0.9), Link(dcn, 20e-6, 0.9), chips, _TPU_MM, _MEM,
-                    source, matmul_tile=_TPU_TILE)
+                    source, matmul_tile=_TPU_TILE, collective_matmul=True)
 
 
 PRESETS: dict[str, Hardware] = {
@@ -331,7 +337,7 @@ PRESETS: dict[str, Hardware] = {
 """Hardware presets by name."""
 
 BACKEND_BEHAVIOUR = ("reduce_scatter", "combined_gradient_all_reduce", "fusion", "async_collectives",
-                     "regather_weights", "float32_collectives")
+                     "regather_weights", "float32_collectives", "collective_matmul")
 """The :class:`Hardware` fields that describe what the compiler and runtime do (see its docstring)."""
 
 _ALIASES = {"tpu-v5litepod": "tpu-v5e", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v4": "tpu-v4", "v3": "tpu-v3",

@@ -50,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from layoutsearch.costmodel.ops import OpCost
+from layoutsearch.costmodel.ops import OpCost, is_matmul
 from layoutsearch.costmodel.step import graph_cached
 from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
@@ -62,7 +62,13 @@ ATTENTION_KINDS = ("standard", "flash")
 
 FUSIBLE = (O.Elementwise, O.Reduce, O.Softmax, O.SoftmaxGrad, O.LayerNorm, O.LayerNormGrad, O.CrossEntropy,
            O.CrossEntropyGrad, O.Reshape)
-"""Op kinds a fusing backend merges with their producers and consumers."""
+"""Op kinds a fusing backend merges with their producers and consumers (and einsums that are no matmuls,
+:func:`~layoutsearch.costmodel.ops.is_matmul`)."""
+
+
+def fusible(op: O.Op, g: Graph) -> bool:
+    """Whether a fusing backend merges ``op`` with its producers and consumers."""
+    return isinstance(op, FUSIBLE) or (isinstance(op, O.Einsum) and not is_matmul(op, g.tensors))
 
 
 @dataclass(frozen=True)
@@ -137,9 +143,9 @@ def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
             p = producer.get(name)
             users = g.consumers[name]
             if (p is None or name in fed or t.updates is not None or name == g.loss or not users
-                    or not isinstance(p, FUSIBLE)):
+                    or not fusible(p, g)):
                 continue
-            if all(isinstance(c, FUSIBLE) and c.phase == p.phase for c in users):
+            if all(fusible(c, g) and c.phase == p.phase for c in users):
                 on_chip.add(name)
     group = _groups(g, on_chip - scores, producer) if fused else {}
     charged: dict[str, tuple[bool, ...]] = {}
@@ -164,7 +170,7 @@ def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
 
 def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str, int]:
     """Fusion group of each fusible op: fusible ops joined by ``internal`` tensors (union-find)."""
-    parent = {op.name: op.name for op in g.ops if isinstance(op, FUSIBLE)}
+    parent = {op.name: op.name for op in g.ops if fusible(op, g)}
 
     def find(x: str) -> str:
         while parent[x] != x:
@@ -213,5 +219,5 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
     return tuple(cores)
 
 
-__all__ = ["ATTENTION_KINDS", "FUSIBLE", "AttentionCore", "FusionPlan", "attention_cores", "fusion_plan",
+__all__ = ["ATTENTION_KINDS", "FUSIBLE", "fusible", "AttentionCore", "FusionPlan", "attention_cores", "fusion_plan",
            "resolve_attention"]

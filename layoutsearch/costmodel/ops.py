@@ -174,6 +174,21 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
     return 0.0  # reshape: data movement only
 
 
+SMALL_CONTRACTION = 8
+"""An einsum contracting at most this many elements per output element (a 2 x 2 rotation, a gate) is vector
+work, not a matmul: compilers lower it as multiplies and adds fused with its neighbours (XLA's dot strength
+reduction; a fused rotary-embedding kernel), not as a tensor-core / MXU matmul."""
+
+
+def is_matmul(op: O.Op, tensors: Mapping[str, Tensor]) -> bool:
+    """Whether ``op`` runs as a matmul: an einsum of two or more operands contracting more than
+    :data:`SMALL_CONTRACTION` elements (global sizes)."""
+    if not isinstance(op, O.Einsum) or len(op.inputs) < 2:
+        return False
+    sizes = {d.name: d.size for x in op.inputs for d in tensors[x].dims}
+    return math.prod(sizes[d] for d in op.reduced_dims(tensors)) > SMALL_CONTRACTION
+
+
 def constant_tensors(graph: Graph) -> frozenset[str]:
     """Tensors XLA computes at compile time: ``fill`` outputs and elementwise
     ops or reshapes of constants only (e.g. the loss seed and its scaling)."""
@@ -332,6 +347,7 @@ class OpRules:
         self.float32_collectives = float32_collectives
         self.regather_weights = regather_weights
         self.constant = constant_tensors(graph)
+        self.matmuls = frozenset(op.name for op in graph.ops if is_matmul(op, graph.tensors))
         fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
         self.forward_shared = frozenset(
             op.name for op in graph.ops if isinstance(op, O.Elementwise)
@@ -439,9 +455,10 @@ class OpRules:
         flops += sum(c.bytes // t[c.tensor].itemsize for c in comms if c.kind in ("all-reduce", "reduce-scatter"))
         comms = self.promoted(comms)
         dtype = next((t[i].dtype for i in op.inputs if t[i].is_float), out.dtype)
-        mm = _matmul_dims(op, t, sizes) if isinstance(op, O.Einsum) else None
-        return OpCost(op.name, op.kind, op.phase, op.block, flops, float(sum(reads) + write),
-                      isinstance(op, O.Einsum), tuple(comms), tuple(reads), write, dtype, mm)
+        matmul = op.name in self.matmuls
+        mm = _matmul_dims(op, t, sizes) if matmul else None
+        return OpCost(op.name, op.kind, op.phase, op.block, flops, float(sum(reads) + write), matmul, tuple(comms),
+                      tuple(reads), write, dtype, mm)
 
     def cost_under(self, op: O.Op, layout: Layout) -> OpCost:
         """Cost of ``op`` when ``layout`` lays out every tensor and computation."""

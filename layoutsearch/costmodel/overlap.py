@@ -14,6 +14,12 @@ overlap depends on the collective, not on a tuned constant:
   gradient: data parallelism, FSDP) are *deferred*: issued when the gradient is
   produced, they run while the rest of the backward pass computes (DDP's
   gradient buckets, Li et al. 2020, VLDB); only the optimizer waits for them;
+* **decomposed** (``Hardware.collective_matmul``, XLA on TPU): an all-gather
+  of a matmul's activation operand or a reduce-scatter of its result
+  (tensor/sequence parallelism) is split into ring steps interleaved with
+  partial matmuls (Wang et al. 2023, "Overlap communication with dependent
+  computation via decomposition in large deep learning models", ASPLOS): the
+  op takes ``max(compute, communication)``;
 * everything else is **critical**: tensor-parallel all-reduces of activations,
   activation reshards, normalization statistics, pipeline transfers — the next
   op needs the result, so compute waits for it (Megatron-LM runs them in line).
@@ -38,7 +44,7 @@ from typing import Any, Protocol
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.training import parameter_gradients
 
-CLASSES = ("critical", "weight", "gradient")
+CLASSES = ("critical", "decomposed", "weight", "gradient")
 """How a collective overlaps (see the module docstring)."""
 
 
@@ -54,6 +60,8 @@ class _Op(Protocol):
     block: str | None
     compute_s: float
     collectives: tuple[Any, ...]
+    matmul: bool
+    output: str
 
 
 @dataclass(frozen=True)
@@ -84,13 +92,17 @@ def collective_classes(g: Graph) -> dict[str, str]:
     return out
 
 
-def classify(c: _Collective, classes: dict[str, str]) -> str:
-    """The class of one collective (see the module docstring)."""
+def classify(c: _Collective, classes: dict[str, str], op: _Op | None = None,
+             collective_matmul: bool = False) -> str:
+    """The class of one collective of ``op`` (see the module docstring)."""
     cls = classes.get(c.tensor)
     if cls == "weight" and c.kind in ("all-gather", "all-to-all"):
         return "weight"
     if cls == "gradient" and c.kind in ("all-reduce", "reduce-scatter"):
         return "gradient"
+    if collective_matmul and op is not None and op.matmul and (
+            (c.kind == "all-gather" and c.tensor != op.output) or (c.kind == "reduce-scatter" and c.tensor == op.output)):
+        return "decomposed"
     return "critical"
 
 
@@ -106,13 +118,15 @@ def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
     return [starts[max(0, s - 1)] for s in seg_start]
 
 
-def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: bool = True) -> Overlap:
+def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: bool = True,
+             collective_matmul: bool = False) -> Overlap:
     """Simulate the step (see the module docstring); ``ops`` in schedule order, each with its
-    ``compute_s`` and ``collectives`` (``kind``, ``axes``, ``seconds``, ``tensor``)."""
+    ``compute_s``, ``matmul``, ``output`` and ``collectives`` (``kind``, ``axes``, ``seconds``, ``tensor``)."""
     compute = sum(op.compute_s for op in ops)
     comm = sum(c.seconds for op in ops for c in op.collectives)
     by_class = {k: {"seconds": 0.0, "exposed_s": 0.0} for k in CLASSES}
-    kinds = [[classify(c, classes) if async_collectives else "critical" for c in op.collectives] for op in ops]
+    kinds = [[classify(c, classes, op, collective_matmul) if async_collectives else "critical"
+              for c in op.collectives] for op in ops]
     for op, ks in zip(ops, kinds, strict=True):
         for c, k in zip(op.collectives, ks, strict=True):
             by_class[k]["seconds"] += c.seconds
@@ -138,10 +152,17 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
         if ready[i] > t:
             by_class["weight"]["exposed_s"] += ready[i] - t
             t = ready[i]
-        t += op.compute_s
+        end = t + op.compute_s
         for c, k in zip(op.collectives, ks, strict=True):
-            if k == "weight":
-                continue  # issued at its prefetch point
+            if k == "decomposed":  # in ring steps beside the matmul's partial products
+                start = max(t, free[c.axes])
+                free[c.axes] = start + c.seconds
+                end = max(end, start + c.seconds)
+        by_class["decomposed"]["exposed_s"] += end - t - op.compute_s
+        t = end
+        for c, k in zip(op.collectives, ks, strict=True):
+            if k in ("weight", "decomposed"):
+                continue  # issued at its prefetch point, or run beside the matmul
             start = max(t, free[c.axes])
             end = start + c.seconds
             free[c.axes] = end

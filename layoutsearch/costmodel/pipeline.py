@@ -328,6 +328,8 @@ class _View:
     block: str | None
     compute_s: float
     collectives: tuple[Any, ...]
+    matmul: bool
+    output: str
 
 
 def _once(c: Any, classes: dict[str, str]) -> bool:
@@ -337,8 +339,8 @@ def _once(c: Any, classes: dict[str, str]) -> bool:
 
 def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[_View]:
     """``ops`` for the schedule: with (``once``) or without the once-per-step gradient all-reduces."""
-    return [_View(o.phase, o.block, o.compute_s,
-                  tuple(c for c in o.collectives if once or not _once(c, classes))) for o in ops]
+    return [_View(o.phase, o.block, o.compute_s, tuple(c for c in o.collectives if once or not _once(c, classes)),
+                  o.matmul, o.output) for o in ops]
 
 
 def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], remat: str, accumulate: bool,
@@ -441,7 +443,8 @@ def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: 
 
 def _unit_seconds(p: _Priced, u: str, hw: Hardware) -> float:
     """One micro-batch through unit ``u`` alone (its schedule without the once-per-step reductions)."""
-    return overlap_schedule(_views(p.units[u].ops, p.classes, once=False), p.classes, hw.async_collectives).step_s
+    return overlap_schedule(_views(p.units[u].ops, p.classes, once=False), p.classes, hw.async_collectives,
+                            hw.collective_matmul).step_s
 
 
 def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Hardware | str, *,
@@ -468,7 +471,7 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
                       remat: str = "none", optimizer: Optimizer | str = "adam",
                       precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
                       stages: Sequence[Sequence[str]] | None = None, memory_limit: float | None = None,
-                      batch_dim: str = "batch") -> PipelineReport:
+                      batch_dim: str = "batch", overlap: str | float = "auto") -> PipelineReport:
     """Predicted cost of a micro-batched step: ``microbatches`` micro-batches on pipeline stages over
     ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``, ``interleaved:V``), or
     gradient accumulation when ``stage_axis`` is None.
@@ -476,8 +479,14 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
     ``layout``'s rules lay out each stage over the other axes (rules naming the stage axis are dropped).
     ``stages``: the units of each stage in order (see :func:`unit_of_ops`; for ``interleaved:V``, the K V
     chunks, device ``d`` running chunks ``d, d + K, ...``); by default the partition minimizing the
-    slowest stage, exactly, under ``memory_limit``. ``remat``: ``none``, ``selective`` or ``full``."""
+    slowest stage, exactly, under ``memory_limit``. ``remat``: ``none``, ``selective`` or ``full``.
+    ``overlap``: ``"auto"`` (what the hardware's asynchronous collectives allow) or ``0`` (every collective
+    on the critical path, as frameworks that reduce gradients after the backward pass run)."""
     hw = _hardware(hardware)
+    if overlap != "auto":
+        if isinstance(overlap, bool) or overlap != 0:
+            raise CostModelError(f"overlap of a micro-batched step is 'auto' or 0, got {overlap!r}")
+        hw = hw.replace(async_collectives=False)
     sched = Schedule.parse(schedule)
     mesh = layout.mesh
     if stage_axis is None:
@@ -556,9 +565,10 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     mine = set(names)  # the stage's ops in the schedule's order: forwards, then backwards
     ops = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase != "optimizer"]
     optimizer = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase == "optimizer"]
-    plain = overlap_schedule(_views(ops, p.classes, once=False), p.classes, hw.async_collectives)
+    plain = overlap_schedule(_views(ops, p.classes, once=False), p.classes, hw.async_collectives,
+                             hw.collective_matmul)
     last = overlap_schedule(_views(ops, p.classes, once=True) + _views(optimizer, p.classes, once=True), p.classes,
-                            hw.async_collectives)
+                            hw.async_collectives, hw.collective_matmul)
     sends: list[int] = []  # bytes this device sends per micro-batch: activations forward, gradients backward
     if stage_axis is not None:
         chain = [u for g in groups for u in g]

@@ -108,6 +108,7 @@ class OpReport:
     compute_s: float
     bound: str
     collectives: tuple[CollectiveRecord, ...]
+    output: str = ""
 
     @property
     def comm_s(self) -> float:
@@ -357,7 +358,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
             colls.append(CollectiveRecord(cost.op, phase, c.kind, tuple(c.axes), c.bytes, p.seconds, c.tensor,
                                           prefix + c.cause, p.link_bytes))
         return OpReport(cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul, seconds,
-                        bound, tuple(colls))
+                        bound, tuple(colls), g.op(cost.op).output)
 
     index = {op.name: i for i, op in enumerate(g.ops)}
     redo: dict[int, list[tuple[str, str]]] = defaultdict(list)  # schedule index -> ops recomputed just before it
@@ -379,7 +380,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     comm_s = sum(c.seconds for o in ops for c in o.collectives)
     exposure = None
     if overlap == "auto":
-        exposure = schedule(ops, collective_classes(g), hw.async_collectives)
+        exposure = schedule(ops, collective_classes(g), hw.async_collectives, hw.collective_matmul)
         step_s = exposure.step_s
     else:
         step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)

@@ -5,21 +5,27 @@ frameworks train (Micikevicius et al. 2018, "Mixed precision training", ICLR;
 Megatron-LM's ``--bf16``; MaxText's ``dtype: bfloat16`` with float32
 ``weight_dtype``):
 
-=========  ============  ============  ===================  ===============
-policy     activations   parameters    master weights       optimizer state
-           and their     and their     (the copy the
-           gradients     gradients     optimizer updates)
-=========  ============  ============  ===================  ===============
-``mixed``  bfloat16      bfloat16      float32              float32
-``bf16``   bfloat16      bfloat16      none                 bfloat16
-``fp32``   float32       float32       none                 float32
-=========  ============  ============  ===================  ===============
+====================  ============  ==========  ==========  ==============  ===============
+policy                activations   parameters  parameter   master weights  optimizer state
+                      and their                 gradients   (the copy the
+                      gradients                             optimizer
+                                                            updates)
+====================  ============  ==========  ==========  ==============  ===============
+``mixed``             bfloat16      bfloat16    bfloat16    float32         float32
+``mixed-fp32-grads``  bfloat16      bfloat16    float32     float32         float32
+``bf16``              bfloat16      bfloat16    bfloat16    none            bfloat16
+``fp32``              float32       float32     float32     none            float32
+====================  ============  ==========  ==========  ==============  ===============
 
 ``mixed`` is the default of the cost model and of the CLI: per parameter 2
 bytes of bf16 weights, 2 of bf16 gradients and 12 of float32 optimizer state
 (master weights, Adam's m and v), the 16 bytes per parameter of Rajbhandari et
 al. 2020 (ZeRO, section 3.1, "K = 12" plus 2 + 2). Collectives move the dtype of
 the tensor they carry: gradients are reduced in bf16 under ``mixed``.
+``mixed-fp32-grads`` is Megatron-LM's bf16 recipe, which accumulates and
+all-reduces the parameter gradients in float32 (its ``main_grad`` buffers,
+``--accumulate-allreduce-grads-in-fp32``, required with ``--bf16``): 18 bytes
+per parameter, and gradient collectives of 4 bytes per element.
 
 The scalar loss and the per-token losses stay float32 under every policy (the
 cross-entropy runs in float32 in Megatron-LM and MaxText).
@@ -50,6 +56,8 @@ class Precision:
     params: str
     master: str | None
     optimizer_state: str
+    grads: str | None = None
+    """dtype of the parameter gradients (None: the parameters')."""
 
     @classmethod
     def of(cls, spec: Precision | str) -> Precision:
@@ -63,6 +71,7 @@ class Precision:
 
 PRECISIONS: dict[str, Precision] = {
     "mixed": Precision("mixed", "bfloat16", "bfloat16", "float32", "float32"),
+    "mixed-fp32-grads": Precision("mixed-fp32-grads", "bfloat16", "bfloat16", "float32", "float32", "float32"),
     "bf16": Precision("bf16", "bfloat16", "bfloat16", None, "bfloat16"),
     "fp32": Precision("fp32", "float32", "float32", None, "float32"),
 }

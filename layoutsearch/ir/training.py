@@ -129,7 +129,13 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
     meta["training"] = {"optimizer": opt.to_dict()}
     if policy is not None:
         meta["training"].update(precision=policy.name, master_weights=masters)
-    return Graph(forward.name, d.tensors.values(), d.ops, loss=forward.loss, meta=meta)
+    g = Graph(forward.name, d.tensors.values(), d.ops, loss=forward.loss, meta=meta)
+    if policy is not None and policy.grads is not None:  # parameter gradients in their own dtype
+        wide = parameter_gradients(g)
+        tensors = [Tensor(t.name, t.dims, policy.grads, t.role, t.updates) if t.name in wide else t
+                   for t in g.tensors.values()]
+        g = Graph(g.name, tensors, g.ops, loss=g.loss, meta=meta)
+    return g
 
 
 def parameter_gradients(graph: Graph) -> set[str]:

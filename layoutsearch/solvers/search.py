@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
-from layoutsearch.costmodel.ops import op_flops
+from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
@@ -169,7 +169,7 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
     seen: dict[tuple, int] = {}
     reps: dict[tuple, O.Op] = {}
     for op in g.ops:
-        if isinstance(op, O.Einsum):
+        if is_matmul(op, g.tensors):  # (vector einsums run at another rate: left out of the bound)
             key = tuple((g.tensors[x].dims, g.tensors[x].dtype, x in on_chip) for x in (*op.inputs, op.output))
             seen[key] = seen.get(key, 0) + 1
             reps.setdefault(key, op)
