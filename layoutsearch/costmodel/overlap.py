@@ -158,7 +158,7 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
                 start = max(t, free[c.axes])
                 free[c.axes] = start + c.seconds
                 end = max(end, start + c.seconds)
-        by_class["decomposed"]["exposed_s"] += end - t - op.compute_s
+        by_class["decomposed"]["exposed_s"] += max(0.0, end - t - op.compute_s)
         t = end
         for c, k in zip(op.collectives, ks, strict=True):
             if k in ("weight", "decomposed"):
@@ -174,7 +174,10 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     if not waited_for_gradients and deferred > t:
         by_class["gradient"]["exposed_s"] += deferred - t
         t = deferred
-    return Overlap(t, compute, comm, t - compute, by_class)
+    for v in by_class.values():  # rounding residue of max(...) chains
+        if abs(v["exposed_s"]) < 1e-12:
+            v["exposed_s"] = 0.0
+    return Overlap(t, compute, comm, max(0.0, t - compute), by_class)
 
 
 __all__ = ["CLASSES", "Overlap", "classify", "collective_classes", "schedule"]

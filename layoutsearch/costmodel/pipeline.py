@@ -433,6 +433,11 @@ def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: 
         raise CostModelError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1 or B % microbatches:
         raise CostModelError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
+    split = inner.mesh.group_size(inner.rules_layout((batch_dim,)).get(batch_dim, ()))
+    if (B // microbatches) % split:
+        raise CostModelError(f"micro-batches of {B // microbatches} cannot be split {split} ways over "
+                             f"{'+'.join(inner.rules_layout((batch_dim,))[batch_dim])} as the layout splits "
+                             f"{batch_dim}: use fewer micro-batches")
     mb_graph = training_step(graph.with_sizes({batch_dim: B // microbatches}), optimizer, precision)
     rep = estimate(mb_graph, inner, hw, remat=remat, attention=attention)
     unit = unit_of_ops(mb_graph)

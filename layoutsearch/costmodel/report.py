@@ -67,6 +67,17 @@ from layoutsearch.mesh import hardware as _hardware
 from layoutsearch.units import format_bytes, format_seconds
 
 PHASES = ("forward", "backward", "optimizer", "recompute")
+
+MEMORY_MEANING = {
+    "parameters": "the weights the step computes with (their slices under the layout), all step",
+    "optimizer_state": "what the optimizer keeps: master weights (mixed precision) and Adam's m and v, all step",
+    "inputs": "the batch (token ids, labels), all step",
+    "gradients": "parameter gradients produced so far, kept for the optimizer",
+    "activations": "forward outputs kept for the backward pass (all of them, or block inputs with remat)",
+    "activation_gradients": "gradients of activations, from their producer to their last use",
+    "transient": "buffers of the collectives running at the peak op (gathered weights, partial sums)",
+}
+"""What each memory category holds (the rows of the memory table)."""
 """Phases of a step in a report (``recompute``: forward ops run again by remat)."""
 
 
@@ -459,8 +470,10 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
     rows += [["bytes sent", format_bytes(sum(d["bytes_per_axis"].values())),
               ", ".join(f"{a}: {format_bytes(b)}" for a, b in d["bytes_per_axis"].items())]]
     out.append(_table(["total", "value", "breakdown"], rows, "step (per device)", {1}))
-    out.append(_table(["memory at peak", "bytes"], [[k, format_bytes(v)] for k, v in mem["breakdown"].items() if v],
-                      "memory per device at the peak", {1}))
+    out.append(_table(["memory at peak", "bytes", "what"],
+                      [[k, format_bytes(v), MEMORY_MEANING.get(k, "")] for k, v in mem["breakdown"].items() if v],
+                      f"memory per device at the peak (op {mem['peak_op']}, {mem['peak_phase']}; precision "
+                      f"{d['precision']})", {1}))
     out.append(f"remat {mem['remat']}: {mem['recomputed_ops']} forward ops recomputed in the backward pass")
     rows = []
     for g in d["comm_groups"]:

@@ -1,0 +1,270 @@
+"""The cost model's picture of real accelerators: precision policies, fusion and flash attention, overlap,
+FSDP re-gathering, pipeline schedules and gradient accumulation, shape-dependent matmul efficiency, the
+conventional layout, and the CLI around them (bad input included)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from clirun import run, run_json
+
+from graphs import build_model
+from layoutsearch import Layout, estimate, hardware
+from layoutsearch.costmodel.compute import matmul_efficiency
+from layoutsearch.costmodel.fusion import attention_cores, fusion_plan
+from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.pipeline import Schedule, estimate_pipeline
+from layoutsearch.costmodel.step import training_step
+from layoutsearch.errors import CostModelError, GraphError, LayoutSearchError
+from layoutsearch.ir.precision import PRECISIONS, with_precision
+from layoutsearch.layout import conventional_rules
+from layoutsearch.mesh import Mesh
+
+GPT = build_model("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256)
+TP = Layout.from_rules("data:2,model:4", "batch:data,heads:model,d_ff:model,vocab:model")
+FSDP = Layout.from_rules("data:8", "batch:data,d_model:data")
+
+
+# -- precision ------------------------------------------------------------------------------------------------------
+
+def test_policies_type_every_float_tensor():
+    for name, p in PRECISIONS.items():
+        g = training_step(GPT, "adam", name)
+        emb = g.tensors["embed"]
+        assert emb.dtype == p.params and g.tensors["layer.0/ff_in"].dtype == p.compute
+        assert g.tensors["loss"].dtype == "float32" and g.tensors["xent"].dtype == "float32"
+        assert g.tensors["ids"].dtype == "int32"
+        assert g.tensors["adam_m/embed"].dtype == p.optimizer_state
+        assert g.tensors["grad/embed"].dtype == (p.grads or p.params)
+        assert ("master/embed" in g.tensors) == (p.master is not None)
+    with pytest.raises(GraphError, match="unknown precision 'fp8'"):
+        with_precision(GPT, "fp8")
+
+
+def test_mixed_precision_keeps_16_bytes_per_parameter_and_moves_bf16_gradients():
+    params = sum(t.num_elements for t in GPT.parameters)
+    mixed = estimate(GPT, FSDP, "h100", precision="mixed")
+    fp32 = estimate(GPT, FSDP, "h100", precision="fp32")
+    megatron = estimate(GPT, FSDP, "h100", precision="mixed-fp32-grads")
+    res = mixed.memory.resident
+    # (per parameter 2 + 4 + 4 + 4 bytes, an eighth of each; the few biases FSDP cannot split over d_model add 2%)
+    assert res["parameters"] + res["optimizer_state"] == pytest.approx(14 * params / 8, rel=0.03)
+    assert fp32.memory.resident["parameters"] + fp32.memory.resident["optimizer_state"] == pytest.approx(
+        12 * params / 8, rel=0.03)
+    # gradient reduce-scatters in bf16 (mixed), float32 (fp32 and Megatron's fp32 gradients)
+    rs = {name: r.bytes_by_kind()["reduce-scatter"] for name, r in (("mixed", mixed), ("fp32", fp32),
+                                                                    ("megatron", megatron))}
+    assert rs["fp32"] == pytest.approx(2 * rs["mixed"], rel=0.05) and rs["megatron"] > 1.9 * rs["mixed"]
+    # matmul peak follows the dtype: fp32 matmuls run at the TF32 rate on H100
+    assert fp32.compute_s > 1.5 * mixed.compute_s
+
+
+def test_cpu_backend_runs_bf16_collectives_in_float32():
+    mixed_cpu = estimate(GPT, TP, "cpu-sim", precision="mixed").bytes_by_kind()
+    fp32_cpu = estimate(GPT, TP, "cpu-sim", precision="fp32").bytes_by_kind()
+    assert mixed_cpu["all-reduce"] == pytest.approx(fp32_cpu["all-reduce"], rel=1e-3)  # XLA:CPU: f32 collectives
+    assert estimate(GPT, TP, "h100", precision="mixed", overlap=0.0).bytes_by_kind()["all-reduce"] < \
+        fp32_cpu["all-reduce"]
+
+
+# -- fusion and flash attention ---------------------------------------------------------------------------------------
+
+def test_fusion_keeps_elementwise_chains_on_chip_and_cuts_traffic():
+    g = training_step(GPT)
+    fused = fusion_plan(g, True)
+    plain = fusion_plan(g, False)
+    assert not plain.on_chip and fused.on_chip
+    # a tensor read by the backward pass or by a matmul is written to HBM; elementwise intermediates are not
+    assert "layer.0/ff_in" not in fused.on_chip and "layer.0/ln_attn_scaled" in fused.on_chip
+    gpu = estimate(GPT, TP, "h100", attention="standard", overlap=0.0)
+    unfused = estimate(GPT, TP, hardware("h100", fusion=False), attention="standard", overlap=0.0)
+    traffic = lambda r: sum(o.hbm_bytes for o in r.ops)  # noqa: E731
+    assert traffic(gpu) < 0.8 * traffic(unfused)
+    assert gpu.memory_bytes < unfused.memory_bytes
+    assert gpu.flops_per_device == unfused.flops_per_device  # fusion moves bytes, not FLOPs
+
+
+def test_flash_attention_keeps_the_scores_off_hbm_and_recomputes_them():
+    g = training_step(GPT)
+    cores = attention_cores(g)
+    assert len(cores) == 4 and all("/attn_probs" in " ".join(c.scores) for c in cores)
+    assert cores[0].recompute == ("layer.0/attn_logits", "layer.0/attn_probs")
+    std = estimate(GPT, TP, "h100", attention="standard", overlap=0.0)
+    flash = estimate(GPT, TP, "h100", attention="flash", overlap=0.0)
+    assert flash.memory_bytes < std.memory_bytes
+    redo = [o for o in flash.ops if o.phase == "recompute"]
+    assert {o.op.split("/")[1] for o in redo} == {"attn_logits", "attn_probs"} and len(redo) == 8
+    assert flash.flops_per_device > std.flops_per_device
+    assert estimate(GPT, TP, "h100").attention == "flash" and estimate(GPT, TP, "cpu-sim").attention == "standard"
+    with pytest.raises(CostModelError, match="unknown attention 'paged'"):
+        estimate(GPT, TP, "h100", attention="paged")
+
+
+# -- overlap --------------------------------------------------------------------------------------------------------
+
+def test_overlap_classes_follow_the_collective():
+    g = training_step(GPT)
+    rep = estimate(g, FSDP, "h100", overlap=0.0)
+    classes = collective_classes(g)
+    kinds = {classify(c, classes) for c in rep.collectives}
+    assert kinds == {"weight", "gradient", "critical"}
+    gathers = [c for c in rep.collectives if c.kind == "all-gather" and c.tensor.endswith("/wi")]
+    assert gathers and all(classify(c, classes) == "weight" for c in gathers)
+    assert all(classify(c, classes) == "gradient" for c in rep.collectives if c.kind == "reduce-scatter")
+
+
+def test_fsdp_communication_hides_behind_compute_where_collectives_are_asynchronous():
+    big = build_model("gpt", layers=4, batch=64, seq=512, d_model=1024, heads=8, vocab=512)
+    auto = estimate(big, FSDP, "h100")
+    flat = estimate(big, FSDP, "h100", overlap=0.0)
+    assert auto.step_s < flat.step_s and auto.comm_hidden_s > 0.3 * auto.comm_s
+    assert auto.step_s == pytest.approx(auto.compute_s + auto.comm_exposed_s)
+    assert auto.exposure.by_class["weight"]["exposed_s"] < auto.exposure.by_class["weight"]["seconds"]
+    cpu = estimate(big, FSDP, "cpu-sim")
+    assert cpu.step_s == pytest.approx(cpu.compute_s + cpu.comm_s)  # XLA:CPU: collectives in line
+
+
+def test_tensor_parallel_collectives_are_critical_on_gpu_and_decomposed_on_tpu():
+    big = build_model("gpt", layers=2, batch=8, seq=2048, d_model=4096, heads=32, vocab=1024)
+    sp = Layout.from_rules("model:8", "heads:model,d_ff:model,vocab:model,seq:model")
+    gpu = estimate(big, sp, "h100")
+    tpu = estimate(big, sp, "tpu-v5p")
+    assert gpu.exposure.by_class["critical"]["exposed_s"] >= gpu.exposure.by_class["critical"]["seconds"] > 0
+    assert tpu.exposure.by_class["decomposed"]["seconds"] > 0
+    assert tpu.exposure.by_class["decomposed"]["exposed_s"] < tpu.exposure.by_class["decomposed"]["seconds"]
+
+
+def test_fsdp_weights_are_gathered_again_for_the_backward_pass_on_gpu_but_not_on_cpu():
+    gpu = estimate(GPT, FSDP, "h100", overlap=0.0)
+    cpu = estimate(GPT, FSDP, hardware("h100", regather_weights=False), overlap=0.0)
+    ag = lambda r: r.bytes_by_kind()["all-gather"]  # noqa: E731
+    assert ag(gpu) > 1.5 * ag(cpu)
+    assert gpu.memory.breakdown["transient"] <= cpu.memory.breakdown["transient"]
+
+
+# -- matmul efficiency ------------------------------------------------------------------------------------------------
+
+def test_matmul_efficiency_falls_for_shapes_that_waste_tiles():
+    hw = hardware("a100")
+    assert matmul_efficiency(hw, (1, 8192, 8192, 8192)) == pytest.approx(hw.matmul_efficiency, rel=0.01)
+    full = matmul_efficiency(hw, (1, 8192, 8192, 8192))
+    assert matmul_efficiency(hw, (1, 8192, 8193, 8192)) < full  # n pads to 8320
+    assert matmul_efficiency(hw, (1, 8192, 129, 8192)) < 0.55 * full  # n pads to 256
+    assert matmul_efficiency(hw, (1, 128, 128, 8192)) == pytest.approx(hw.matmul_efficiency / 108)  # 1 of 108 SMs
+    assert matmul_efficiency(hardware("cpu-sim"), (1, 3, 5, 7)) == 1.0
+    assert matmul_efficiency(hw, None) == hw.matmul_efficiency
+
+
+# -- pipelines and gradient accumulation ------------------------------------------------------------------------------
+
+PIPE = Layout.from_rules("stage:4,data:2", "batch:data")
+
+
+def test_schedules_parse_and_follow_their_laws():
+    assert str(Schedule.parse("interleaved:2")) == "interleaved:2" and Schedule.parse("1F1B").kind == "1f1b"
+    for bad in ("interleaved:0", "interleaved", "zigzag", "gpipe:2"):
+        with pytest.raises(CostModelError):
+            Schedule.parse(bad)
+    g, one, il = Schedule("gpipe"), Schedule("1f1b"), Schedule("interleaved", 2)
+    K, M = 4, 8
+    assert g.bubble(K, M) == one.bubble(K, M) == pytest.approx((K - 1) / (M + K - 1))
+    assert il.steps(K, M) == pytest.approx(M + (K - 1) / 2)
+    assert [one.in_flight(k, K, M) for k in range(K)] == [4, 3, 2, 1] and g.in_flight(3, K, M) == M
+    assert il.in_flight(0, K, M) == pytest.approx(4 * (1 + 3 / 8))
+    with pytest.raises(CostModelError, match="multiple of the stages"):
+        il.check(4, 6)
+
+
+def test_1f1b_holds_fewer_microbatches_than_gpipe_at_the_same_step_time():
+    kw = {"stage_axis": "stage", "microbatches": 8}
+    gp = estimate_pipeline(GPT, PIPE, "h100", schedule="gpipe", **kw)
+    fb = estimate_pipeline(GPT, PIPE, "h100", schedule="1f1b", **kw)
+    il = estimate_pipeline(GPT, PIPE, "h100", schedule="interleaved:1", **kw)
+    assert fb.step_s == pytest.approx(gp.step_s) and fb.memory_bytes < gp.memory_bytes
+    assert [s.in_flight for s in fb.stages] == [4, 3, 2, 1]
+    assert il.bubble_fraction == pytest.approx(fb.bubble_fraction)
+    layers8 = build_model("gpt", layers=8, batch=16, seq=128, d_model=256, heads=4, vocab=256)
+    i2 = estimate_pipeline(layers8, PIPE, "h100", schedule="interleaved:2", **kw)
+    assert i2.bubble_fraction == pytest.approx(1.5 / 9.5) and len(i2.stages) == 4
+    assert all(len(s.units) >= 2 for s in i2.stages)  # two chunks per device
+
+
+def test_remat_policies_inside_a_pipeline_trade_memory_for_time():
+    kw = {"stage_axis": "stage", "microbatches": 8, "schedule": "gpipe"}
+    none, sel, full = (estimate_pipeline(GPT, PIPE, "h100", remat=r, **kw) for r in ("none", "selective", "full"))
+    assert full.memory_bytes < sel.memory_bytes < none.memory_bytes
+    assert none.stages[1].microbatch_s < full.stages[1].microbatch_s
+
+
+def test_gradient_accumulation_trades_activations_for_steps():
+    one = estimate_pipeline(GPT, FSDP, "h100", stage_axis=None, microbatches=1)
+    acc = estimate_pipeline(GPT, FSDP, "h100", stage_axis=None, microbatches=2)
+    with pytest.raises(CostModelError, match="micro-batches of 4 cannot be split 8 ways"):
+        estimate_pipeline(GPT, FSDP, "h100", stage_axis=None, microbatches=4)
+    plain = estimate(GPT, FSDP, "h100")
+    assert one.step_s == pytest.approx(plain.step_s) and one.memory_bytes == plain.memory_bytes
+    assert acc.stages[0].memory["activations"] < one.stages[0].memory["activations"]
+    assert acc.step_s > one.step_s  # smaller matmuls, gathers every micro-batch
+    assert acc.num_stages == 1 and acc.stage_axis is None and acc.bubble_fraction == 0
+
+
+# -- conventional layout ----------------------------------------------------------------------------------------------
+
+def test_conventional_rules_follow_the_axis_names():
+    g = build_model("gpt", preset="gpt3-175b")
+    assert conventional_rules(g, Mesh.parse("stage:8,model:8"), "stage") == \
+        "heads:model,d_ff:model,vocab:model,seq:model"
+    assert conventional_rules(g, Mesh.parse("data:16,fsdp:8,tensor:8")) == \
+        "batch:data+fsdp,heads:tensor,d_ff:tensor,vocab:tensor,d_model:fsdp,seq:tensor"
+    assert conventional_rules(g, Mesh.parse("x:8")) == ""
+
+
+# -- command line -----------------------------------------------------------------------------------------------------
+
+def test_must_show_gpt3_175b_1f1b_pipeline_fits_an_a100(capsys):
+    d = run_json(capsys, "cost", "gpt", "--set", "preset=gpt3-175b", "--mesh", "stage:8,model:8", "--hardware",
+                 "a100", "--stage-axis", "stage", "--microbatches", "64", "--schedule", "1f1b", "--remat", "full")
+    assert d["fits"] and d["memory_bytes"] <= 80e9 and d["schedule"] == "1f1b" and d["stages"] == 8
+    assert 0 < d["bubble_fraction"] == pytest.approx(7 / 71)
+    mb = d["microbatch"]
+    assert mb["comm_exposed_s"] + mb["comm_hidden_s"] == pytest.approx(mb["comm_s"])
+    assert d["stage_costs"][0]["in_flight"] == 8 and "1F1B schedule" in d["gantt"]
+
+
+def test_cost_command_prices_gradient_accumulation(capsys):
+    d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--microbatches", "2")
+    assert d["stage_axis"] is None and d["microbatches"] == 2 and d["stages"] == 1
+    code, out, _ = run(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--microbatches", "2")
+    assert code == 0 and "2 micro-batches of gradient accumulation" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp8"], "invalid choice"),
+    (["--attention", "paged"], "invalid choice"),
+    (["--schedule", "interleaved:0", "--stage-axis", "data"], "interleaved:V with V >= 1"),
+    (["--schedule", "zigzag", "--stage-axis", "data"], "unknown schedule 'zigzag'"),
+    (["--microbatches", "3"], "3 micro-batches do not divide batch=8"),
+    (["--microbatches", "0"], "--microbatches must be a positive integer"),
+    (["--stage-axis", "pipe", "--microbatches", "2"], "unknown mesh axis 'pipe'"),
+    (["--top", "-1"], "--top must be at least 0"),
+    (["--overlap", "1.5"], "expected 'auto' or a number in [0, 1]"),
+])
+def test_bad_realism_options_are_one_clear_error(capsys, args, message):
+    code, out, err = run(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", *args)
+    assert code == 2 and not out and message in err and "Traceback" not in err
+
+
+def test_a_layout_string_replicated_opts_out_of_the_conventional_layout(capsys):
+    d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--layout", "replicated")
+    assert d["layout"] == "" and not d["collectives"]
+    d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4")
+    assert d["layout"].startswith("batch:data,heads:model")
+    assert math.isfinite(d["step_s"])
+
+
+def test_precision_and_layout_errors_from_python_are_layoutsearch_errors():
+    with pytest.raises(LayoutSearchError):
+        estimate(GPT, TP, "h100", precision="fp64")
+    with pytest.raises(LayoutSearchError, match="overlap of a micro-batched step"):
+        estimate_pipeline(GPT, PIPE, "h100", stage_axis="stage", microbatches=4, overlap=0.5)
