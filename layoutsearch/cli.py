@@ -529,7 +529,7 @@ def _render_microbatched(r: Result) -> list[Any]:
     srows = []
     for k, s in enumerate(r["stage_costs"]):
         m = s["memory"]
-        srows.append([k, f"{s['units'][0]} .. {s['units'][-1]}", format_seconds(s["microbatch_s"]),
+        srows.append([k, " + ".join(f"{c[0]}..{c[-1]}" for c in s["chunks"]), format_seconds(s["microbatch_s"]),
                       format_seconds(s["transfer_s"]), format_seconds(s["once_s"]), f"{s['in_flight']:g}",
                       format_bytes(s["memory_bytes"]),
                       ", ".join(f"{key} {format_bytes(v)}" for key, v in m.items() if v)])

@@ -228,9 +228,13 @@ class StageReport:
         """Activations kept for the micro-batches in flight, plus the recomputation workspace."""
         return sum(self.memory.get(k, 0) for k in ("activations", "recompute_workspace"))
 
+    chunks: tuple[tuple[str, ...], ...] = ()
+    """The contiguous groups of units the device runs (one, or V with the interleaved schedule)."""
+
     def to_dict(self) -> dict[str, Any]:
         colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
-        return {"units": list(self.units), "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
+        return {"units": list(self.units), "chunks": [list(c) for c in self.chunks or (self.units,)],
+                "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
                 "once_s": self.once_s, "in_flight": self.in_flight, "memory_bytes": self.memory_bytes,
                 "memory": dict(self.memory), "collectives": colls}
 
@@ -294,7 +298,8 @@ class PipelineReport:
     def gantt(self) -> str:
         """The schedule as a text Gantt chart (GPipe or 1F1B; the interleaved schedule as its 1F1B skeleton),
         with each stage's busy fraction."""
-        labels = [f"stage {k} ({s.units[0]}..{s.units[-1]})" for k, s in enumerate(self.stages)]
+        labels = [f"stage {k} ({' + '.join(f'{c[0]}..{c[-1]}' for c in s.chunks or (s.units,))})"
+                  for k, s in enumerate(self.stages)]
         kind = "gpipe" if self.schedule.kind == "gpipe" else "1f1b"
         text = render_gantt(self.num_stages, self.microbatches, labels=labels,
                             times=[s.microbatch_s for s in self.stages], schedule=kind)
@@ -606,7 +611,7 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
         for c in o.collectives:
             colls.append((c.kind, c.axes, c.bytes, 1 if _once(c, p.classes) else microbatches))
     return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
-                       int(total), memory, tuple(colls))
+                       int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids))
 
 
 def _tied_sync(g: Graph, groups: Sequence[Sequence[str]], devices: list[list[int]], inner: Layout,

@@ -89,7 +89,7 @@ def _gib(n: float) -> str:
 
 # -- baselines ------------------------------------------------------------------------------------------------------
 
-_MODEL_DIMS = ("heads", "d_ff", "hidden", "vocab", "experts")
+_MODEL_DIMS = ("heads", "kv_heads", "q_per_kv", "d_ff", "hidden", "vocab", "experts")
 
 
 def _dividing(axes: list[tuple[str, int]], size: int) -> list[str]:
