@@ -80,62 +80,39 @@ def one_f_one_b_schedule(stages: int, microbatches: int) -> list[list[Cell]]:
 
 def render_gantt(stages: int, microbatches: int, *, labels: Sequence[str] | None = None,
                  times: Sequence[float] | None = None, schedule: str = "gpipe") -> str:
-    """The GPipe schedule as text, one row per stage: ``F3`` forward / ``B3`` backward of micro-batch 3,
-    ``.`` idle; a ``|`` separates the forward and backward phases. ``times`` (per-stage seconds per
-    micro-batch) adds each stage's busy fraction, ``M t_k / ((M + K - 1) max t)``. ``schedule``:
-    ``"gpipe"`` or ``"1f1b"`` (one row of slots per stage, forwards and backwards interleaved)."""
+    """The schedule as text, one row per stage: ``F3`` forward / ``B3`` backward of micro-batch 3, ``.``
+    idle. ``schedule``: ``"gpipe"`` (a ``|`` separates the forward and backward phases) or ``"1f1b"`` (one
+    row of slots, forwards and backwards interleaved). ``times`` (per-stage seconds per micro-batch) adds
+    each stage's busy fraction, ``M t_k / ((M + K - 1) max t)``."""
+    labels = list(labels) if labels is not None else [f"stage {k}" for k in range(stages)]
+    if len(labels) != stages or (times is not None and len(times) != stages):
+        raise ValueError(f"need one label and one time per stage ({stages})")
+    steps = microbatches + stages - 1
+    compact = microbatches > COMPACT_ABOVE
+    width = 1 if compact else len(f"F{microbatches - 1}")
+    sep = "" if compact else " "
+    pad = max(map(len, labels))
+    legend = " (F forward, B backward, . idle)" if compact else ""
+    bubble = f"bubble {stages - 1}/{steps} = {bubble_fraction(stages, microbatches):.1%}"
+
+    def cells(row: Sequence[Cell]) -> str:
+        return sep.join(("." if c is None else c[0] if compact else f"{c[0]}{c[1]}").ljust(width) for c in row)
+
     if schedule == "1f1b":
-        return _render_1f1b(stages, microbatches, labels, times)
-    grid = gpipe_schedule(stages, microbatches)
-    labels = list(labels) if labels is not None else [f"stage {k}" for k in range(stages)]
-    if len(labels) != stages or (times is not None and len(times) != stages):
-        raise ValueError(f"need one label and one time per stage ({stages})")
-    steps = microbatches + stages - 1
-    compact = microbatches > COMPACT_ABOVE
-    width = 1 if compact else len(f"F{microbatches - 1}")
-
-    def cell(c: Cell) -> str:
-        text = "." if c is None else c[0] if compact else f"{c[0]}{c[1]}"
-        return text.ljust(width)
-
-    sep = "" if compact else " "
-    pad = max(map(len, labels))
-    frac = bubble_fraction(stages, microbatches)
-    lines = [f"GPipe schedule: {stages} stages x {microbatches} micro-batches, {steps} forward + {steps} backward "
-             f"steps, bubble {stages - 1}/{steps} = {frac:.1%}"
-             + (" (F forward, B backward, . idle)" if compact else "")]
-    phase_width = steps * (width + len(sep)) - len(sep)
-    lines.append(" " * (pad + 3) + "forward".ljust(phase_width) + " | backward")
+        grid = one_f_one_b_schedule(stages, microbatches)
+        lines = [f"1F1B schedule: {stages} stages x {microbatches} micro-batches, {len(grid[0])} slots, {bubble}, "
+                 f"stage k holds at most min(K - k, M) micro-batches{legend}"]
+        rows = [cells(row) for row in grid]
+    else:
+        grid = gpipe_schedule(stages, microbatches)
+        lines = [f"GPipe schedule: {stages} stages x {microbatches} micro-batches, {steps} forward + {steps} "
+                 f"backward steps, {bubble}{legend}"]
+        phase_width = steps * (width + len(sep)) - len(sep)
+        lines.append(" " * (pad + 3) + "forward".ljust(phase_width) + " | backward")
+        rows = [f"{cells(row[:steps])} | {cells(row[steps:])}" for row in grid]
     worst = max(times) if times else 0.0
-    for k, row in enumerate(grid):
-        fwd = sep.join(cell(c) for c in row[:steps])
-        bwd = sep.join(cell(c) for c in row[steps:])
-        line = f"{labels[k].ljust(pad)} | {fwd} | {bwd} |"
-        if times is not None:
-            busy = microbatches * times[k] / (steps * worst) if worst > 0 else 0.0
-            line += f" busy {busy:.0%}"
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def _render_1f1b(stages: int, microbatches: int, labels: Sequence[str] | None,
-                 times: Sequence[float] | None) -> str:
-    grid = one_f_one_b_schedule(stages, microbatches)
-    labels = list(labels) if labels is not None else [f"stage {k}" for k in range(stages)]
-    if len(labels) != stages or (times is not None and len(times) != stages):
-        raise ValueError(f"need one label and one time per stage ({stages})")
-    steps = microbatches + stages - 1
-    compact = microbatches > COMPACT_ABOVE
-    width = 1 if compact else len(f"F{microbatches - 1}")
-    sep = "" if compact else " "
-    pad = max(map(len, labels))
-    lines = [f"1F1B schedule: {stages} stages x {microbatches} micro-batches, {len(grid[0])} slots, bubble "
-             f"{stages - 1}/{steps} = {bubble_fraction(stages, microbatches):.1%}, stage k holds at most "
-             f"min(K - k, M) micro-batches" + (" (F forward, B backward, . idle)" if compact else "")]
-    worst = max(times) if times else 0.0
-    for k, row in enumerate(grid):
-        cells = sep.join(("." if c is None else c[0] if compact else f"{c[0]}{c[1]}").ljust(width) for c in row)
-        line = f"{labels[k].ljust(pad)} | {cells} |"
+    for k, row_text in enumerate(rows):
+        line = f"{labels[k].ljust(pad)} | {row_text} |"
         if times is not None:
             busy = microbatches * times[k] / (steps * worst) if worst > 0 else 0.0
             line += f" busy {busy:.0%}"

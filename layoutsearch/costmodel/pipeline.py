@@ -70,6 +70,7 @@ the slowest stage under the memory limit), or given.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import defaultdict
@@ -325,27 +326,15 @@ class _Unit:
     boundary: int = 0       # bytes of the activations entering the unit (what a stage before it sends)
 
 
-@dataclass(frozen=True)
-class _View:
-    """An op as the overlap schedule sees it (collectives possibly filtered)."""
-
-    phase: str
-    block: str | None
-    compute_s: float
-    collectives: tuple[Any, ...]
-    matmul: bool
-    output: str
-
-
 def _once(c: Any, classes: dict[str, str]) -> bool:
     """Whether a collective runs once per step (a gradient all-reduce), not once per micro-batch."""
     return c.kind == "all-reduce" and classify(c, classes) == "gradient"
 
 
-def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[_View]:
+def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[OpReport]:
     """``ops`` for the schedule: with (``once``) or without the once-per-step gradient all-reduces."""
-    return [_View(o.phase, o.block, o.compute_s, tuple(c for c in o.collectives if once or not _once(c, classes)),
-                  o.matmul, o.output) for o in ops]
+    return ops if once else [dataclasses.replace(o, collectives=tuple(c for c in o.collectives
+                                                                        if not _once(c, classes))) for o in ops]
 
 
 def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], remat: str, accumulate: bool,
