@@ -12,7 +12,7 @@ scalar and whose ``meta`` holds the model name and every size::
 
 Integer parameters are sizes (or 0/1 switches such as ``tie_embeddings``);
 ``preset``, ``dtype`` and GPT's ``mlp``, ``norm`` and ``position`` are strings
-(:data:`STR_PARAMS`). A parameter whose default is ``None`` is derived from the
+(:data:`STR_PARAMS`), ``dropout`` a number (:data:`FLOAT_PARAMS`). A parameter whose default is ``None`` is derived from the
 others (e.g. GPT's ``d_ff`` = 4 · d_model).
 """
 
@@ -37,7 +37,10 @@ JSON_DIR = Path(__file__).parent / "json"
 """Where the zoo's JSON graph files (each model at default sizes) live."""
 
 STR_PARAMS = frozenset({"preset", "dtype", "mlp", "norm", "position"})
-"""Parameters whose values are strings; every other parameter is an integer."""
+"""Parameters whose values are strings; every other parameter is an integer, except :data:`FLOAT_PARAMS`."""
+
+FLOAT_PARAMS = frozenset({"dropout"})
+"""Parameters whose values are numbers (floats; an integer is taken as a float)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,15 @@ def _model(name: str) -> ModelSpec:
 
 
 def _coerce(model: str, key: str, value: Any) -> Any:
+    if key in FLOAT_PARAMS:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise GraphError(f"model {model!r}: {key} must be a number, got {value!r}") from None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise GraphError(f"model {model!r}: {key} must be a number, got {value!r}")
+        return value
     if key in STR_PARAMS:
         if value is not None and not isinstance(value, str):
             raise GraphError(f"model {model!r}: {key} must be a string, got {value!r}")
@@ -120,9 +132,9 @@ def build_model(name: str, /, **overrides: Any) -> Graph:
 def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """Parse ``["batch=32", "preset=gpt3-175b"]`` into ``{"batch": 32, "preset": "gpt3-175b"}``.
 
-    Values are integers, except for the string parameters (:data:`STR_PARAMS`).
-    A malformed item, a non-integer size or a repeated key raises GraphError
-    naming the item.
+    Values are integers, except for the string parameters (:data:`STR_PARAMS`) and
+    the numbers (:data:`FLOAT_PARAMS`, e.g. ``dropout=0.1``). A malformed item, a
+    non-integer size, a non-number or a repeated key raises GraphError naming the item.
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -134,6 +146,12 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
             raise GraphError(f"override {item!r}: {key} is given twice")
         if key in STR_PARAMS:
             out[key] = value
+            continue
+        if key in FLOAT_PARAMS:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                raise GraphError(f"override {item!r}: {key} must be a number, got {value!r}") from None
             continue
         try:
             out[key] = int(value)
@@ -159,6 +177,6 @@ def load_model(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
 
 
 __all__ = [
-    "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build_model", "list_models", "load_model",
+    "FLOAT_PARAMS", "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build_model", "list_models", "load_model",
     "parse_overrides",
 ]

@@ -88,7 +88,10 @@ class LayerStyle:
     variants, Shazeer 2020: SwiGLU with ``silu``) instead of ``act(x · wi)``;
     ``rms_norm``: RMSNorm (no mean subtraction) instead of layer norm;
     ``parallel``: ``x + attn(ln(x)) + ff(ln(x))`` with one norm (PaLM) instead
-    of the sequential ``x + attn(ln(x))`` then ``x + ff(ln(x))``.
+    of the sequential ``x + attn(ln(x))`` then ``x + ff(ln(x))``;
+    ``dropout``: the rate of dropout (:func:`dropout`) on the attention
+    probabilities and on the attention and feed-forward outputs before their
+    residual adds (Megatron-LM's attention and hidden dropout); 0: none (no op).
     """
 
     bias: bool = False
@@ -97,6 +100,7 @@ class LayerStyle:
     gated: bool = False
     rms_norm: bool = False
     parallel: bool = False
+    dropout: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,33 @@ def _project(b: GraphBuilder, inputs: list[Ref], w_name: str, w_dims: list[Dim],
     return y
 
 
+DROPOUT_SITES = ("attn_probs", "attn_out", "ff_out")
+"""Where a layer drops out (:attr:`LayerStyle.dropout`): the attention probabilities, the attention
+output and the feed-forward output."""
+
+
+def dropout_seed(layer: int, site: str) -> int:
+    """The seed of layer ``layer``'s dropout mask at ``site`` (one of :data:`DROPOUT_SITES`): distinct for
+    every layer and site."""
+    return len(DROPOUT_SITES) * layer + DROPOUT_SITES.index(site)
+
+
+def dropout(b: GraphBuilder, x: Ref, rate: float, layer: int, site: str) -> Ref:
+    """``x`` dropped out at ``rate``: ``<site>_dropped = x * <site>_dropout_mask``, the mask a
+    ``dropout_mask`` of ``x`` (kept elements scaled by 1 / (1 - rate)) seeded by :func:`dropout_seed`;
+    ``x`` itself when ``rate`` is 0."""
+    if not rate:
+        return x
+    mask = b.unary("dropout_mask", x, name=f"{site}_dropout_mask", rate=rate, seed=dropout_seed(layer, site))
+    return b.binary("mul", x, mask, name=f"{site}_dropped")
+
+
+def check_dropout(model: str, rate: float) -> None:
+    """Raise GraphError unless ``rate`` is a number in [0, 1)."""
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+        raise GraphError(f"model {model!r}: dropout must be a number in [0, 1), got {rate!r}")
+
+
 def rotary_tables(b: GraphBuilder, d: Dims) -> Rotary:
     """The rotation table input ``rope[seq, rope_out, rope_half, rope_freq]``
     and its copy over ``kv_seq`` (a rename), shared by every layer."""
@@ -158,7 +189,8 @@ def rotate(b: GraphBuilder, x: Ref, table: Ref, d: Dims, rope: Rotary, name: str
     return b.merge(rotated, [rope.out, rope.freq], d.d_kv, name=f"{name}_rot")
 
 
-def self_attention(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Rotary | None = None) -> Ref:
+def self_attention(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Rotary | None = None,
+                   layer: int = 0) -> Ref:
     """Multi-head self-attention of ``x[batch, seq, d_model]`` -> ``[batch, seq, d_model]``.
 
     Keys and values are projected from ``x`` renamed ``seq -> kv_seq`` (as
@@ -173,7 +205,8 @@ def self_attention(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Ro
     have the head dims ``kv_heads, q_per_kv`` where keys and values have
     ``kv_heads``, so each key/value head serves ``q_per_kv`` query heads.
     ``rope``: queries and keys are rotated (:func:`rotate`) after their
-    projection (and bias).
+    projection (and bias). ``style.dropout``: the probabilities are dropped
+    out before they weight the values (seeded by ``layer``).
     """
     bias = style.bias
     qh, kvh = d.q_heads, d.kv_head_dims
@@ -190,6 +223,7 @@ def self_attention(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Ro
     q = b.scale(q, 1.0 / math.sqrt(d.d_kv.size), name="q_scaled")
     logits = b.einsum([q, k], [d.batch, *qh, d.seq, d.kv_seq], name="attn_logits")
     probs = b.softmax(logits, d.kv_seq, name="attn_probs")
+    probs = dropout(b, probs, style.dropout, layer, "attn_probs")
     ctx = b.einsum([probs, v], [d.batch, d.seq, *qh, d.d_kv], name="attn_context")
     return _project(b, [ctx], "wo", [*qh, d.d_kv, d.d_model], [d.batch, d.seq, d.d_model], "attn_out",
                     [d.d_model] if bias else None)
@@ -210,18 +244,28 @@ def feed_forward(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle) -> Ref:
                     [d.d_model] if style.bias else None)
 
 
-def decoder_layer(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Rotary | None = None) -> Ref:
+def decoder_layer(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, rope: Rotary | None = None,
+                  layer: int = 0) -> Ref:
     """One pre-LN layer: ``x + attn(ln(x))`` then ``x + ff(ln(x))``; parallel
-    (``style.parallel``, PaLM): ``x + attn(ln(x)) + ff(ln(x))`` with one norm ``ln``."""
+    (``style.parallel``, PaLM): ``x + attn(ln(x)) + ff(ln(x))`` with one norm ``ln``.
+    ``style.dropout``: ``attn`` and ``ff`` are dropped out before the residual adds
+    (Megatron-LM's bias-dropout-add), seeded by ``layer``."""
     center = not style.rms_norm
+
+    def attn(h: Ref) -> Ref:
+        return dropout(b, self_attention(b, h, d, style, rope, layer), style.dropout, layer, "attn_out")
+
+    def ff(h: Ref) -> Ref:
+        return dropout(b, feed_forward(b, h, d, style), style.dropout, layer, "ff_out")
+
     if style.parallel:
         h = norm(b, x, d.d_model, "ln", style.norm_bias, center)
-        x = b.binary("add", x, self_attention(b, h, d, style, rope), name="attn_residual")
-        return b.binary("add", x, feed_forward(b, h, d, style), name="ff_residual")
+        x = b.binary("add", x, attn(h), name="attn_residual")
+        return b.binary("add", x, ff(h), name="ff_residual")
     h = norm(b, x, d.d_model, "ln_attn", style.norm_bias, center)
-    x = b.binary("add", x, self_attention(b, h, d, style, rope), name="attn_residual")
+    x = b.binary("add", x, attn(h), name="attn_residual")
     h = norm(b, x, d.d_model, "ln_ff", style.norm_bias, center)
-    return b.binary("add", x, feed_forward(b, h, d, style), name="ff_residual")
+    return b.binary("add", x, ff(h), name="ff_residual")
 
 
 def decoder_stack(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, layers: int,
@@ -229,7 +273,7 @@ def decoder_stack(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, layers: i
     """``layers`` decoder layers, layer ``i`` in block ``layer.i``."""
     for i in range(layers):
         with b.block(f"layer.{i}"):
-            x = decoder_layer(b, x, d, style, rope)
+            x = decoder_layer(b, x, d, style, rope, i)
     return x
 
 

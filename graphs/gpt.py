@@ -53,6 +53,13 @@ the GPT graph above, unchanged):
   cos and sin tables of a kernel). No collective, as long as ``d_kv`` is
   unsplit (the table is split like ``seq``).
 * ``tie_embeddings=0``: a separate ``softmax_w[d_model, vocab]``.
+* ``dropout``: the dropout rate (default 0: no dropout, the graph unchanged)
+  of Megatron-LM's attention dropout, on the attention probabilities before
+  they weight the values, and hidden dropout, on the attention and MLP outputs
+  (with their biases) before each residual add (bias-dropout-add): ``x *
+  dropout_mask(x)``, the mask seeded per layer and site
+  (:func:`graphs._blocks.dropout`). Megatron-LM trains with 0.1 for both
+  (``--attention-dropout``, ``--hidden-dropout``, their defaults).
 
 Published configurations are in :data:`GPT_PRESETS`, selected with
 ``preset="gpt3-175b"`` (or ``llama2-70b``, ``llama3-8b``, ``maxtext-16b``, ...);
@@ -68,6 +75,7 @@ import numpy as np
 from graphs._blocks import (
     Dims,
     LayerStyle,
+    check_dropout,
     check_dtype,
     check_flag,
     check_sizes,
@@ -83,7 +91,7 @@ NAME = "gpt"
 DEFAULTS: dict[str, Any] = {
     "batch": 8, "seq": 16, "vocab": 128, "d_model": 32, "heads": 4, "d_ff": None, "layers": 2,
     "tie_embeddings": 1, "dtype": "float32", "d_kv": None, "kv_heads": None, "mlp": "gelu", "norm": "layernorm",
-    "position": "learned", "bias": 1, "parallel_block": 0,
+    "position": "learned", "bias": 1, "parallel_block": 0, "dropout": 0.0,
 }
 """Default sizes (small enough for CPU tests) and architecture options (GPT's);
 ``d_ff=None`` means 4 · d_model, ``d_kv=None`` d_model / heads, ``kv_heads=None``
@@ -94,7 +102,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 """The values of the string-valued architecture options (the first is the default)."""
 
-OPTIONS = ("kv_heads", "mlp", "norm", "position", "bias", "parallel_block")
+OPTIONS = ("kv_heads", "mlp", "norm", "position", "bias", "parallel_block", "dropout")
 """Architecture options recorded in a graph's ``meta`` only when they differ from
 GPT's (so the default graph, and its JSON file, stay as they were before the
 options existed); :func:`gpt_config` resolves all of them."""
@@ -222,6 +230,8 @@ def gpt_config(preset: str | None = None, **sizes: Any) -> dict[str, Any]:
     for flag in ("tie_embeddings", "bias", "parallel_block"):
         check_flag(NAME, flag, cfg[flag])
     check_dtype(NAME, cfg["dtype"])
+    check_dropout(NAME, cfg["dropout"])
+    cfg["dropout"] = float(cfg["dropout"])
     for name in CHOICES:
         _choice(name, cfg[name])
     if cfg["d_ff"] is None:
@@ -260,7 +270,7 @@ def layer_style(cfg: dict[str, Any]) -> LayerStyle:
     rms, bias = cfg["norm"] == "rmsnorm", bool(cfg["bias"])
     gated = cfg["mlp"] == "swiglu"
     return LayerStyle(bias=bias, norm_bias=bias and not rms, activation="silu" if gated else cfg["mlp"], gated=gated,
-                      rms_norm=rms, parallel=bool(cfg["parallel_block"]))
+                      rms_norm=rms, parallel=bool(cfg["parallel_block"]), dropout=cfg["dropout"])
 
 
 def rotary_table(seq: int, d_kv: int, theta: float = 10000.0) -> np.ndarray:
@@ -277,12 +287,13 @@ def gpt(*, preset: str | None = None, batch: int | None = None, seq: int | None 
         d_model: int | None = None, heads: int | None = None, d_ff: int | None = None, layers: int | None = None,
         tie_embeddings: int | None = None, dtype: str | None = None, d_kv: int | None = None,
         kv_heads: int | None = None, mlp: str | None = None, norm: str | None = None, position: str | None = None,
-        bias: int | None = None, parallel_block: int | None = None) -> Graph:
+        bias: int | None = None, parallel_block: int | None = None, dropout: float | None = None) -> Graph:
     """A GPT (or Llama/PaLM/MaxText-style) decoder; ``None`` arguments take the
     preset's value, else :data:`DEFAULTS`."""
     cfg = gpt_config(preset, batch=batch, seq=seq, vocab=vocab, d_model=d_model, heads=heads, d_ff=d_ff,
                      layers=layers, tie_embeddings=tie_embeddings, dtype=dtype, d_kv=d_kv, kv_heads=kv_heads,
-                     mlp=mlp, norm=norm, position=position, bias=bias, parallel_block=parallel_block)
+                     mlp=mlp, norm=norm, position=position, bias=bias, parallel_block=parallel_block,
+                     dropout=dropout)
     b = GraphBuilder(NAME, dtype=cfg["dtype"])
     if cfg["kv_heads"] == cfg["heads"]:  # multi-head attention
         head_dims = {"heads": b.dim("heads", cfg["heads"])}

@@ -385,7 +385,8 @@ def _render_layout(result: Result, args: argparse.Namespace) -> list[Any]:
 def _add_hardware(sub: Any) -> None:
     p = _command(sub, "hardware", _cmd_hardware, "list hardware presets, or show one preset's figures",
                  render=_render_hardware)
-    p.add_argument("name", nargs="?", metavar="PRESET", help="show this preset's figures (with --hw overrides)")
+    p.add_argument("name", nargs="?", metavar="PRESET", help="show this preset's (or hardware profile JSON file's) "
+                   "figures (with --hw overrides)")
     p.add_argument("--hw", dest="hw_overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a figure, e.g. --hw peak_flops=300e12 (repeatable)")
     _add_mesh_arg(p, required=False)

@@ -18,7 +18,10 @@ Sources (copied from ``shared/published/runs.md``, which cites them):
   with float32 gradient accumulation and all-reduce (``mixed-fp32-grads``, which
   Megatron-LM requires with ``--bf16``), and the data-parallel gradient
   all-reduce run after the backward pass, not overlapped with it
-  (``overlap=0``: its ``--overlap-grad-reduce`` came in 2023).
+  (``overlap=0``: its ``--overlap-grad-reduce`` came in 2023). The runs used
+  Megatron-LM's default dropout 0.1 on the attention probabilities and on the
+  attention and MLP outputs (``--attention-dropout 0.1 --hidden-dropout 0.1``):
+  the zoo's ``dropout=0.1``.
 * MaxText on TPU v5e (AI-Hypercomputer/maxtext README): ``global_parameter_scale``
   16B/32B/64B/128B on 1-32 slices of 256 chips, FSDP inside a slice (128B:
   FSDP 16 x tensor 16), data parallelism across slices over DCN, flash
@@ -74,7 +77,8 @@ def _megatron(params: str, tp: int, pp: int, dp: int, batch: int, step_s: float)
     mesh = ",".join(f"{a}:{n}" for a, n in (("pipe", pp), ("data", dp), ("model", tp)) if n > 1 or a == "data")
     rules = "batch:data" + (",heads:model,d_ff:model,vocab:model" if tp > 1 else "")
     piped = pp > 1
-    return PublishedRun(f"megatron-{params}", MEGATRON, "gpt", {"preset": f"megatron-{params}", "batch": batch},
+    return PublishedRun(f"megatron-{params}", MEGATRON, "gpt",
+                        {"preset": f"megatron-{params}", "batch": batch, "dropout": 0.1},
                         "a100", mesh, rules, step_s, stage_axis="pipe" if piped else None,
                         microbatches=batch // dp if piped else 1, schedule="interleaved:2" if piped else "1f1b",
                         attention="standard", precision="mixed-fp32-grads", overlap=0.0)

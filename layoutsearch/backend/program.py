@@ -68,11 +68,23 @@ def _adam_update(p: jax.Array, m: jax.Array, v: jax.Array, *, lr: float, b1: flo
     return p - lr * mhat / (jnp.sqrt(vhat) + eps)
 
 
+def _dropout_mask(x: jax.Array, *, rate: float, seed: float) -> jax.Array:
+    """``1 / (1 - rate)`` with probability ``1 - rate``, else 0, per element of ``x``'s shape (in ``x``'s dtype,
+    the output's), from the threefry key of ``seed``: the same values for a given seed whatever the
+    sharding: partitionable threefry (``jax_threefry_partitionable``, JAX's default; set here whatever the
+    global setting) draws each element from its index in the whole array, so a partitioned program computes
+    each device's block of the same mask."""
+    with jax.threefry_partitionable(True):
+        keep = jax.random.bernoulli(jax.random.key(int(seed)), 1.0 - rate, x.shape)
+    return jnp.where(keep, jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
+
+
 ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {
     **{n: _unary(f) for n, f in _UNARY.items()},
     **{g: _jvp_grad(_UNARY[f]) for f, g in O.UNARY_GRAD.items()},
     "scale": lambda x, *, factor: x * factor,
     "fill": lambda x, *, value: jnp.full_like(x, value),
+    "dropout_mask": _dropout_mask,
     "add": lambda a, b, **_: a + b, "sub": lambda a, b, **_: a - b, "mul": lambda a, b, **_: a * b,
     "div": lambda a, b, **_: a / b, "eq": lambda a, b, **_: (a == b).astype(jnp.result_type(a)),
     "div_rhs_grad": lambda a, b, dy, **_: -dy * a / (b * b),

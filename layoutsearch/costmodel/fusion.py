@@ -42,7 +42,12 @@ model neglects), and the backward pass recomputes ``q·k`` and the softmax from
 ``q`` and ``k`` (Dao 2023, algorithm 2), whose FLOPs the report adds in phase
 ``recompute``. The core is found structurally: a softmax whose input comes from
 an einsum of two activations (through elementwise ops such as a scale or a
-mask) and whose output an einsum with another activation reads.
+mask) and whose output an einsum with another activation reads (directly or
+through such ops). Attention dropout, ``mul(probs, dropout_mask(probs))``, is
+part of the core: FlashAttention applies it on chip and regenerates the mask
+from the saved RNG state in its backward pass (Dao et al. 2022, algorithms 2
+and 4), so the mask and the dropped probabilities stay on chip too and
+the backward pass recomputes the mask and the dropout with the softmax.
 """
 
 from __future__ import annotations
@@ -74,7 +79,7 @@ def fusible(op: O.Op, g: Graph) -> bool:
 @dataclass(frozen=True)
 class AttentionCore:
     """One flash-attention core: the score tensors it keeps on chip and the forward
-    ops (``q·k`` through the softmax) its backward pass recomputes."""
+    ops (``q·k`` through the softmax, and the attention dropout) its backward pass recomputes."""
 
     scores: frozenset[str]
     recompute: tuple[str, ...]
@@ -192,9 +197,16 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
     """Every attention core of training graph ``g`` (see the module docstring)."""
     producer = {op.output: op for op in g.ops}
     fed = {t.name for t in g.fed}
+    masks = {op.output for op in g.ops if isinstance(op, O.Elementwise) and op.fn == "dropout_mask"}
+    side = fed | masks  # operands of the chain's elementwise ops that are not the chain's activation
 
     def activation_einsum(op: O.Op | None) -> bool:
         return isinstance(op, O.Einsum) and len(op.inputs) == 2 and not any(i in fed for i in op.inputs)
+
+    def link(op: O.Op | None) -> bool:
+        """An elementwise forward op of one activation (a scale, a mask, a dropout)."""
+        return isinstance(op, O.Elementwise) and op.phase == "forward" and op.fn != "dropout_mask" and sum(
+            i not in side for i in op.inputs) == 1
 
     cores = []
     for s in g.ops:
@@ -202,20 +214,31 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
             continue
         chain = [s]
         op = producer.get(s.inputs[0])
-        while isinstance(op, O.Elementwise) and op.phase == "forward" and sum(
-                i not in fed for i in op.inputs) == 1:
-            chain.append(op)
-            op = producer.get(next(i for i in op.inputs if i not in fed))
+        while link(op):
+            chain.append(op)  # type: ignore[arg-type]
+            op = producer.get(next(i for i in op.inputs if i not in side))  # type: ignore[union-attr]
         if not activation_einsum(op):
             continue
         chain.append(op)  # type: ignore[arg-type]
-        if not any(activation_einsum(c) for c in g.consumers[s.output]):
-            continue
-        forward = {c.output for c in chain[:-1]} | {op.output}  # type: ignore[union-attr]
-        dims = frozenset(g.tensors[s.output].dim_names)
-        backward = {t for t, p in producer.items() if p.phase == "backward" and p.block == s.block
-                    and frozenset(g.tensors[t].dim_names) == dims}
-        cores.append(AttentionCore(frozenset(forward | backward), tuple(c.name for c in reversed(chain)), s.block))
+        after: list[O.Op] = []  # elementwise ops between the softmax and the einsum reading the probabilities
+        out = s.output
+        while not any(activation_einsum(c) for c in g.consumers[out]):
+            nxt = [c for c in g.consumers[out] if link(c)]
+            if len(nxt) != 1:
+                break
+            after.append(nxt[0])
+            out = nxt[0].output
+        else:
+            forward = {c.output for c in chain[:-1]} | {op.output} | {c.output for c in after}  # type: ignore
+            dims = frozenset(g.tensors[s.output].dim_names)
+            # dropout masks of the scores' dims: FlashAttention draws them on chip, again in the backward pass
+            drawn = [producer[i] for c in (*chain[:-1], *after) for i in c.inputs
+                     if i in masks and frozenset(g.tensors[i].dim_names) == dims]
+            backward = {t for t, p in producer.items() if p.phase == "backward" and p.block == s.block
+                        and frozenset(g.tensors[t].dim_names) == dims}
+            recompute = [*reversed(chain), *dict.fromkeys(drawn), *after]
+            cores.append(AttentionCore(frozenset(forward | {m.output for m in drawn} | backward),
+                                       tuple(c.name for c in recompute), s.block))
     return tuple(cores)
 
 

@@ -18,6 +18,8 @@ The rules are Mesh-TensorFlow's, for any op over named dims:
   ``Hardware.float32_collectives``) moves 4 bytes per element;
 * normalizations over a split dim (softmax, layer norm, cross-entropy and
   their gradients) all-reduce their per-row statistics over the splitting axes;
+* a ``dropout_mask(x)`` draws its values from its seed and x's shape: it reads
+  nothing (no HBM read of x, no reshard of x);
 * the result, laid out as the computation layout restricted to the output's
   dims, is resharded if the output tensor is stored otherwise.
 
@@ -65,7 +67,7 @@ from layoutsearch.layout import Axes, DimLayout, Layout
 from layoutsearch.mesh import Mesh
 
 ELEMENTWISE_FLOPS: dict[str, float] = {
-    "identity": 0, "fill": 0, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 0,
+    "identity": 0, "fill": 0, "dropout_mask": 35, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 0,
     "sigmoid": 3, "exp": 0, "log": 0, "sqrt": 0, "rsqrt": 0, "add": 1, "sub": 1, "mul": 1, "div": 1, "eq": 2,
     "square_grad": 2, "relu_grad": 2, "gelu_grad": 20, "silu_grad": 9, "tanh_grad": 4, "sigmoid_grad": 6,
     "exp_grad": 1, "log_grad": 1, "sqrt_grad": 2, "rsqrt_grad": 3, "div_rhs_grad": 4,
@@ -76,7 +78,12 @@ analysis counts the backend's lowering (:mod:`layoutsearch.backend.program`):
 one per arithmetic HLO instruction (add, multiply, compare, select, convert,
 ...); transcendentals (exp, log, tanh, logistic, sqrt, rsqrt, power) are
 counted apart by XLA and not here; constant sub-expressions are folded (e.g.
-Adam's bias corrections). ``gelu`` is the tanh approximation."""
+Adam's bias corrections). ``gelu`` is the tanh approximation. ``dropout_mask``:
+34 for ``jax.random.bernoulli`` (threefry bits, their conversion to a uniform
+float, the comparison; XLA:CPU's lowering of threefry is a rolled loop whose
+body the cost analysis counts once) and 1 for the select of the scaled value;
+XLA also counts 7 FLOPs per op that do not scale with its size (the loop
+counter and key schedule), which the table leaves out."""
 
 FORWARD_SHARED_FLOPS: dict[str, float] = {"gelu_grad": 7, "silu_grad": 3, "sigmoid_grad": 3}
 """FLOPs per element of ``fn_grad(x, dy)`` that XLA shares (CSE) with the forward
@@ -419,6 +426,9 @@ class OpRules:
         space = op.iteration_dims(t)
         reads: list[int] = []
         for name, stored in zip(op.inputs, inputs, strict=True):
+            if isinstance(op, O.Elementwise) and op.fn == "dropout_mask":  # the RNG takes only x's shape
+                reads.append(0)
+                continue
             want = restrict(iteration, t[name].dim_names)
             more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
             if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once

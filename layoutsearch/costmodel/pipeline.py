@@ -449,8 +449,8 @@ def _unit_seconds(p: _Priced, u: str, hw: Hardware) -> float:
 def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Hardware | str, *,
                      microbatches: int, remat: str = "none", optimizer: Optimizer | str = "adam",
                      precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
-                     batch_dim: str = "batch", stage_link_mesh: Mesh | None = None,
-                     in_flight: float = 1.0) -> tuple[CostDAG, CostReport, dict]:
+                     batch_dim: str = "batch", stage_link_mesh: Mesh | None = None
+                     ) -> tuple[CostDAG, CostReport, dict]:
     """The chain of pipeline units as a cost DAG, priced by the inner cost model on one micro-batch.
 
     Node memory: parameters, optimizer state, gradients, the recomputation workspace and the working set

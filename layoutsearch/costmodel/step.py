@@ -68,7 +68,7 @@ def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
 def _signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
     t = graph.tensors
     same = tuple(op.inputs.index(n) for n in op.inputs)
-    attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs().items()))
+    attrs = tuple(sorted((k, repr(v)) for k, v in op.cost_attrs().items()))
     return (type(op), attrs, op.phase, same, tuple((t[n].dims, t[n].dtype) for n in op.inputs),
             (t[op.output].dims, t[op.output].dtype))
 

@@ -42,6 +42,9 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
     ("add", 2, ()), ("sub", 2, ()), ("mul", 2, ()), ("div", 2, ()), ("eq", 2, ()),
     # constant: fill(x) = value everywhere (x gives only dims and ordering; no gradient flows)
     ("fill", 1, ("value",)),
+    # random: dropout_mask(x) = 1 / (1 - rate) with probability 1 - rate, else 0, drawn per element from the
+    # integer ``seed`` (x gives only dims and ordering; no gradient flows); dropout is mul(x, dropout_mask(x))
+    ("dropout_mask", 1, ("rate", "seed")),
     # gradients of unary functions: fn_grad(x, dy) = fn'(x) * dy
     ("square_grad", 2, ()), ("relu_grad", 2, ()), ("gelu_grad", 2, ()), ("silu_grad", 2, ()),
     ("tanh_grad", 2, ()), ("sigmoid_grad", 2, ()), ("exp_grad", 2, ()), ("log_grad", 2, ()),
@@ -107,6 +110,11 @@ class Op:
         """The op-specific attributes (everything but name/inputs/output/phase/block)."""
         base = {"name", "inputs", "output", "phase", "block"}
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in base}
+
+    def cost_attrs(self) -> dict[str, Any]:
+        """:meth:`attrs` less those no cost depends on: ops differing only there (one layer's dropout mask and
+        another's, drawn from other seeds) are priced, tied and memoized as repeats of one another."""
+        return self.attrs()
 
     def file_attrs(self) -> dict[str, Any]:
         """:meth:`attrs` as written to a graph file: a :attr:`defaulted_attrs`
@@ -175,6 +183,12 @@ class Elementwise(Op):
     def param(self) -> dict[str, float]:
         return dict(self.params)
 
+    def cost_attrs(self) -> dict[str, Any]:
+        attrs = self.attrs()
+        if self.fn == "dropout_mask":  # the seed picks the values, not the cost
+            attrs["params"] = tuple(kv for kv in self.params if kv[0] != "seed")
+        return attrs
+
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         spec = ELEMENTWISE_FNS.get(self.fn)
         if spec is None:
@@ -188,6 +202,17 @@ class Elementwise(Op):
             missing = self._dims(tensors, t) - out
             if missing:
                 raise self._fail(f"input {t!r} has dims {sorted(missing)} missing from the output")
+        if self.fn == "dropout_mask":
+            self._check_dropout(tensors)
+
+    def _check_dropout(self, tensors: Mapping[str, Tensor]) -> None:
+        rate, seed = self.param["rate"], self.param["seed"]
+        if not 0 <= rate < 1:
+            raise self._fail(f"dropout rate must be in [0, 1), got {rate!r}")
+        if not (seed.is_integer() and 0 <= seed < 2**31):
+            raise self._fail(f"dropout seed must be an integer in [0, 2**31), got {seed!r}")
+        if self._dims(tensors, self.output) != self._dims(tensors, self.inputs[0]):
+            raise self._fail(f"dropout_mask output must have the dims of its input {self.inputs[0]!r}")
 
 
 @dataclass(frozen=True, kw_only=True)

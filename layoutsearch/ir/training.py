@@ -58,7 +58,7 @@ from layoutsearch.ir.tensor import Tensor
 
 OPTIMIZERS = ("sgd", "adam")
 
-_NO_GRAD_FNS = frozenset({"eq", "fill"})
+_NO_GRAD_FNS = frozenset({"eq", "fill", "dropout_mask"})
 """Elementwise functions whose derivative is zero (almost) everywhere: gradients stop there."""
 
 

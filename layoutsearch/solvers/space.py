@@ -305,7 +305,8 @@ def _op_sig(graph: Graph, op: O.Op) -> tuple:
     """What an op's cost depends on besides layouts: kind, attributes, which inputs are the same tensor,
     shapes and dtypes."""
     t = graph.tensors
-    return (op.kind, tuple(sorted(op.attrs().items(), key=lambda kv: kv[0])), tuple(op.inputs.index(n) for n in op.inputs),
+    return (op.kind, tuple(sorted(op.cost_attrs().items(), key=lambda kv: kv[0])),
+            tuple(op.inputs.index(n) for n in op.inputs),
             tuple((t[i].dim_names, t[i].dtype) for i in op.inputs), (t[op.output].dim_names, t[op.output].dtype))
 
 
