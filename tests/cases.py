@@ -49,6 +49,8 @@ GPT_VARIANTS: dict[str, dict[str, Any]] = {
     # multi-query attention, relu MLP, no position embedding
     "gpt-mqa": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "kv_heads": 1, "layers": 1,
                 "mlp": "relu", "position": "none"},
+    # Megatron-LM's dropout: 0.1 on the attention probabilities and on the attention and MLP outputs
+    "gpt-dropout": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "layers": 1, "dropout": 0.1},
 }
 """Small ``gpt`` configurations with the modern architecture options, by name."""
 
@@ -138,6 +140,8 @@ CASES: tuple[Case, ...] = (
     _v("gpt-llama", "2d", "data:4,model:2", "batch:data,kv_heads:model,d_ff:model,vocab:model"),
     _v("gpt-llama", "2d", "data:2,model:4", "batch:data,q_per_kv:model,d_ff:model,vocab:model", "-groups"),
     _v("gpt-llama", "2d", "data:2,model:4", "batch:data,d_model:model", "-dmodel"),
+    # GPT with dropout: the masks are drawn per device block, the same as unsharded
+    _v("gpt-dropout", "2d", "data:2,model:4", "batch:data," + _TRANSFORMER_MP),
     # mixture of experts
     _c("moe", "dp", "data:8", "batch:data"),
     _c("moe", "ep", "data:2,expert:4", "batch:data,experts:expert"),

@@ -101,6 +101,43 @@ def test_flash_attention_keeps_the_scores_off_hbm_and_recomputes_them():
         estimate(GPT, TP, "h100", attention="paged")
 
 
+def test_flash_attention_keeps_attention_dropout_on_chip_and_regenerates_its_mask():
+    """With attention dropout the probabilities reach ``probs · v`` through ``mul(probs, mask)``: the mask and
+    the dropped probabilities are scores too (FlashAttention fuses the dropout and draws the mask again in its
+    backward pass), and no ``[batch, heads, seq, kv_seq]`` tensor takes memory; the hidden dropout's masks are
+    ordinary activations."""
+    drop = build_model("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256, dropout=0.1)
+    g = training_step(drop)
+    cores = attention_cores(g)
+    assert len(cores) == 4
+    base = {c.block: c for c in attention_cores(training_step(GPT))}
+    for c in cores:
+        p = c.block + "/"
+        assert c.recompute == tuple(p + n for n in ("attn_logits", "attn_probs", "attn_probs_dropout_mask",
+                                                    "attn_probs_dropped"))
+        assert c.scores == base[c.block].scores | {p + "attn_probs_dropout_mask", p + "attn_probs_dropped",
+                                                   f"grad/{p}attn_probs_dropped"}
+        assert p + "attn_out_dropout_mask" not in c.scores and p + "ff_out_dropout_mask" not in c.scores
+    scores = {"batch", "heads", "seq", "kv_seq"}
+    square = {n for n, t in g.tensors.items() if set(t.dim_names) == scores}
+    assert len(square) == 4 * 7  # logits, probs, mask, dropped probs and the gradients of the last three
+    assert square <= fusion_plan(g, True, "flash").on_chip
+    assert not square <= fusion_plan(g, True, "standard").on_chip     # standard attention saves mask and probs
+    flash = estimate(drop, TP, "h100", attention="flash", overlap=0.0)
+    std = estimate(drop, TP, "h100", attention="standard", overlap=0.0)
+    plain = {a: estimate(GPT, TP, "h100", attention=a, overlap=0.0) for a in ("flash", "standard")}
+    # what dropout adds with flash attention: the hidden dropout's [batch, seq, d_model] masks and outputs only
+    hidden = 16 * 128 * 256 * 2 // 2                                   # one bf16 [batch, seq, d_model] per data shard
+    assert flash.memory_bytes - plain["flash"].memory_bytes <= 2 * 4 * hidden
+    assert std.memory_bytes - plain["standard"].memory_bytes > 2 * 4 * hidden
+    redo = [o.op.split("/")[1] for o in flash.ops if o.phase == "recompute"]
+    assert redo.count("attn_probs_dropout_mask") == 4 and redo.count("attn_probs_dropped") == 4
+    assert all(o.hbm_bytes == 0 for o in flash.ops if o.kind != "einsum" and o.op in {
+        op.name for op in g.ops if set(g.tensors[op.output].dim_names) == scores})
+    # without dropout nothing changes (the test above); the existing cores are found in both graphs
+    assert {c.block for c in cores} == set(base)
+
+
 # -- overlap --------------------------------------------------------------------------------------------------------
 
 def test_overlap_classes_follow_the_collective():

@@ -30,6 +30,8 @@ from cases import ADAM, CASES, CASES_BY_NAME, SGD, Case, case_params, compiled, 
 from layoutsearch.backend.program import forward_fn, run_graph
 from layoutsearch.backend.sharding import FAST_COMPILE, run_sharded, step_outputs
 from layoutsearch.ir import Optimizer
+from layoutsearch.ir.ops import is_dropout_mask
+from layoutsearch.layout import Layout
 
 RTOL = 1e-5
 ATOL = 1e-5
@@ -151,3 +153,20 @@ def test_every_model_and_strategy_is_covered():
     assert lay.spec(g.tensors["layer.0/wq"]) == (None, "model", None, None)
     assert lay.spec(g.tensors["layer.0/attn_logits"]) == ("data", "model", None, None, None)
     assert lay.spec(g.tensors["layer.0/wi_gate"]) == (None, "model")
+
+
+@pytest.mark.parametrize("rules", ["batch:data,heads:model,d_ff:model,vocab:model", "kv_seq:data,d_model:model"],
+                         ids=["2d", "minor-dims"])
+def test_dropout_masks_do_not_depend_on_the_sharding(rules: str):
+    """Every dropout mask of the sharded step is bitwise the unsharded one (partitionable threefry: each
+    device draws its block of the same mask), whichever dims the layout splits (also the minor ones)."""
+    case = CASES_BY_NAME["gpt-dropout/2d"]
+    g = case.training(SGD)
+    masks = [op.output for op in g.ops if is_dropout_mask(op)]
+    assert len(masks) == 3
+    got = run_sharded(g, Layout.from_rules(case.mesh, rules), feeds(case, SGD), outputs=masks)
+    want = _reference(case.family, SGD)
+    for m in masks:
+        assert len(got[m].sharding.device_set) == 8
+        np.testing.assert_array_equal(np.asarray(got[m]), want[m], err_msg=m)
+        assert 0.8 < np.mean(want[m] > 0) < 1.0

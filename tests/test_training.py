@@ -375,3 +375,54 @@ def test_gpt_variant_gradients_equal_jax_grad(variant):
     train = assert_grads_match(fwd)
     if GPT_VARIANTS[variant].get("norm") == "rmsnorm":
         assert all(not op.center for op in train.ops if op.kind in ("layer_norm", "layer_norm_grad"))
+
+
+# -- dropout ---------------------------------------------------------------------------------------------------------
+
+def test_dropout_gradients_equal_jax_grad_and_masks_are_seeded_per_layer_and_site():
+    """Dropout is ``mul(x, dropout_mask(x))``: the derived backward pass multiplies by the same mask (no
+    gradient flows into it), and equals jax.grad of the forward, whose masks come from fixed seeds."""
+    rate = 0.3
+    fwd = build_model("gpt", batch=2, layers=2, dropout=rate)
+    train = assert_grads_match(fwd)
+    masks = [op for op in fwd.ops if isinstance(op, Elementwise) and op.fn == "dropout_mask"]
+    assert [op.name for op in masks] == [f"layer.{i}/{s}_dropout_mask" for i in range(2)
+                                         for s in ("attn_probs", "attn_out", "ff_out")]
+    assert sorted(op.param["seed"] for op in masks) == [0, 1, 2, 3, 4, 5]
+    for op in masks:
+        assert not any(n.startswith(f"grad/{op.output}") for n in train.tensors)
+        assert fwd.tensors[op.output].dims == fwd.tensors[op.inputs[0]].dims
+    feeds = {**init_params(fwd), **random_inputs(fwd)}
+    env = jax.jit(lambda f: {op.output: run_graph(fwd, f)[op.output] for op in masks})(feeds)
+    again = jax.jit(lambda f: {op.output: run_graph(fwd, f)[op.output] for op in masks})(feeds)
+    seen = []
+    for op in masks:
+        m = np.asarray(env[op.output])
+        np.testing.assert_array_equal(m, np.asarray(again[op.output]))   # deterministic
+        assert set(np.unique(m).tolist()) == {0.0, float(np.float32(1 / (1 - rate)))}
+        assert abs(np.mean(m > 0) - (1 - rate)) < 0.05                    # 1024 or 2048 draws
+        seen.append((m > 0).ravel()[:1024])
+    assert len({s.tobytes() for s in seen}) == len(seen)                  # every site and layer draws its own
+
+
+def test_dropout_rate_and_seed_are_checked():
+    for params, match in (({"rate": 1.0, "seed": 0}, r"dropout rate must be in \[0, 1\), got 1.0"),
+                          ({"rate": -0.1, "seed": 0}, r"dropout rate must be in \[0, 1\), got -0.1"),
+                          ({"rate": 0.1, "seed": 1.5}, "dropout seed must be an integer"),
+                          ({"rate": 0.1}, r"takes attributes \['rate', 'seed'\]")):
+        b = GraphBuilder("drop")
+        b.dim("n", 4)
+        x = b.parameter("x", ["n"])
+        with pytest.raises(GraphError, match=match):
+            b.build(b.reduce(x * b.unary("dropout_mask", x, **params), [], fn="sum"))
+    b = GraphBuilder("drop")
+    b.dim("n", 4), b.dim("m", 2)
+    x = b.parameter("x", ["n"])
+    with pytest.raises(GraphError, match="dropout_mask output must have the dims of its input"):
+        b.build(b.reduce(b.elementwise("dropout_mask", [x], ["n", "m"], rate=0.1, seed=0), [], fn="sum"))
+    b = GraphBuilder("drop")
+    b.dim("n", 4)
+    x = b.parameter("x", ["n"])
+    kept = b.unary("dropout_mask", x, rate=0.0, seed=7)                  # rate 0 keeps everything
+    g = b.build(b.reduce(x * kept, [], fn="sum"))
+    np.testing.assert_array_equal(np.asarray(run_graph(g, init_params(g))[kept.name]), np.ones(4, np.float32))

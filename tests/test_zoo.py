@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from cases import GPT_VARIANTS
 
-from graphs import JSON_DIR, MODELS, STR_PARAMS, build_model, list_models, load_model, parse_overrides
+from graphs import FLOAT_PARAMS, JSON_DIR, MODELS, STR_PARAMS, build_model, list_models, load_model, parse_overrides
 from graphs.export_json import export
 from graphs.gpt import DEFAULTS, GPT_PRESETS, OPTIONS, PUBLISHED_PARAMS, gpt_config, rotary_table
 from layoutsearch.errors import GraphError
@@ -66,7 +66,7 @@ def test_every_model_builds_with_defaults_and_describes_itself(name):
     assert g.name == name and g.meta["model"] == name
     assert g.loss is not None and g.tensors[g.loss].dims == ()
     for k, v in spec.params.items():
-        if name == "gpt" and k in OPTIONS:  # an architecture option is recorded only where it differs from GPT's
+        if name == "gpt" and k in OPTIONS or k == "dropout":  # recorded only where it differs from GPT's (none)
             assert k not in g.meta
             continue
         assert k in g.meta
@@ -476,3 +476,56 @@ def test_exact_parameter_counts_of_released_checkpoints():
 def test_bad_gpt_options_raise_one_clear_error(over, match):
     with pytest.raises(GraphError, match=match):
         build_model("gpt", **over)
+
+
+# -- dropout --------------------------------------------------------------------------------------------------------
+
+def test_gpt_dropout_is_a_listed_number_and_leaves_the_graph_unchanged_at_zero():
+    assert MODELS["gpt"].params["dropout"] == 0.0 and MODELS["mtf-transformer"].params["dropout"] == 0.0
+    assert "dropout" in FLOAT_PARAMS and "dropout" not in STR_PARAMS
+    assert parse_overrides(["dropout=0.1", "layers=2"]) == {"dropout": 0.1, "layers": 2}
+    assert parse_overrides(["dropout=0"]) == {"dropout": 0.0}
+    for name in ("gpt", "mtf-transformer"):
+        assert build_model(name, dropout=0) == build_model(name) == build_model(name, dropout=0.0)
+        assert graph_to_json(build_model(name, dropout="0")) + "\n" == (JSON_DIR / f"{name}.json").read_text()
+
+
+@pytest.mark.parametrize("name", ["gpt", "mtf-transformer"])
+def test_dropout_drops_the_attention_probabilities_and_both_residual_branches(name):
+    base, g = build_model(name, layers=2), build_model(name, layers=2, dropout=0.1)
+    assert g.meta["dropout"] == 0.1 and "dropout" not in base.meta
+    assert param_count(g) == param_count(base)
+    added = [op.name for op in g.ops if op.name not in {o.name for o in base.ops}]
+    assert added == [f"layer.{i}/{site}_{what}" for i in range(2) for site in ("attn_probs", "attn_out", "ff_out")
+                     for what in ("dropout_mask", "dropped")]
+    for i in range(2):
+        assert g.op(f"layer.{i}/attn_context").inputs[0] == f"layer.{i}/attn_probs_dropped"
+        assert g.op(f"layer.{i}/attn_residual").inputs[1] == f"layer.{i}/attn_out_dropped"
+        assert g.op(f"layer.{i}/ff_residual").inputs[1] == f"layer.{i}/ff_out_dropped"
+    train = training_graph(g, "adam")
+    assert graph_from_json(graph_to_json(train)) == train
+
+
+@pytest.mark.parametrize("items, match", [
+    (["dropout=abc"], "override 'dropout=abc': dropout must be a number, got 'abc'"),
+    (["dropout="], "malformed override"),
+])
+def test_bad_dropout_overrides_are_named(items, match):
+    with pytest.raises(GraphError, match=match):
+        parse_overrides(items)
+
+
+@pytest.mark.parametrize("name", ["gpt", "mtf-transformer"])
+@pytest.mark.parametrize("value, match", [
+    (1.0, r"dropout must be a number in \[0, 1\), got 1.0"),
+    (-0.1, r"dropout must be a number in \[0, 1\), got -0.1"),
+    (float("nan"), r"dropout must be a number in \[0, 1\), got nan"),
+    ("abc", "dropout must be a number, got 'abc'"),
+    (True, "dropout must be a number, got True"),
+])
+def test_bad_dropout_raises_one_clear_error(name, value, match):
+    with pytest.raises(GraphError, match=match):
+        build_model(name, dropout=value)
+    if isinstance(value, float):  # the same through the command line's --set
+        with pytest.raises(GraphError, match=match):
+            load_model(name, parse_overrides([f"dropout={value}"]))

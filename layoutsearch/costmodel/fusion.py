@@ -197,7 +197,7 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
     """Every attention core of training graph ``g`` (see the module docstring)."""
     producer = {op.output: op for op in g.ops}
     fed = {t.name for t in g.fed}
-    masks = {op.output for op in g.ops if isinstance(op, O.Elementwise) and op.fn == "dropout_mask"}
+    masks = {op.output for op in g.ops if O.is_dropout_mask(op)}
     side = fed | masks  # operands of the chain's elementwise ops that are not the chain's activation
 
     def activation_einsum(op: O.Op | None) -> bool:
@@ -205,7 +205,7 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
 
     def link(op: O.Op | None) -> bool:
         """An elementwise forward op of one activation (a scale, a mask, a dropout)."""
-        return isinstance(op, O.Elementwise) and op.phase == "forward" and op.fn != "dropout_mask" and sum(
+        return isinstance(op, O.Elementwise) and op.phase == "forward" and not O.is_dropout_mask(op) and sum(
             i not in side for i in op.inputs) == 1
 
     cores = []

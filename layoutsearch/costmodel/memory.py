@@ -68,7 +68,8 @@ are *internal*; a policy keeps some of them and drops the rest:
 
 A dropped tensor lives from its producer to its last *forward* use. The
 dropped tensors the backward pass needs, and the dropped tensors those are
-computed from (the recompute closure), are recomputed at the block's first
+computed from (the recompute closure; a dropout mask is drawn again from its
+seed, without its input), are recomputed at the block's first
 backward op (its *recompute point*): there they all become live at once and
 stay until their last backward use, so memory holds one block's recomputed
 tensors at a time; the kept tensors the recomputation reads live until the
@@ -164,7 +165,8 @@ def _remat_plan(graph: Graph, policy: str) -> RematPlan:
         if t in closure:
             continue
         closure.add(t)
-        needed.extend(i for i in producer[t].inputs if i in dropped and i not in fed)
+        if not O.is_dropout_mask(producer[t]):  # a dropout mask is drawn again from its seed alone
+            needed.extend(i for i in producer[t].inputs if i in dropped and i not in fed)
     points: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         if op.phase == "backward" and op.block is not None and op.block not in points:
@@ -339,7 +341,7 @@ def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
         end = max(uses, default=start)
         if recomputed:  # kept tensors read by a recomputation stay live until its point
             for op in consumers[t.name]:
-                if op.phase == "forward" and op.name in recomputed:
+                if op.phase == "forward" and op.name in recomputed and not O.is_dropout_mask(op):
                     end = max(end, plan.points[op.block])  # type: ignore[index]
         rows.append((k, c, start, end))
     arr = np.array(rows, dtype=np.int64).reshape(-1, 4)

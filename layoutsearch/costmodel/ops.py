@@ -67,11 +67,11 @@ from layoutsearch.layout import Axes, DimLayout, Layout
 from layoutsearch.mesh import Mesh
 
 ELEMENTWISE_FLOPS: dict[str, float] = {
-    "identity": 0, "fill": 0, "dropout_mask": 35, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 0,
+    "identity": 0, "fill": 0, "neg": 1, "scale": 1, "square": 1, "relu": 1, "gelu": 8, "silu": 4, "tanh": 0,
     "sigmoid": 3, "exp": 0, "log": 0, "sqrt": 0, "rsqrt": 0, "add": 1, "sub": 1, "mul": 1, "div": 1, "eq": 2,
     "square_grad": 2, "relu_grad": 2, "gelu_grad": 20, "silu_grad": 9, "tanh_grad": 4, "sigmoid_grad": 6,
     "exp_grad": 1, "log_grad": 1, "sqrt_grad": 2, "rsqrt_grad": 3, "div_rhs_grad": 4,
-    "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5,
+    "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5, "dropout_mask": 35,
 }
 """FLOPs per output element of each elementwise function, as XLA's cost
 analysis counts the backend's lowering (:mod:`layoutsearch.backend.program`):
@@ -81,9 +81,11 @@ counted apart by XLA and not here; constant sub-expressions are folded (e.g.
 Adam's bias corrections). ``gelu`` is the tanh approximation. ``dropout_mask``:
 34 for ``jax.random.bernoulli`` (threefry bits, their conversion to a uniform
 float, the comparison; XLA:CPU's lowering of threefry is a rolled loop whose
-body the cost analysis counts once) and 1 for the select of the scaled value;
-XLA also counts 7 FLOPs per op that do not scale with its size (the loop
-counter and key schedule), which the table leaves out."""
+body the cost analysis counts once, where the loop runs 5 times) and 1 for
+the select of the scaled value; XLA also counts 7 FLOPs per op that do not
+scale with its size (the loop counter and key schedule), which the table
+leaves out. JAX lowers threefry unrolled for GPUs and TPUs: 121 FLOPs per
+element there (as XLA counts it)."""
 
 FORWARD_SHARED_FLOPS: dict[str, float] = {"gelu_grad": 7, "silu_grad": 3, "sigmoid_grad": 3}
 """FLOPs per element of ``fn_grad(x, dy)`` that XLA shares (CSE) with the forward
@@ -426,7 +428,7 @@ class OpRules:
         space = op.iteration_dims(t)
         reads: list[int] = []
         for name, stored in zip(op.inputs, inputs, strict=True):
-            if isinstance(op, O.Elementwise) and op.fn == "dropout_mask":  # the RNG takes only x's shape
+            if O.is_dropout_mask(op):  # the RNG takes only x's shape
                 reads.append(0)
                 continue
             want = restrict(iteration, t[name].dim_names)

@@ -61,6 +61,12 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
 )
 """Every elementwise function the IR knows, by name."""
 
+def is_dropout_mask(op: Op) -> bool:
+    """Whether ``op`` is a ``dropout_mask``: its values come from its seed and its input's dims only, so it
+    reads no input value (nor needs its input recomputed)."""
+    return isinstance(op, Elementwise) and op.fn == "dropout_mask"
+
+
 UNARY_GRAD: dict[str, str] = {
     f: f"{f}_grad" for f in ("square", "relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt")
 }
@@ -438,5 +444,5 @@ OP_KINDS: dict[str, type[Op]] = {
 __all__ = [
     "ELEMENTWISE_FNS", "OP_KINDS", "PHASES", "UNARY_GRAD", "CrossEntropy", "CrossEntropyGrad", "Einsum",
     "Elementwise", "ElementwiseFn", "Gather", "LayerNorm", "LayerNormGrad", "Op", "Reduce", "Reshape",
-    "ScatterAdd", "Softmax", "SoftmaxGrad",
+    "ScatterAdd", "Softmax", "SoftmaxGrad", "is_dropout_mask",
 ]
