@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 
 from layoutsearch.errors import GraphError
-from layoutsearch.ir import DTYPE_BYTES, GraphBuilder, Ref
+from layoutsearch.ir import GraphBuilder, Ref
+from layoutsearch.ir.tensor import FLOAT_DTYPES
 from layoutsearch.ir.dims import Dim
 
 
@@ -36,7 +37,7 @@ def check_flag(model: str, name: str, value: int) -> None:
 
 def check_dtype(model: str, dtype: str) -> None:
     """Raise GraphError unless ``dtype`` is a floating-point dtype the IR knows."""
-    floats = [d for d in DTYPE_BYTES if d != "int32"]
+    floats = list(FLOAT_DTYPES)
     if dtype not in floats:
         raise GraphError(f"model {model!r}: dtype must be one of {', '.join(floats)}, got {dtype!r}")
 
@@ -154,13 +155,14 @@ def dropout_seed(layer: int, site: str) -> int:
 
 
 def dropout(b: GraphBuilder, x: Ref, rate: float, layer: int, site: str) -> Ref:
-    """``x`` dropped out at ``rate``: ``<site>_dropped = x * <site>_dropout_mask``, the mask a
-    ``dropout_mask`` of ``x`` (kept elements scaled by 1 / (1 - rate)) seeded by :func:`dropout_seed`;
-    ``x`` itself when ``rate`` is 0."""
+    """``x`` dropped out at ``rate``: ``<site>_dropped = x * <site>_dropout_mask / (1 - rate)``, the mask a
+    byte (``uint8``) ``dropout_mask`` of ``x`` seeded by :func:`dropout_seed`, as PyTorch keeps it; ``x``
+    itself when ``rate`` is 0."""
     if not rate:
         return x
-    mask = b.unary("dropout_mask", x, name=f"{site}_dropout_mask", rate=rate, seed=dropout_seed(layer, site))
-    return b.binary("mul", x, mask, name=f"{site}_dropped")
+    mask = b.elementwise("dropout_mask", [x], name=f"{site}_dropout_mask", dtype="uint8", rate=rate,
+                         seed=dropout_seed(layer, site))
+    return b.scale(b.binary("mul", x, mask, name=f"{site}_masked"), 1.0 / (1.0 - rate), name=f"{site}_dropped")
 
 
 def check_dropout(model: str, rate: float) -> None:

@@ -399,7 +399,7 @@ def test_dropout_gradients_equal_jax_grad_and_masks_are_seeded_per_layer_and_sit
     for op in masks:
         m = np.asarray(env[op.output])
         np.testing.assert_array_equal(m, np.asarray(again[op.output]))   # deterministic
-        assert set(np.unique(m).tolist()) == {0.0, float(np.float32(1 / (1 - rate)))}
+        assert set(np.unique(m).tolist()) == {0, 1} and m.dtype == np.uint8  # a byte mask; the scale follows
         assert abs(np.mean(m > 0) - (1 - rate)) < 0.05                    # 1024 or 2048 draws
         seen.append((m > 0).ravel()[:1024])
     assert len({s.tobytes() for s in seen}) == len(seen)                  # every site and layer draws its own

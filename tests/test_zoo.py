@@ -497,7 +497,8 @@ def test_dropout_drops_the_attention_probabilities_and_both_residual_branches(na
     assert param_count(g) == param_count(base)
     added = [op.name for op in g.ops if op.name not in {o.name for o in base.ops}]
     assert added == [f"layer.{i}/{site}_{what}" for i in range(2) for site in ("attn_probs", "attn_out", "ff_out")
-                     for what in ("dropout_mask", "dropped")]
+                     for what in ("dropout_mask", "masked", "dropped")]
+    assert g.tensors["layer.0/attn_probs_dropout_mask"].dtype == "uint8"  # a byte mask, as PyTorch keeps it
     for i in range(2):
         assert g.op(f"layer.{i}/attn_context").inputs[0] == f"layer.{i}/attn_probs_dropped"
         assert g.op(f"layer.{i}/attn_residual").inputs[1] == f"layer.{i}/attn_out_dropped"

@@ -25,7 +25,8 @@ from layoutsearch.ir.tensor import Tensor
 Arrays = dict[str, jax.Array]
 Constrain = Callable[[str, jax.Array], jax.Array]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32,
+           "uint8": jnp.uint8}
 
 
 def jax_dtype(tensor: Tensor) -> Any:
@@ -69,14 +70,14 @@ def _adam_update(p: jax.Array, m: jax.Array, v: jax.Array, *, lr: float, b1: flo
 
 
 def _dropout_mask(x: jax.Array, *, rate: float, seed: float) -> jax.Array:
-    """``1 / (1 - rate)`` with probability ``1 - rate``, else 0, per element of ``x``'s shape (in ``x``'s dtype,
-    the output's), from the threefry key of ``seed``: the same values for a given seed whatever the
+    """1 with probability ``1 - rate``, else 0, per element of ``x``'s shape (cast to the output's dtype by
+    the interpreter), from the threefry key of ``seed``: the same values for a given seed whatever the
     sharding: partitionable threefry (``jax_threefry_partitionable``, JAX's default; set here whatever the
     global setting) draws each element from its index in the whole array, so a partitioned program computes
     each device's block of the same mask."""
     with jax.threefry_partitionable(True):
         keep = jax.random.bernoulli(jax.random.key(int(seed)), 1.0 - rate, x.shape)
-    return jnp.where(keep, jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
+    return keep.astype(x.dtype)
 
 
 ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {

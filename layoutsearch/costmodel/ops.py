@@ -122,7 +122,8 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
     elements of the iteration space and ``R = N / size(dim)`` its rows:
 
     * einsum: ``2 N`` per product (one input: ``N - out`` if it reduces);
-    * elementwise: :data:`ELEMENTWISE_FLOPS` per output element;
+    * elementwise: :data:`ELEMENTWISE_FLOPS` per output element, plus one per
+      element of each operand of another dtype (its convert);
     * reduce: sum/max ``N - out``, mean ``N``;
     * softmax ``4N - R`` (max, subtract, sum, one divide per row, multiply);
       softmax_grad ``4N - R``; layer_norm ``5N + R``; layer_norm_grad ``7N``
@@ -159,7 +160,12 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
             per -= 1  # multiplying by 1 folds away
         if forward_shared:
             per -= FORWARD_SHARED_FLOPS.get(op.fn, 0)
-        return per * float(count(op.output))
+        # an operand of another dtype than the result is converted first (one FLOP per element, as XLA counts
+        # a convert); fill and dropout_mask read only their operand's shape
+        out_dtype = t[op.output].dtype
+        converts = 0 if op.fn == "fill" or O.is_dropout_mask(op) else sum(
+            count(i) for i in op.inputs if t[i].dtype != out_dtype)
+        return per * float(count(op.output)) + converts
     if isinstance(op, O.Reduce):
         n_in = count(op.inputs[0])
         return float(n_in if op.fn == "mean" else n_in - count(op.output))

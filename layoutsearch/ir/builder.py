@@ -147,8 +147,9 @@ class GraphBuilder:
         return self._op(O.Einsum, inputs, self._shape(out_dims), name)
 
     def elementwise(self, fn: str, inputs: Sequence[Ref], out_dims: Sequence[DimLike] | None = None,
-                    name: str | None = None, **params: float) -> Ref:
-        """Elementwise ``fn``; output dims default to the union of the inputs' dims."""
+                    name: str | None = None, dtype: str | None = None, **params: float) -> Ref:
+        """Elementwise ``fn``; output dims default to the union of the inputs' dims, the output dtype
+        to the builder's."""
         if out_dims is None:
             seen: dict[str, Dim] = {}
             for r in inputs:
@@ -157,7 +158,7 @@ class GraphBuilder:
             shape: Shape = tuple(seen.values())
         else:
             shape = self._shape(out_dims)
-        return self._op(O.Elementwise, inputs, shape, name or self._auto_name(fn), fn=fn,
+        return self._op(O.Elementwise, inputs, shape, name or self._auto_name(fn), dtype, fn=fn,
                         params=tuple(params.items()))
 
     def unary(self, fn: str, x: Ref, name: str | None = None, **params: float) -> Ref:

@@ -42,8 +42,9 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
     ("add", 2, ()), ("sub", 2, ()), ("mul", 2, ()), ("div", 2, ()), ("eq", 2, ()),
     # constant: fill(x) = value everywhere (x gives only dims and ordering; no gradient flows)
     ("fill", 1, ("value",)),
-    # random: dropout_mask(x) = 1 / (1 - rate) with probability 1 - rate, else 0, drawn per element from the
-    # integer ``seed`` (x gives only dims and ordering; no gradient flows); dropout is mul(x, dropout_mask(x))
+    # random: dropout_mask(x) = 1 with probability 1 - rate, else 0, drawn per element from the integer ``seed``
+    # (x gives only dims and ordering; no gradient flows; the output may be a byte mask, uint8); dropout is
+    # scale(mul(x, dropout_mask(x)), 1 / (1 - rate))
     ("dropout_mask", 1, ("rate", "seed")),
     # gradients of unary functions: fn_grad(x, dy) = fn'(x) * dy
     ("square_grad", 2, ()), ("relu_grad", 2, ()), ("gelu_grad", 2, ()), ("silu_grad", 2, ()),
@@ -200,7 +201,10 @@ class Elementwise(Op):
         if spec is None:
             raise self._fail(f"unknown elementwise function {self.fn!r}")
         self._expect_arity(spec.arity)
-        self._expect_float(tensors, *self.inputs, self.output)
+        # floating point throughout, but for byte masks: dropout_mask may write one, mul may read one
+        masks = {self.output} if self.fn == "dropout_mask" else set(self.inputs) if self.fn == "mul" else set()
+        self._expect_float(tensors, *(t for t in (*self.inputs, self.output)
+                                      if not (t in masks and tensors[t].dtype == "uint8")))
         if set(self.param) != set(spec.attrs):
             raise self._fail(f"function {self.fn!r} takes attributes {list(spec.attrs)}, got {sorted(self.param)}")
         out = self._dims(tensors, self.output)

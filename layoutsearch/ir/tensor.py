@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from layoutsearch.errors import GraphError
 from layoutsearch.ir.dims import Dim, Shape, dim_names, num_elements
 
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
-"""Supported dtypes and their size in bytes."""
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint8": 1}
+"""Supported dtypes and their size in bytes (``uint8``: byte masks, e.g. dropout's)."""
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+"""The floating-point dtypes (gradients flow through them; precision policies retype them)."""
 
 ROLES = ("input", "parameter", "activation", "loss", "gradient", "optimizer_state")
 """What a tensor is for. ``input`` (data and labels), ``parameter`` and
@@ -61,7 +64,7 @@ class Tensor:
 
     @property
     def is_float(self) -> bool:
-        return self.dtype != "int32"
+        return self.dtype in FLOAT_DTYPES
 
     def dim(self, name: str) -> Dim:
         for d in self.dims:
