@@ -85,7 +85,7 @@ from layoutsearch.costmodel.memory import _transient, remat_plan
 from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
-from layoutsearch.costmodel.step import step_costs, training_step
+from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.gantt import render_gantt
 from layoutsearch.ir import ops as O
@@ -315,7 +315,6 @@ class _Unit:
     """What one unit costs, per micro-batch unless said otherwise."""
 
     ops: list[OpReport] = field(default_factory=list)   # forward, backward, recompute (one micro-batch)
-    optimizer: list[OpReport] = field(default_factory=list)
     parameters: int = 0
     optimizer_state: int = 0
     gradients: int = 0
@@ -343,7 +342,8 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], rema
     docstring); ``accumulate``: gradients accumulate over several micro-batches."""
     units: dict[str, _Unit] = defaultdict(_Unit)
     for r in rep.ops:
-        (units[unit[r.op]].optimizer if r.phase == "optimizer" else units[unit[r.op]].ops).append(r)
+        if r.phase != "optimizer":
+            units[unit[r.op]].ops.append(r)
     plan = remat_plan(g, remat)
     recomputed = set(plan.recomputed)
     lb = layout.local_bytes
@@ -383,9 +383,7 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], rema
         op = g.op(name)
         if op.output not in on_chip:
             units[unit[name]].workspace += lb(g.tensors[op.output])
-    each = step_costs(g, layout, rep.hardware.reduce_scatter, float32_collectives=rep.hardware.float32_collectives,
-                      regather_weights=rep.hardware.regather_weights)[0]
-    for op, cost in zip(g.ops, each, strict=True):
+    for op, cost in zip(g.ops, rep.op_costs, strict=True):
         if op.phase == "optimizer":
             continue
         u = unit[op.name]
@@ -513,7 +511,7 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
     for d, chunk_ids in enumerate(devices):
         names = tuple(u for c in chunk_ids for u in groups[c])
         reports.append(_stage(p, hw, names, chunk_ids, groups, d, K, sched, microbatches, stage_axis, mesh))
-    tied = _tied_sync(p.graph, groups, devices, inner, stage_axis, mesh, hw) if stage_axis is not None else 0.0
+    tied = _tied_sync(p, groups, devices, inner, stage_axis, mesh, hw) if stage_axis is not None else 0.0
     loop = sched.steps(K, microbatches) * max(s.microbatch_s for s in reports)
     step = loop + max(s.once_s for s in reports) + tied
     return PipelineReport(graph.name, mesh, stage_axis, sched, microbatches, remat, inner.describe(),
@@ -603,15 +601,14 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
                        int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids))
 
 
-def _tied_sync(g: Graph, groups: Sequence[Sequence[str]], devices: list[list[int]], inner: Layout,
+def _tied_sync(p: _Priced, groups: Sequence[Sequence[str]], devices: list[list[int]], inner: Layout,
                stage_axis: str, mesh: Mesh, hw: Hardware) -> float:
-    """All-reduce over the stage axis of the gradients of parameters used on several devices (tied weights);
-    ``g`` is the training graph."""
-    unit = unit_of_ops(g)
+    """All-reduce over the stage axis of the gradients of parameters used on several devices (tied weights)."""
+    g = p.graph
     device_of = {u: d for d, chunk_ids in enumerate(devices) for c in chunk_ids for u in groups[c]}
     seconds = 0.0
     for prm in g.parameters:
-        users = {device_of[unit[c.name]] for c in g.consumers[prm.name] if c.phase == "forward"}
+        users = {device_of[p.unit[c.name]] for c in g.consumers[prm.name] if c.phase == "forward"}
         if len(users) > 1:
             seconds += collective_time("all-reduce", inner.local_bytes(prm), (stage_axis,), mesh, hw).seconds
     return seconds

@@ -164,6 +164,9 @@ class CostReport:
     memory: MemoryReport
     ops: tuple[OpReport, ...] = field(repr=False)
     exposure: Overlap | None = field(default=None, repr=False)
+    op_costs: tuple[OpCost, ...] = field(default=(), repr=False, compare=False)
+    """The op rules' cost of every op of the training graph, each with all its collectives (the input of the
+    memory simulation), for callers that split the step further (pipeline stages)."""
 
     @property
     def comm_exposed_s(self) -> float:
@@ -408,7 +411,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         precision=training.get("precision") or "as built", remat=remat, attention=attention,
         overlap=overlap if overlap == "auto" else float(overlap), compute_s=compute_s, comm_s=comm_s, step_s=step_s,
         flops_per_device=sum(o.flops for o in ops), model_flops=model_flops, mfu=mfu, bytes_per_axis=per_axis,
-        memory=memory, ops=tuple(ops), exposure=exposure)
+        memory=memory, ops=tuple(ops), exposure=exposure, op_costs=tuple(each))
 
 
 # -- rendering ------------------------------------------------------------------------------------------------------
