@@ -32,10 +32,10 @@ def main() -> int:
 
     t0 = time.perf_counter()
     rows = [predict(r) for r in RUNS]
-    print(f"{'run':<20} {'published s':>11} {'predicted s':>11} {'error':>7} {'MFU':>6} {'memory / HBM':>20}  known")
+    print(f"{'run':<20} {'published s':>11} {'predicted s':>11} {'error':>7} {'MFU':>6} {'memory / usable':>20}  known")
     for p in rows:
         known = _known(p["run"])
-        mem = f"{p['memory_bytes'] / 2**30:.1f} / {p['hbm_bytes'] / 2**30:.1f} GiB"
+        mem = f"{p['memory_bytes'] / 2**30:.1f} / {p['usable_bytes'] / 2**30:.1f} GiB"
         print(f"{p['run']:<20} {p['published_step_s']:>11.2f} {p['predicted_step_s']:>11.2f} {p['error']:>+7.1%} "
               f"{p['mfu']:>6.1%} {mem:>20}  {known[2] if known else ''}")
     errors = [abs(p["error"]) for p in rows]

@@ -355,6 +355,11 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
         stats = _memory_stats(dev)
         if stats.get("bytes_limit"):
             changes["hbm_bytes"] = float(stats["bytes_limit"])
+            changes["memory_reserved"] = 0.0
+    elif not simulated:  # a known accelerator: what the runtime leaves of the datasheet's HBM
+        limit = _memory_stats(dev).get("bytes_limit")
+        if limit:
+            changes["memory_reserved"] = max(0.0, template.hbm_bytes - float(limit))
     if simulated:  # what XLA on CPU compiles (reduce-scatter, fusion, ...), whatever the base preset
         changes.update({k: getattr(PRESETS["cpu-sim"], k) for k in BACKEND_BEHAVIOUR})
     hw = dataclasses.replace(template, **changes)

@@ -521,7 +521,7 @@ def _render_microbatched(r: Result) -> list[Any]:
              f"micro-batch loop {format_seconds(r['pipeline_s'])} + once per step {format_seconds(once)}"
              + (f" + tied-weight all-reduce {format_seconds(r['tied_s'])}" if r["tied_s"] else "")],
             ["bubble", f"{r['bubble_fraction']:.1%}", "idle fraction of the loop with equal stages"],
-            ["peak memory", format_bytes(r["memory_bytes"]), f"{fits} in {format_bytes(r['hbm_bytes'])} HBM "
+            ["peak memory", format_bytes(r["memory_bytes"]), f"{fits} in {format_bytes(r['usable_bytes'])} usable of {format_bytes(r['hbm_bytes'])} HBM "
              "(the largest stage)"],
             ["micro-batch compute", format_seconds(mb["compute_s"]),
              f"all stages together; communication {format_seconds(mb['comm_s'])}, of which "
@@ -688,7 +688,9 @@ def _add_search(sub: Any) -> None:
     _add_model_args(p)
     _add_mesh_arg(p)
     _add_hardware_args(p, default="cpu-sim")
-    p.add_argument("--memory-limit", metavar="BYTES", help="per-device memory limit, e.g. 16GiB (default: none)")
+    p.add_argument("--memory-limit", default="auto", metavar="BYTES|auto|none",
+                   help="per-device memory limit, e.g. 16GiB; auto (default): the device's usable memory (HBM less "
+                        "the runtime's reserve, see `layoutsearch hardware PRESET`); none: no limit")
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="enumerate, ilp-pulp, ilp-ortools or dp; auto: enumeration for one decision, the DP for "
                         "chains of layers, CP-SAT otherwise (default auto)")
@@ -699,15 +701,19 @@ def _add_search(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="stop an ILP after S seconds with its best plan, labelled not proven optimal")
     _add_training_args(p)
-    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
-                   help="activation rematerialization of the cost model: none, selective or full (rules and layers "
-                        "spaces; default none)")
+    p.add_argument("--attention", choices=("auto", "standard", "flash"), default="auto",
+                   help="attention kernel, held fixed: auto (flash on GPU/TPU presets), standard or flash")
+    p.add_argument("--overlap", type=_overlap_arg, default="auto", metavar="auto|F",
+                   help="communication overlap of the cost model (default auto)")
+    p.add_argument("--remat", choices=("auto", *REMAT_POLICIES), default="auto",
+                   help="activation rematerialization: auto (default: none, selective and full searched with the "
+                        "layout), or one policy")
     p.add_argument("--pipeline", default="off", metavar="auto|off|K",
                    help="pipeline stages over one mesh axis: off (default), auto (stage axis, K, micro-batches and remat "
-                        "searched with the layout; chosen when faster or when nothing else fits), or K (an axis of "
-                        "size K must carry stages)")
+                        "searched with the layout; chosen when faster), or K (an axis of size K must carry stages)")
     p.add_argument("--microbatches", default="auto", metavar="N|auto",
-                   help="micro-batches of a pipelined plan (default auto: divisors of the batch up to 4K)")
+                   help="micro-batches per step: gradient accumulation, or a pipeline's micro-batches (default auto: "
+                        "searched; accumulation is tried when the memory limit binds)")
     p.add_argument("--schedule", default="1f1b", metavar="S",
                    help="schedule of a pipelined plan: gpipe, 1f1b (default) or interleaved:V")
 
@@ -730,45 +736,34 @@ def _progress() -> Callable[[str], None]:
 
 
 def _cmd_search(args: argparse.Namespace) -> Result:
-    from layoutsearch.solvers.pipeline_search import search_pipeline
-    from layoutsearch.solvers.search import InfeasibleError, search
+    from layoutsearch.solvers.search import search
 
     graph = _load_graph(args)
     hw = _hardware(args) or hardware("cpu-sim")
     mesh = _mesh(args)
-    stages = _pipeline_arg(args.pipeline)
-    progress = _progress()
-    result: Result
-    try:
-        plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
-                      optimizer=args.optimizer, precision=args.precision, remat=args.remat, top=args.top, time_limit=args.time_limit,
-                      progress=progress)
-        result = plan.to_dict()
-    except InfeasibleError as e:
-        if stages is None:
-            raise
-        result = {"model": graph.name, "mesh": str(mesh), "unpipelined": str(e)}
-    if stages is not None:
-        microbatches = None if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
-        limit = parse_bytes(args.memory_limit) if args.memory_limit is not None else None
-        pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=stages or None, microbatches=microbatches,
-                             optimizer=args.optimizer, precision=args.precision, schedule=args.schedule,
-                             progress=progress)
-        forced = args.pipeline != "auto"
-        chosen = forced or "unpipelined" in result or pp.step_s < result["step_s"]
-        result["pipeline"] = {**pp.to_dict(), "chosen": chosen, "gantt": pp.report.gantt()}
+    pipeline = _pipeline_arg(args.pipeline)
+    microbatches = "auto" if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
+    plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
+                  optimizer=args.optimizer, precision=args.precision, attention=args.attention, overlap=args.overlap,
+                  remat=args.remat, microbatches=microbatches, pipeline=pipeline, schedule=args.schedule,
+                  top=args.top, time_limit=args.time_limit, progress=_progress())
+    result = plan.to_dict()
+    rep = plan.chosen.report
+    if plan.chosen.pipelined:
+        result["cost"]["gantt"] = rep.gantt()
     if sys.stderr.isatty():
         print(" " * 100, end="\r", file=sys.stderr)
     return result
 
 
-def _pipeline_arg(text: str) -> int | None:
-    """``off`` -> None (no pipeline), ``auto`` -> 0 (any axis), ``K`` -> K."""
-    if text == "off":
-        return None
-    if text == "auto":
-        return 0
-    return _positive_int(text, "--pipeline")
+def _pipeline_arg(text: str) -> str | int:
+    """``off``, ``auto``, or a number of stages ``K`` >= 2."""
+    if text in ("off", "auto"):
+        return text
+    k = _positive_int(text, "--pipeline")
+    if k < 2:
+        raise LayoutSearchError(f"--pipeline takes off, auto or a number of stages >= 2, got {text!r}")
+    return k
 
 
 def _positive_int(text: str, flag: str) -> int:
@@ -777,29 +772,52 @@ def _positive_int(text: str, flag: str) -> int:
     return int(text)
 
 
-def _render_pipeline(pp: Result) -> list[Any]:
-    verdict = "chosen" if pp["chosen"] else "not chosen (the unpipelined plan is faster)"
-    return [f"pipelined plan ({verdict}):", *_render_microbatched(pp)]
+def _plan_rows(result: Result) -> list[list[Any]]:
+    """The chosen plan, runner-ups and baselines as table rows."""
+    def decided(r: Result) -> str:
+        what = [f"remat {r['remat']}"]
+        if r.get("stage_axis"):
+            what.append(f"pipeline over {r['stage_axis']} ({r['schedule']}, {r['microbatches']} micro-batches)")
+        elif r.get("microbatches", 1) > 1:
+            what.append(f"{r['microbatches']} micro-batches")
+        return ", ".join(what)
+
+    def rules(r: Result) -> str:
+        return ",".join(f"{d}:{'+'.join(a)}" for d, a in r["rules"]) if r["rules"] is not None else "(per-op)"
+
+    chosen = {**result, "rules": result["layout"]["rules"]}
+    rows = []
+    for label, r in [("chosen", chosen)] + [(f"runner-up {r['name']}", r) for r in result["runner_ups"]]:
+        rows.append([label, rules(r), decided(r), format_seconds(r["step_s"]),
+                     format_seconds(r["compute_s"]), format_seconds(r["comm_s"]),
+                     format_bytes(r["memory_bytes"]), "yes" if r["fits"] else "NO",
+                     f"{result['step_s'] / r['step_s']:.2f}" if r["step_s"] else "-"])
+    for b in result["baselines"]:
+        if not b["applies"]:
+            rows.append([b["name"], f"n/a: {b['why']}", "-", "-", "-", "-", "-", "-", "-"])
+            continue
+        rows.append([b["name"], rules(b), decided(b), format_seconds(b["step_s"]), format_seconds(b["compute_s"]),
+                     format_seconds(b["comm_s"]), format_bytes(b["memory_bytes"]), "yes" if b["fits"] else "NO",
+                     f"{b['ratio']:.2f}" if b["ratio"] is not None else "-"])
+    return rows
 
 
 def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
     import re
 
-    if "unpipelined" in result:
-        return [f"no unpipelined layout fits: {result['unpipelined']}", *_render_pipeline(result["pipeline"])]
     status = "proven optimal" if result["optimal"] else (
         f"not proven optimal (gap {result['gap']:.2%})" if result["gap"] is not None else "not proven optimal")
     limit = result["memory_limit"]
     out: list[Any] = [
         (f"{result['model']} on mesh {result['mesh']} ({result['devices']} devices, {result['hardware']}), "
-         f"{result['space']} space, remat {result['remat']}, "
-         f"memory limit {format_bytes(limit) if limit is not None else 'none'}: "
-         f"{status} by {result['solver']} in {result['search_s']:.2f} s"),
+         f"{result['space']} space: {status} by {result['solver']} in {result['search_s']:.2f} s"),
+        (f"peak memory {format_bytes(result['memory_bytes'])} per device against a limit of "
+         f"{format_bytes(limit) if limit is not None else 'none'}; step {format_seconds(result['step_s'])}"),
     ]
     lay = result["layout"]
     if lay["rules"]:
         out.append(_table(["dim", "mesh axes"], [[d, "+".join(a) or "-"] for d, a in lay["rules"]],
-                          "layout rules"))
+                          "layout rules" + (" (inside a pipeline stage)" if result["stage_axis"] else "")))
     elif lay["rules"] is not None:
         out.append("layout rules: none (every tensor replicated)")
     else:
@@ -812,29 +830,24 @@ def _render_search(result: Result, args: argparse.Namespace) -> list[Any]:
             if not n.startswith(("grad/", "new/", "adam_"))]
     out.append(_table(["tensor", "PartitionSpec", "count"], rows,
                       "per-tensor PartitionSpecs (inputs, parameters, activations; layers folded; --json: all)"))
-    rows = [["chosen", "", format_seconds(result["step_s"]), format_seconds(result["cost"]["compute_s"]),
-             format_seconds(result["cost"]["comm_s"]), format_bytes(result["memory_bytes"]),
-             "yes" if result["fits"] else "NO", "1.00"]]
-    for r in result["runner_ups"]:
-        rules = ",".join(f"{d}:{'+'.join(a)}" for d, a in r["rules"]) if r["rules"] is not None else "(per-op)"
-        rows.append([f"runner-up {r['name']}", rules, format_seconds(r["step_s"]), format_seconds(r["compute_s"]),
-                     format_seconds(r["comm_s"]), format_bytes(r["memory_bytes"]), "yes" if r["fits"] else "NO",
-                     f"{result['step_s'] / r['step_s']:.2f}" if r["step_s"] else "-"])
-    for b in result["baselines"]:
-        if not b["applies"]:
-            rows.append([b["name"], f"n/a: {b['why']}", "-", "-", "-", "-", "-", "-"])
-            continue
-        rules = ",".join(f"{d}:{'+'.join(a)}" for d, a in b["rules"])
-        rows.append([b["name"], rules, format_seconds(b["step_s"]), format_seconds(b["compute_s"]),
-                     format_seconds(b["comm_s"]), format_bytes(b["memory_bytes"]), "yes" if b["fits"] else "NO",
-                     f"{b['ratio']:.2f}" if b["ratio"] is not None else "-"])
-    out.append(_table(["plan", "rules", "step", "compute", "comm", "memory", "fits", "chosen/plan"], rows,
+    if result["decisions"]:
+        drows = [[d["kind"], d["option"], "chosen" if d["chosen"] else "",
+                  format_seconds(d["step_s"]) if d["fits"] else "-",
+                  format_bytes(d["memory_bytes"]) if d["memory_bytes"] is not None else "-",
+                  f"{d['step_s'] / result['step_s']:.2f}" if d["fits"] and result["step_s"] else
+                  (d["why"] or "does not fit")] for d in result["decisions"]]
+        out.append(_table(["decision", "option", "", "best step", "memory", "vs chosen"], drows,
+                          "decisions: the best plan with each option (memory: its peak, or the smallest peak when "
+                          "nothing fits)"))
+    out.append(_table(["plan", "rules", "decisions", "step", "compute", "comm", "memory", "fits", "chosen/plan"],
+                      _plan_rows(result),
                       "chosen plan, runner-ups and baselines on the same mesh (time and memory per device)"))
+    if result["microbatches"] > 1 or result["stage_axis"]:
+        out += _render_microbatched(result["cost"])
     p = result["problem"]
-    out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} variables, "
-               f"{p['memory_rows']} memory rows")
-    if "pipeline" in result:
-        out += _render_pipeline(result["pipeline"])
+    if p:
+        out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} "
+                   f"variables, {p['memory_rows']} memory rows")
     return out
 
 

@@ -125,6 +125,13 @@ class Hardware:
     multiprocessors; see :mod:`layoutsearch.costmodel.compute`);
     ``memory_efficiency``: achieved fraction of HBM bandwidth.
 
+    Memory: ``hbm_bytes`` (the datasheet figure) less ``memory_reserved``,
+    what the runtime holds before the training step allocates anything (CUDA
+    context, cuBLAS workspace and NCCL buffers on GPUs; the TPU runtime's own
+    buffers): :attr:`usable_bytes`, the default memory limit of every search
+    and what "fits" means in every report. ``calibrate`` measures the usable
+    bytes on the devices present (JAX's ``memory_stats()["bytes_limit"]``).
+
     ``devices_per_node``: how many devices the fast links join (a GPU node or
     a TPU slice); mesh axes inside that extent use ``fast_link``, the others
     ``slow_link``.
@@ -176,6 +183,12 @@ class Hardware:
     regather_weights: bool = True
     float32_collectives: bool = False
     collective_matmul: bool = False
+    memory_reserved: float = 0.0
+
+    @property
+    def usable_bytes(self) -> float:
+        """Per-device bytes a training step may use: ``hbm_bytes - memory_reserved``."""
+        return self.hbm_bytes - self.memory_reserved
 
     def __post_init__(self) -> None:
         if not self.peak_flops_fp32:
@@ -247,7 +260,7 @@ def _figure(key: str, value: Any, typ: type) -> Any:
             v = int(v)
     except (TypeError, ValueError):
         raise HardwareError(f"hardware figure {key}={value!r} is not a valid {typ.__name__}") from None
-    if key.endswith("latency"):
+    if key.endswith("latency") or key == "memory_reserved":
         if not v >= 0:
             raise HardwareError(f"hardware figure {key}={value!r} must be >= 0")
     elif typ is not bool and not v > 0:
@@ -290,17 +303,21 @@ _TPU = "Google Cloud TPU system architecture pages: per-chip bf16 peak, HBM, ICI
 _GPU_TILE = (128, 128, 64)   # output tile m x n of a tensor-core GEMM kernel, k step (NVIDIA GEMM guide)
 _TPU_TILE = (8, 128, 128)    # MXU: 128 x 128 weight tile (n x k), rows streamed 8 at a time (m)
 _TPU_MM = 0.90               # see docs/hardware.md: no published microbenchmark; calibrate to measure
+# Memory the runtime holds before a step allocates anything (docs/hardware.md, "Usable memory"): assumptions, not
+# datasheet figures; `calibrate` measures the usable bytes (memory_stats()["bytes_limit"]) on the devices present.
+_GPU_RESERVED = 1 * GiB      # CUDA context (~0.3-0.6 GiB), cuBLAS workspace, NCCL channel buffers
+_TPU_RESERVED = 0.5 * GiB    # TPU runtime: program binaries and scratch buffers
 
 
 def _gpu(name: str, peak: float, fp32: float, hbm: float, bw: float, fast: Link, slow: Link, e: float, sms: int,
          source: str) -> Hardware:
     return Hardware(name, peak, hbm, bw, fast, slow, 8, e, _MEM, source, peak_flops_fp32=fp32,
-                    matmul_tile=_GPU_TILE, compute_units=sms)
+                    matmul_tile=_GPU_TILE, compute_units=sms, memory_reserved=_GPU_RESERVED)
 
 
 def _tpu(name: str, peak: float, hbm: float, bw: float, ici: float, dcn: float, chips: int, source: str) -> Hardware:
     return Hardware(name, peak, hbm, bw, Link(ici, 2e-6, 0.9), Link(dcn, 20e-6, 0.9), chips, _TPU_MM, _MEM,
-                    source, matmul_tile=_TPU_TILE, collective_matmul=True)
+                    source, matmul_tile=_TPU_TILE, collective_matmul=True, memory_reserved=_TPU_RESERVED)
 
 
 PRESETS: dict[str, Hardware] = {

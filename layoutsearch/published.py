@@ -119,7 +119,7 @@ RUNS: tuple[PublishedRun, ...] = (
 
 def predict(run: PublishedRun) -> dict[str, Any]:
     """The cost model's prediction for ``run``: step time, its error against the published one, MFU and
-    peak memory against the device's HBM."""
+    peak memory against the device's usable memory (HBM less the runtime's reserve)."""
     from layoutsearch.costmodel.pipeline import estimate_pipeline
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.layout import Layout
@@ -142,7 +142,8 @@ def predict(run: PublishedRun) -> dict[str, Any]:
     devices = layout.mesh.size
     return {"run": run.name, "source": run.source, "published_step_s": run.published_step_s, "predicted_step_s": step,
             "error": step / run.published_step_s - 1, "mfu": model_flops / (devices * hw.peak_flops * step),
-            "memory_bytes": memory, "hbm_bytes": hw.hbm_bytes, "fits": memory <= hw.hbm_bytes}
+            "memory_bytes": memory, "hbm_bytes": hw.hbm_bytes, "usable_bytes": hw.usable_bytes,
+            "fits": memory <= hw.usable_bytes}
 
 
 __all__ = ["RUNS", "PublishedRun", "predict"]

@@ -19,17 +19,21 @@ def test_microbatch_candidates_divide_the_batch_up_to_4k():
 
 def test_a_limit_only_a_pipeline_meets_gets_a_pipelined_plan():
     with pytest.raises(InfeasibleError) as info:
-        search(GPT, MESH, memory_limit=1, hardware="h100")
-    smallest = info.value.min_memory  # the least any non-pipelined layout needs
+        search(GPT, MESH, memory_limit=1, hardware="h100", remat="none")
+    smallest = info.value.min_memory  # the least any non-pipelined layout needs without remat
     limit = 0.8 * smallest
-    with pytest.raises(InfeasibleError):
-        search(GPT, MESH, memory_limit=limit, hardware="h100")
+    with pytest.raises(InfeasibleError, match="what could help: .*remat full.*gradient accumulation.*pipeline"):
+        search(GPT, MESH, memory_limit=limit, hardware="h100", microbatches=1, remat="none")
     plan = search_pipeline(GPT, MESH, limit, hardware="h100")
     assert plan.memory_bytes <= limit
     assert plan.report.remat == "full"  # keeping only block inputs is what fits
     best = min(c.step_s for c in plan.candidates if c.fits)
     assert plan.step_s == best
     assert {c.stage_axis for c in plan.candidates} == {"pipe", "data"}
+    joint = search(GPT, MESH, memory_limit=limit, hardware="h100", pipeline="auto")
+    assert joint.memory_bytes <= limit
+    assert joint.step_s <= plan.step_s * (1 + 1e-9)  # the pipelined plan is one of the options
+    assert not next(d for d in joint.decisions if d.kind == "remat" and d.option == "none").fits
 
 
 def test_fixed_stage_count_and_microbatches_are_honoured():
@@ -53,23 +57,27 @@ def test_search_command_with_pipeline_auto_shows_stages_bubble_and_gantt(capsys)
     from clirun import run, run_json
 
     d = run_json(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "auto")
-    pp = d["pipeline"]
-    assert pp["chosen"] == (pp["step_s"] < d["step_s"])
-    assert len(pp["stage_costs"]) == pp["stages"] and "1F1B schedule" in pp["gantt"]
+    piped = next(x for x in d["decisions"] if x["kind"] == "pipeline")
+    others = [x["step_s"] for x in d["decisions"] if x["kind"] != "pipeline" and x["fits"]]
+    assert piped["fits"] and piped["chosen"] == (piped["step_s"] < min(others))
+    assert piped["chosen"] == (d["stage_axis"] is not None)
     code, out, _ = run(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--pipeline", "4",
                        "--microbatches", "8")
     assert code == 0 and "4 pipeline stages over 'pipe', schedule 1f1b, 8 micro-batches" in out and "27.3%" in out
+    assert "1F1B schedule" in out
 
 
-def test_search_command_falls_back_to_a_pipeline_when_nothing_else_fits(capsys):
+def test_search_command_falls_back_to_accumulation_or_a_pipeline_when_nothing_else_fits(capsys):
     from clirun import run_json
 
     with pytest.raises(InfeasibleError) as info:
         search(GPT, MESH, memory_limit=1, hardware="h100")
-    limit = str(int(0.8 * info.value.min_memory))
+    limit = str(int(0.9 * info.value.min_memory))  # below the smallest peak of any unaccumulated plan
     d = run_json(capsys, "search", "gpt", *SIZES, "--mesh", MESH, "--hardware", "h100", "--memory-limit", limit,
                  "--pipeline", "auto")
-    assert "unpipelined" in d and d["pipeline"]["chosen"] and d["pipeline"]["memory_bytes"] <= int(limit)
+    assert d["fits"] and d["memory_bytes"] <= int(limit) and (d["stage_axis"] or d["microbatches"] > 1)
+    assert not any(x["fits"] for x in d["decisions"] if x["kind"] == "remat")
+    assert sum(x["chosen"] for x in d["decisions"]) == 1
 
 
 def test_bad_pipeline_flags_are_one_line_errors(capsys):

@@ -280,7 +280,7 @@ class PipelineReport:
 
     @property
     def fits(self) -> bool:
-        return self.memory_bytes <= self.inner.hardware.hbm_bytes
+        return self.memory_bytes <= self.inner.hardware.usable_bytes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -289,7 +289,8 @@ class PipelineReport:
             "remat": self.remat, "inner_layout": self.inner_layout, "step_s": self.step_s,
             "pipeline_s": self.pipeline_s, "tied_s": self.tied_s, "memory_bytes": self.memory_bytes,
             "bubble_fraction": self.bubble_fraction, "fits": self.fits,
-            "hbm_bytes": self.inner.hardware.hbm_bytes, "hardware": self.inner.hardware.name,
+            "hbm_bytes": self.inner.hardware.hbm_bytes, "usable_bytes": self.inner.hardware.usable_bytes,
+            "hardware": self.inner.hardware.name,
             "precision": self.inner.precision, "attention": self.inner.attention,
             "partition": {"method": self.partition_method, "optimal": self.partition_optimal},
             "stage_costs": [s.to_dict() for s in self.stages],

@@ -185,8 +185,8 @@ class CostReport:
 
     @property
     def fits(self) -> bool:
-        """Whether the peak fits in the device's HBM."""
-        return self.memory.peak_bytes <= self.hardware.hbm_bytes
+        """Whether the peak fits in the device's usable memory (:attr:`Hardware.usable_bytes`)."""
+        return self.memory.peak_bytes <= self.hardware.usable_bytes
 
     @property
     def collectives(self) -> list[CollectiveRecord]:
@@ -256,7 +256,7 @@ class CostReport:
             "memory": self.memory.to_dict(), "comm_groups": self.comm_groups(),
             "hardware": {
                 "name": hw.name, "peak_flops": hw.peak_flops, "matmul_efficiency": hw.matmul_efficiency,
-                "hbm_bytes": hw.hbm_bytes, "hbm_bandwidth": hw.hbm_bandwidth,
+                "hbm_bytes": hw.hbm_bytes, "usable_bytes": hw.usable_bytes, "hbm_bandwidth": hw.hbm_bandwidth,
                 "memory_efficiency": hw.memory_efficiency, "reduce_scatter": hw.reduce_scatter,
                 "links": {a: {"kind": "fast" if link == hw.fast_link else "slow", "bandwidth": link.bandwidth,
                               "efficiency": link.efficiency, "latency": link.latency}
@@ -468,7 +468,8 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
              ["MFU", f"{100 * d['mfu']:.1f}%",
               f"peak {_si(hw['peak_flops'], 'FLOP/s')}, matmul efficiency {hw['matmul_efficiency']:g}"],
              ["peak memory", format_bytes(d["memory_bytes"]),
-              (f"{'fits' if d['fits'] else 'DOES NOT FIT'} in {format_bytes(hw['hbm_bytes'])} HBM; "
+              (f"{'fits' if d['fits'] else 'DOES NOT FIT'} in {format_bytes(hw['usable_bytes'])} usable of "
+               f"{format_bytes(hw['hbm_bytes'])} HBM; "
                f"at op {mem['peak_op']} ({mem['peak_phase']})")]]
     rows += [["bytes sent", format_bytes(sum(d["bytes_per_axis"].values())),
               ", ".join(f"{a}: {format_bytes(b)}" for a, b in d["bytes_per_axis"].items())]]

@@ -290,7 +290,8 @@ class _Builder:
         """What an op's cost depends on besides layouts (its kind, attributes, shapes)."""
         key = ("sig", op.name)
         if key not in self._fcache:
-            self._fcache[key] = (_op_sig(self.g, op), self.p.fusion.signature(op))
+            roles = tuple(self.p.classes.get(x) for x in (*op.inputs, op.output))  # which collectives overlap
+            self._fcache[key] = (_op_sig(self.g, op), self.p.fusion.signature(op), roles)
         return self._fcache[key]
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:
@@ -312,11 +313,12 @@ class _Builder:
 
     def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
         """(seconds, transient bytes: the payload of the last gather or all-to-all) of resharding ``t``."""
-        key = ("rs", t.dims, t.dtype, src.tobytes(), dst.tobytes())
+        key = ("rs", self.p.counted, self.p.classes.get(t.name), t.dims, t.dtype, src.tobytes(), dst.tobytes())
         if key not in self._fcache:
             comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all")]
-            self._fcache[key] = (sum(self.p.collective(c.kind, c.bytes, c.axes) for c in comms),
+            self._fcache[key] = (sum(self.p.collective(c.kind, c.bytes, c.axes) for c in comms
+                                     if self.p.counts(dataclasses.replace(c, tensor=t.name))),
                                  payload[-1] if payload else 0)
         return self._fcache[key]
 

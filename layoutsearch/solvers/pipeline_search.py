@@ -77,7 +77,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     hardware: Hardware | str = "cpu-sim", stages: int | None = None,
                     microbatches: int | None = None, optimizer: str = "adam",
                     precision: Precision | str = DEFAULT_PRECISION, schedule: str = "1f1b",
-                    batch_dim: str = "batch", progress: Progress | None = None) -> PipelinePlan:
+                    attention: str = "auto", overlap: str | float = "auto", batch_dim: str = "batch",
+                    progress: Progress | None = None) -> PipelinePlan:
     """The fastest pipelined plan of ``graph`` on ``mesh`` (``schedule``: ``gpipe``, ``1f1b`` or
     ``interleaved:V``) whose stages fit ``memory_limit``.
 
@@ -103,7 +104,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         if inner_mesh.axes:
             if progress:
                 progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
-            plan = search(graph, inner_mesh, hardware=hw, optimizer=optimizer, precision=precision, top=2)
+            plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
+                          attention=attention, overlap=overlap, remat="none", microbatches=1, top=2)
             inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
             inner_rules += [b.plan.rules for b in plan.baselines if b.plan is not None and b.plan.rules is not None]
             inner_rules = list(dict.fromkeys(inner_rules))
@@ -114,7 +116,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                 for remat in ("none", "full"):
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
-                                                schedule=schedule,
+                                                schedule=schedule, attention=attention,
+                                                overlap=overlap if overlap == "auto" else 0,
                                                 optimizer=optimizer, precision=precision, memory_limit=memory_limit,
                                                 batch_dim=batch_dim)
                     except LayoutSearchError as e:

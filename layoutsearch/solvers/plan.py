@@ -16,7 +16,12 @@ class Costed:
 
     ``rules``: the global rules when they describe the layout (else None: per-op layouts, see
     ``iteration``); ``report``: the cost model's :class:`~layoutsearch.costmodel.report.CostReport` when the
-    layout is expressed by rules and per-tensor entries (always in the rules space)."""
+    layout is expressed by rules and per-tensor entries (always in the rules space), or its
+    :class:`~layoutsearch.costmodel.pipeline.PipelineReport` for a micro-batched plan.
+
+    The decisions besides the layout: ``remat`` policy, ``microbatches`` per step (gradient accumulation
+    without a ``stage_axis``, pipeline micro-batches with one), ``stage_axis`` and ``schedule`` of a
+    pipeline (None: no pipeline)."""
 
     name: str
     layout: Layout
@@ -28,6 +33,14 @@ class Costed:
     fits: bool
     iteration: dict[str, DimLayout] | None = field(default=None, repr=False)
     report: Any = field(default=None, repr=False)
+    remat: str = "none"
+    microbatches: int = 1
+    stage_axis: str | None = None
+    schedule: str | None = None
+
+    @property
+    def pipelined(self) -> bool:
+        return self.stage_axis is not None
 
     def rules_text(self) -> str:
         from layoutsearch.layout import format_rules
@@ -37,7 +50,27 @@ class Costed:
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "rules": [[d, list(a)] for d, a in self.rules] if self.rules is not None else None,
                 "step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
-                "memory_bytes": self.memory_bytes, "fits": self.fits}
+                "memory_bytes": self.memory_bytes, "fits": self.fits, "remat": self.remat,
+                "microbatches": self.microbatches, "stage_axis": self.stage_axis, "schedule": self.schedule}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One option of a decision the search made besides the layout (``kind``: ``remat``, ``microbatches``
+    or ``pipeline``): the best plan with that option (``step_s``, ``memory_bytes``), or, when nothing with
+    it fits, ``fits`` False with the smallest peak memory when known and ``why``; ``chosen`` when the plan
+    uses it."""
+
+    kind: str
+    option: str
+    step_s: float | None
+    memory_bytes: float | None
+    fits: bool
+    why: str = ""
+    chosen: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -67,7 +100,9 @@ class Plan:
     the relative optimality gap when not, None if unknown); ``runner_ups``:
     the next best plans of the space; ``baselines``: data-parallel, FSDP,
     Megatron-style tensor parallelism and the Mesh-TF 2-D layout on the same
-    mesh, each with ``ratio`` = chosen step time / baseline step time.
+    mesh (each at its fastest remat policy that fits), each with ``ratio`` =
+    chosen step time / baseline step time; ``decisions``: the best plan per
+    remat policy, micro-batch count and pipeline option searched.
     """
 
     graph: Graph = field(repr=False)
@@ -83,6 +118,7 @@ class Plan:
     runner_ups: tuple[Costed, ...] = ()
     baselines: tuple[Baseline, ...] = ()
     problem: dict[str, Any] = field(default_factory=dict)
+    decisions: tuple[Decision, ...] = ()
 
     @property
     def layout(self) -> Layout:
@@ -108,16 +144,21 @@ class Plan:
         layout["rules"] = [[d, list(a)] for d, a in c.rules] if c.rules is not None else None
         if c.iteration is not None:
             layout["iteration"] = {op: {d: list(a) for d, a in lay.items()} for op, lay in c.iteration.items()}
-        cost = c.report.to_dict(ops=ops) if c.report is not None else {
+        cost = (c.report.to_dict() if c.pipelined or c.microbatches > 1 else c.report.to_dict(ops=ops)) \
+            if c.report is not None else {
             "step_s": c.step_s, "compute_s": c.compute_s, "comm_s": c.comm_s, "memory_bytes": c.memory_bytes,
             "fits": c.fits}
         return {
             "model": self.graph.name, "mesh": str(c.layout.mesh), "devices": c.layout.mesh.size,
             "hardware": self.hardware.name, "space": self.space, "solver": self.solver, "optimal": self.optimal,
-            "gap": self.gap, "memory_limit": self.memory_limit, "remat": self.remat, "search_s": self.search_s,
-            "step_s": c.step_s, "memory_bytes": c.memory_bytes, "fits": c.fits,
+            "gap": self.gap, "memory_limit": self.memory_limit, "remat": self.remat,
+            "microbatches": c.microbatches, "stage_axis": c.stage_axis, "schedule": c.schedule,
+            "search_s": self.search_s,
+            "step_s": c.step_s, "compute_s": c.compute_s, "comm_s": c.comm_s, "memory_bytes": c.memory_bytes,
+            "fits": c.fits,
             "layout": layout, "cost": cost,
             "runner_ups": [r.summary() for r in self.runner_ups],
             "baselines": [b.to_dict(c.step_s) for b in self.baselines],
+            "decisions": [d.to_dict() for d in self.decisions],
             "problem": dict(self.problem),
         }

@@ -31,6 +31,7 @@ the others; Shazeer et al. 2018).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -41,6 +42,7 @@ import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.ops import is_matmul, op_flops
+from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
@@ -53,7 +55,7 @@ from layoutsearch.mesh import hardware as _hardware
 from layoutsearch.solvers import dp, ilp
 from layoutsearch.solvers import enumerate as enum
 from layoutsearch.solvers.build import build_space
-from layoutsearch.solvers.plan import Baseline, Costed, Plan
+from layoutsearch.solvers.plan import Baseline, Costed, Decision, Plan
 from layoutsearch.solvers.problem import MemItem, MemRow, Problem, Solution, prune
 from layoutsearch.solvers.space import (
     NONE,
@@ -232,6 +234,7 @@ class _RulesSearch:
         self.mem_lb = _resident_bounds(g, mesh, self.cands, self.dims)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
+        self.rows = 0
 
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
@@ -239,7 +242,7 @@ class _RulesSearch:
             space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer,
                                 remat=self.remat)
             self.cost[idx], self.mem[idx] = _values(space.problem)
-            self.rows = max(getattr(self, "rows", 0), len(space.problem.mem_rows))
+            self.rows = max(self.rows, len(space.problem.mem_rows))
 
     def problem(self, idx: np.ndarray) -> Problem:
         """The one-node problem of the priced candidates ``idx``: their costs, and their peak memory as one
@@ -313,28 +316,29 @@ def _solve(problem: Problem, solver: str, limit: float | None, top: int, time_li
 
 
 def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign: tuple[int, ...],
-            limit: float | None, optimizer: str, remat: str = "none") -> Costed:
-    """A plan of ``space`` priced by the cost model: by its report when rules describe it, else op by op."""
+            limit: float | None, optimizer: str, remat: str = "none", attention: str = "auto") -> Costed:
+    """A plan of ``space`` priced as the space prices it (no overlap): by the cost model's report when rules
+    describe it, else op by op."""
     rules = space.rules(assign)
-    fit = limit if limit is not None else hw.hbm_bytes
     if rules is not None:
-        layout = Layout(mesh, rules).check(g)
-        rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, overlap=SEARCH_OVERLAP)
-        return Costed(name, layout, rules, rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
-                      rep.memory_bytes <= fit, None, rep)
+        return _costed_rules(name, g, mesh, hw, rules, limit, optimizer, remat, attention, SEARCH_OVERLAP)
+    fit = limit if limit is not None else hw.usable_bytes
     iteration = space.op_layouts(assign)
     storage = {t: space.storage(assign, t) for t in g.tensors}
     comp, comm, mem = evaluate(g, mesh, hw, iteration, storage, remat)
-    return Costed(name, space.layout(assign), None, comp + comm, comp, comm, mem, mem <= fit, iteration, None)
+    return Costed(name, space.layout(assign), None, comp + comm, comp, comm, mem, mem <= fit, iteration, None,
+                  remat=remat)
 
 
 def _costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None,
-                  optimizer: str, remat: str = "none") -> Costed:
+                  optimizer: str, remat: str = "none", attention: str = "auto",
+                  overlap: float | str = "auto") -> Costed:
+    """Rules priced by the cost model (:func:`~layoutsearch.costmodel.estimate`)."""
     layout = Layout(mesh, rules).check(g)
-    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, overlap=SEARCH_OVERLAP)
-    fit = limit if limit is not None else hw.hbm_bytes
+    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, attention=attention, overlap=overlap)
+    fit = limit if limit is not None else hw.usable_bytes
     return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
-                  rep.memory_bytes <= fit, None, rep)
+                  rep.memory_bytes <= fit, None, rep, remat=remat)
 
 
 def _stats(problem: Problem) -> dict[str, Any]:
@@ -343,74 +347,332 @@ def _stats(problem: Problem) -> dict[str, Any]:
             "variables": int(sum(problem.sizes) + sum(f.cost.size for f in problem.factors))}
 
 
-def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = None, solver: str = "auto", *,
-           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam",
-           precision: Precision | str = DEFAULT_PRECISION, remat: str = "none", top: int = 3, time_limit: float | None = None, tie: bool = True,
-           progress: Progress | None = None) -> Plan:
-    """The layout of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
-    ``memory_limit`` (bytes per device, or a string like ``16GiB``; None: no limit), in ``space``
-    (``rules``, ``layers`` or ``ops``, see :mod:`.space`), found by ``solver`` (:data:`SOLVERS`), with the
-    cost model's ``remat`` policy (``none``, ``selective``, ``full``; rules and layers spaces) and
-    ``precision`` policy (``mixed``, ``bf16``, ``fp32``; :mod:`layoutsearch.ir.precision`).
+def memory_limit_bytes(memory_limit: float | str | None, hw: Hardware) -> float | None:
+    """The per-device limit a search enforces: ``"auto"`` -> the device's usable memory
+    (:attr:`~layoutsearch.mesh.Hardware.usable_bytes`: HBM less the runtime's reserve); None or ``"none"`` ->
+    no limit; else bytes (a number, or a string like ``16GiB``)."""
+    if memory_limit is None or (isinstance(memory_limit, str) and memory_limit.strip().lower() == "none"):
+        return None
+    if isinstance(memory_limit, str) and memory_limit.strip().lower() == "auto":
+        return float(hw.usable_bytes)
+    limit = float(parse_bytes(memory_limit))
+    if limit <= 0:
+        raise LayoutSearchError(f"memory limit must be positive, got {memory_limit!r}")
+    return limit
 
-    Returns a :class:`Plan` with the layout, its cost report, the proof status, ``top - 1`` runner-ups and
-    the baselines. Raises :class:`InfeasibleError` naming the smallest peak memory any layout needs when none
-    fits, LayoutSearchError for an unknown space or solver.
+
+MAX_REFINED = 48
+"""At most this many plans of one remat policy are priced with overlap (:func:`_overlapped_top`); past it the
+search stops with its best plan and the gap to the smallest compute bound left, labelled not proven."""
+
+
+def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str, time_limit: float | None,
+                    overlap: float | str, attention: str, optimizer: str, progress: Progress | None
+                    ) -> tuple[list[Costed], bool, float | None, str]:
+    """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included), proven.
+
+    The space prices a step without overlap (``C``, an upper bound of the overlapped step ``S``: overlap only
+    hides communication) and, with :meth:`~.space.Pricer.bound`, its compute plus the collectives the step
+    always waits for (``A``, a lower bound of ``S``). The solver proves the ``top`` smallest ``C`` that fit
+    (``kth``); every candidate that can be among the ``top`` smallest ``S`` has ``A`` (hence its roofline
+    bound) below ``kth``, and they are priced by the cost model in order of ``A`` until the ``top``-th best
+    ``S`` is below the next ``A``. Returns (plans fastest first, proven, gap, solver used)."""
+    g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
+    priced = rs.bound_and_price(limit, top, progress)
+    problem = rs.problem(priced)
+    name = _solver_for(problem, solver, limit)
+    sols = _solve(problem, name, limit, top, time_limit)
+    if not sols[0].assign:
+        return [], True, None, name
+    kth = max(float(rs.cost[priced[s.assign[0]]]) for s in sols)
+    ok = rs.mem[priced] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(priced), bool)
+    near = priced[ok & (rs.lb[priced] <= kth * (1 + 1e-9))]
+    if overlap == SEARCH_OVERLAP or not hw.async_collectives and overlap == "auto":
+        order, bound = near[np.argsort(rs.cost[near], kind="stable")], rs.cost[near]  # S = C: no refinement
+        bound = np.sort(bound)
+    else:
+        space = build_space(g, mesh, hw, "rules", rules=rs.cands.take(near), pricer=rs.pricer.bound(),
+                            remat=rs.remat)
+        compute = _values(space.problem)[0]
+        ranks = np.argsort(compute, kind="stable")
+        order, bound = near[ranks], compute[ranks]
+    plans: list[Costed] = []
+    proven, gap = all(s.optimal for s in sols), None
+    for i, (k, lower) in enumerate(zip(order, bound, strict=True)):
+        if len(plans) >= top and plans[top - 1].step_s <= lower * (1 + 1e-9):
+            break
+        if i >= MAX_REFINED:
+            proven = False
+            best = plans[0].step_s
+            gap = max(0.0, (best - float(lower)) / best) if best > 0 else None
+            break
+        if progress is not None and i and i % 8 == 0:
+            progress(f"remat {rs.remat}: priced {i} plans with overlap")
+        plans.append(_costed_rules("", g, mesh, hw, rules_of(rs.cands, int(k), dims, mesh), limit, optimizer,
+                                   rs.remat, attention, overlap))
+        plans.sort(key=lambda c: c.step_s)
+    return plans[:top], proven, gap, name
+
+
+def _first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None, optimizer: str,
+                   policies: tuple[str, ...], attention: str, overlap: float | str, name: str) -> Costed:
+    """``rules`` priced with the first of ``policies`` (least recomputation first) under which they fit: the
+    fastest of them, as remat only adds work; the last policy when none fits."""
+    for policy in policies:
+        plan = _costed_rules(name, g, mesh, hw, rules, limit, optimizer, policy, attention, overlap)
+        if plan.fits:
+            break
+    return plan
+
+
+def _pipelined(graph: Graph, mesh: Mesh, hw: Hardware, limit: float | None, pipeline: str | int,
+               microbatches: int | str, schedule: str, optimizer: str, precision: Precision | str, attention: str,
+               overlap: float | str, progress: Progress | None) -> tuple[list[Costed], str]:
+    """The best pipelined plan (:func:`~.pipeline_search.search_pipeline`) as a Costed, or the reason none
+    fits or applies."""
+    from layoutsearch.solvers.pipeline_search import search_pipeline
+
+    try:
+        pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=None if pipeline == "auto" else int(pipeline),
+                             microbatches=None if microbatches == "auto" else int(microbatches),
+                             optimizer=optimizer, precision=precision, schedule=schedule, attention=attention,
+                             overlap=overlap, progress=progress)
+    except LayoutSearchError as e:
+        return [], str(e)
+    rep = pp.report
+    layout = Layout.from_rules(mesh, rep.inner_layout)
+    fit = limit if limit is not None else hw.usable_bytes
+    mb = rep.inner
+    costed = Costed("pipelined", layout, layout.rules, rep.step_s, mb.compute_s * rep.microbatches,
+                    mb.comm_s * rep.microbatches, rep.memory_bytes, rep.memory_bytes <= fit, None, rep,
+                    remat=rep.remat, microbatches=rep.microbatches, stage_axis=rep.stage_axis,
+                    schedule=str(rep.schedule))
+    return [costed], ""
+
+
+def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
+                 top: int, solver: str, optimizer: str, precision: Precision | str, attention: str,
+                 overlap: float | str, progress: Progress | None) -> list[Costed]:
+    """The fastest plans with ``M`` gradient-accumulation micro-batches: the layouts searched on one
+    micro-batch (whose peak can only be below the accumulated step's: the step adds the gradient
+    accumulators), then priced as the accumulated step
+    (:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline` without a stage axis)."""
+    from layoutsearch.costmodel.pipeline import estimate_pipeline
+
+    B = graph.dims["batch"]
+    micro = training_step(graph.with_sizes({"batch": B // M}), optimizer, precision)
+    pricer = Pricer(micro, mesh, hw, attention)
+    extra = _baseline_sets(micro, mesh)
+    fit = limit if limit is not None else hw.usable_bytes
+    out: list[Costed] = []
+    for policy in policies:
+        if progress is not None:
+            progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
+        rs = _RulesSearch(micro, mesh, hw, pricer, extra, policy)
+        plans, _, _, _ = _overlapped_top(rs, limit, top, solver, None, overlap, attention, optimizer, None)
+        for p in plans:
+            layout = Layout(mesh, p.rules)
+            try:
+                rep = estimate_pipeline(graph, layout, hw, stage_axis=None, microbatches=M, remat=policy,
+                                        optimizer=optimizer, precision=precision, attention=attention,
+                                        overlap=overlap if overlap == "auto" else 0)
+            except LayoutSearchError:
+                continue
+            mb = rep.inner
+            out.append(Costed("", layout, p.rules, rep.step_s, mb.compute_s * M, mb.comm_s * M, rep.memory_bytes,
+                              rep.memory_bytes <= fit, None, rep, remat=policy, microbatches=M))
+    return out
+
+
+def _baseline_sets(g: Graph, mesh: Mesh) -> RuleSets | None:
+    """The baselines' rule sets, as extra candidates of the rules space."""
+    extra = None
+    for rs, _ in baseline_rules(g, mesh).values():
+        if rs is not None:
+            extra = rs if extra is None else extra.concat(rs)
+    return extra
+
+
+def _microbatch_options(batch: int, microbatches: int | str) -> list[int]:
+    """Gradient-accumulation micro-batch counts to try beyond 1: the one given, or powers of two dividing
+    the batch up to 64."""
+    if microbatches != "auto":
+        return [int(microbatches)] if int(microbatches) > 1 else []
+    return [m for m in (2, 4, 8, 16, 32, 64) if batch % m == 0]
+
+
+def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "auto", solver: str = "auto", *,
+           hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam",
+           precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto", overlap: float | str = "auto",
+           remat: str = "auto", microbatches: int | str = "auto", pipeline: str | int = "off",
+           schedule: str = "1f1b", top: int = 3, time_limit: float | None = None, tie: bool = True,
+           progress: Progress | None = None) -> Plan:
+    """The plan of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
+    ``memory_limit`` per device, searched jointly over what practitioners decide:
+
+    * the layout, in ``space`` (``rules``, ``layers`` or ``ops``, see :mod:`.space`), by ``solver``
+      (:data:`SOLVERS`);
+    * ``remat``: ``auto`` (each of ``none``, ``selective``, ``full``; ``none`` in the ops space) or one
+      policy;
+    * ``microbatches``: gradient accumulation, ``auto`` (tried when the memory limit binds: powers of two
+      dividing the batch) or a number;
+    * ``pipeline``: ``off``, ``auto`` (a pipeline over any mesh axis, chosen when faster) or ``K`` (stages
+      over an axis of size K, forced), with ``schedule`` (``gpipe``, ``1f1b``, ``interleaved:V``).
+
+    ``memory_limit``: ``"auto"`` (default: the device's usable memory, HBM less the runtime's reserve), None
+    or ``"none"`` (no limit), bytes or a string like ``16GiB``. ``precision`` and ``attention`` are held
+    fixed (``mixed``/``bf16``/``fp32``; ``auto``/``standard``/``flash``); ``overlap`` is the cost model's
+    (``auto`` or a number in [0, 1]). Plans of the rules space are priced by the full cost model
+    (overlap included) and proven optimal under it; the layers and ops spaces price a step without overlap.
+
+    Returns a :class:`Plan`: the chosen plan, ``top - 1`` runner-ups, the baselines, and ``decisions``
+    (the best plan per remat policy, micro-batch count and pipeline choice). ``optimal`` is the proof over
+    unaccumulated, unpipelined plans (layouts x remat policies); a chosen accumulated or pipelined plan is
+    labelled not proven (its layout comes from the best layouts of one micro-batch). Raises :class:`InfeasibleError`
+    naming the smallest peak memory and what would help when nothing fits, LayoutSearchError for a bad
+    argument.
     """
     t0 = time.perf_counter()
     if space not in SPACES:
         raise LayoutSearchError(f"unknown search space {space!r} (known: {', '.join(SPACES)})")
     if solver not in SOLVERS:
         raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
-    if top < 1:
-        raise LayoutSearchError(f"top must be at least 1, got {top}")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise LayoutSearchError(f"top must be a positive integer, got {top!r}")
+    if remat != "auto" and remat not in REMAT_POLICIES:
+        raise LayoutSearchError(f"unknown remat policy {remat!r} (known: auto, {', '.join(REMAT_POLICIES)})")
+    if microbatches != "auto" and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+                                   or microbatches < 1):
+        raise LayoutSearchError(f"microbatches must be 'auto' or a positive integer, got {microbatches!r}")
+    if pipeline not in ("off", "auto") and (isinstance(pipeline, bool) or not isinstance(pipeline, int)
+                                            or pipeline < 2):
+        raise LayoutSearchError(f"pipeline must be 'off', 'auto' or a number of stages >= 2, got {pipeline!r}")
+    if time_limit is not None and not (isinstance(time_limit, int | float) and math.isfinite(time_limit)
+                                       and time_limit > 0):
+        raise LayoutSearchError(f"time limit must be a positive number of seconds, got {time_limit!r}")
     mesh = Mesh.of(mesh)
     hw = _hardware(hardware)
-    limit = float(parse_bytes(memory_limit)) if memory_limit is not None else None
+    limit = memory_limit_bytes(memory_limit, hw)
+    policies = (REMAT_POLICIES if space != "ops" else ("none",)) if remat == "auto" else (remat,)
     g = training_step(graph, optimizer, precision)
     dims = list(g.dims)
-    pricer = Pricer(g, mesh, hw)
+    pricer = Pricer(g, mesh, hw, attention)
     base = baseline_rules(g, mesh)
-    extra = None
-    for rs, _ in base.values():
-        if rs is not None:
-            extra = rs if extra is None else extra.concat(rs)
-    rs = _RulesSearch(g, mesh, hw, pricer, extra, remat)
-    priced = rs.bound_and_price(limit, top, progress)
-    sub = rs.cands.take(priced)
-    rules_problem = rs.problem(priced)
-    name = _solver_for(rules_problem, solver, limit) if space == "rules" else "enumerate"
-    sols = _solve(rules_problem, name, limit, top, time_limit)
-    if not sols[0].assign:
-        peak, k = rs.min_memory()
-        lay = format_rules(rules_of(rs.cands, k, dims, mesh)) or "replicated"
-        raise InfeasibleError(
-            f"no layout of {g.name!r} on mesh {mesh} fits {_gib(limit)} per device: the smallest peak memory "
-            f"any layout needs is {_gib(peak)} ({lay}); raise the memory limit or use a larger mesh", peak)
-    stats = _stats(rules_problem) | {"candidates": len(rs.cands), "priced": len(priced), "memory_rows": rs.rows}
-    if space == "rules":
-        costed = [_costed_rules(f"#{i + 1}", g, mesh, hw, rules_of(sub, s.assign[0], dims, mesh), limit, optimizer,
-                                remat) for i, s in enumerate(sols)]
-        chosen, runner_ups, used = costed[0], tuple(costed[1:]), name
-        optimal, gap = all(s.optimal for s in sols[:1]), sols[0].gap
-    else:
-        chosen, runner_ups, used, optimal, gap, stats = _finer(
-            g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, sub, sols[0], optimizer, progress,
-            remat)
+    extra = _baseline_sets(g, mesh)
+    options: list[Costed] = []
+    decisions: list[Decision] = []
+    optimal, gap, used, stats = True, 0.0, "", {}
+    searches: list[_RulesSearch] = []
+    for policy in policies if pipeline in ("off", "auto") else ():
+        rs = _RulesSearch(g, mesh, hw, pricer, extra, policy)
+        searches.append(rs)
+        if progress is not None:
+            progress(f"remat {policy}: searching the {space} space")
+        if space == "rules":
+            plans, proven, pgap, used = _overlapped_top(rs, limit, top, solver, time_limit, overlap, attention,
+                                                        optimizer, progress)
+            stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()), "memory_rows": rs.rows,
+                     "nodes": 1, "strategies": len(rs.cands), "factors": 0, "variables": len(rs.cands)}
+        else:
+            priced = rs.bound_and_price(limit, top, progress)
+            sols = _solve(rs.problem(priced), "enumerate", limit, top, None)
+            if not sols[0].assign:
+                plans, proven, pgap = [], True, None
+            else:
+                chosen, more, used, proven, pgap, stats = _finer(
+                    g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, rs.cands.take(priced),
+                    sols[0], optimizer, progress, policy, attention)
+                plans = [p for p in (chosen, *more) if p.fits]
+        for p in plans:
+            options.append(p)
+        if plans:
+            optimal = optimal and proven
+            gap = (gap or 0.0) if proven else max(pgap or 0.0, gap or 0.0)
+        decisions.append(_decision("remat", policy, plans[0] if plans else None, rs.min_memory()[0] if not plans
+                                   else None))
+    best = min((p.step_s for p in options), default=math.inf)
+    binds = limit is not None and any(
+        bool(np.any((rs.mem > limit * (1 + 1e-12)) & (rs.lb < best))) for rs in searches)
+    if "batch" in g.dims and (binds or microbatches != "auto") and pipeline in ("off", "auto"):
+        fitted = 0
+        for M in _microbatch_options(graph.dims["batch"], microbatches):
+            plans = _accumulated(graph, mesh, hw, M, policies, limit, top, solver, optimizer, precision, attention,
+                                 overlap, progress)
+            plans = sorted((p for p in plans if p.fits), key=lambda c: c.step_s)
+            options += plans[:top]
+            decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None))
+            fitted += bool(plans)
+            if fitted >= 2:  # the first count that fits and one more: more micro-batches only add overhead
+                break
+    why_not_piped = ""
+    if pipeline != "off":
+        plans, why_not_piped = _pipelined(graph, mesh, hw, limit, pipeline, microbatches, schedule, optimizer,
+                                          precision, attention, overlap, progress)
+        options += [p for p in plans if p.fits]
+        label = "any axis" if pipeline == "auto" else f"{pipeline} stages"
+        if plans:
+            p = plans[0]
+            label = (f"{mesh.axis_size(p.stage_axis)} stages over {p.stage_axis}, {p.microbatches} micro-batches, "
+                     f"{p.schedule}")
+        decisions.append(_decision("pipeline", label, plans[0] if plans else None, None, why_not_piped))
+    options = [p for p in options if p.fits]
+    if not options:
+        raise _infeasible(g, mesh, limit, searches, why_not_piped)
+    options.sort(key=lambda c: c.step_s)
+    ranked = [dataclasses.replace(p, name="chosen" if i == 0 else f"#{i + 1}") for i, p in enumerate(options[:top])]
+    chosen, runner_ups = ranked[0], tuple(ranked[1:])
+    if chosen.microbatches > 1 or chosen.pipelined:  # found by the heuristics of _accumulated / search_pipeline
+        optimal, gap = False, None
     baselines = []
     for bname, (brs, why) in base.items():
         if brs is None:
             baselines.append(Baseline(bname, None, why))
         else:
-            baselines.append(Baseline(bname, _costed_rules(bname, g, mesh, hw, rules_of(brs, 0, dims, mesh), limit,
-                                                           optimizer, remat)))
-    return Plan(g, hw, space, used, chosen, optimal, gap, limit, time.perf_counter() - t0, remat, runner_ups,
-                tuple(baselines), stats)
+            baselines.append(Baseline(bname, _first_fitting(g, mesh, hw, rules_of(brs, 0, dims, mesh), limit,
+                                                            optimizer, policies, attention, overlap, bname)))
+    decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
+    return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
+                chosen.remat, runner_ups, tuple(baselines), stats, tuple(decisions))
+
+
+def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "") -> Decision:
+    if plan is None:
+        return Decision(kind, option, None, min_memory, False, why or "nothing fits the memory limit")
+    return Decision(kind, option, plan.step_s, plan.memory_bytes, True, why)
+
+
+def _same_choice(d: Decision, chosen: Costed) -> bool:
+    if d.kind == "remat":
+        return chosen.stage_axis is None and chosen.microbatches == 1 and chosen.remat == d.option
+    if d.kind == "microbatches":
+        return chosen.stage_axis is None and str(chosen.microbatches) == d.option
+    return chosen.stage_axis is not None
+
+
+def _infeasible(g: Graph, mesh: Mesh, limit: float | None, searches: list[_RulesSearch],
+                why_not_piped: str) -> InfeasibleError:
+    """The error of a search where nothing fits: the smallest peak any layout needs, and what would help."""
+    if not searches:
+        return InfeasibleError(f"no pipelined plan of {g.name!r} on mesh {mesh} fits: {why_not_piped}", None)
+    peaks = [rs.min_memory() + (rs,) for rs in searches]
+    peak, k, rs = min(peaks, key=lambda p: p[0])
+    lay = format_rules(rules_of(rs.cands, k, rs.dims, mesh)) or "replicated"
+    helps = ["a larger memory limit or more devices"]
+    if rs.remat != "full":
+        helps.append("remat full")
+    helps.append("gradient accumulation (microbatches)")
+    if not why_not_piped:
+        helps.append("a pipeline (pipeline auto)")
+    return InfeasibleError(
+        f"no plan of {g.name!r} on mesh {mesh} fits {_gib(limit)} per device: the smallest peak memory any "
+        f"layout needs is {_gib(peak)} ({lay}, remat {rs.remat}); what could help: {', '.join(helps)}"
+        + (f"; pipelines: {why_not_piped}" if why_not_piped else ""), peak)
 
 
 def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: float | None, top: int,
            time_limit: float | None, tie: bool, pricer: Pricer, rs: _RulesSearch, sub: RuleSets,
-           best: Solution, optimizer: str, progress: Progress | None, remat: str = "none") -> tuple:
+           best: Solution, optimizer: str, progress: Progress | None, remat: str = "none",
+           attention: str = "auto") -> tuple:
     """Solve the layers or ops space, starting from the rules optimum ``best`` (an upper bound)."""
     dims = list(g.dims)
     start = sub.take([best.assign[0]])
@@ -436,11 +698,12 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
     sols = _solve(reduced, name, limit, top, time_limit, hint)
     stats = _stats(reduced) | {"unpruned": _stats(problem)}
     rules_plan = _costed_rules("rules optimum", g, mesh, hw, rules_of(sub, best.assign[0], dims, mesh), limit,
-                               optimizer, remat)
+                               optimizer, remat, attention, SEARCH_OVERLAP)
     if not sols[0].assign:
         return rules_plan, (), name, False, None, stats
     full = [tuple(int(k[s]) for k, s in zip(keep, sol.assign, strict=True)) for sol in sols]
-    costed = [_costed(f"#{i + 1}", g, mesh, hw, space, a, limit, optimizer, remat) for i, a in enumerate(full)]
+    costed = [_costed(f"#{i + 1}", g, mesh, hw, space, a, limit, optimizer, remat, attention)
+              for i, a in enumerate(full)]
     chosen = costed[0]
     optimal, gap = sols[0].optimal, sols[0].gap
     if (rules_plan.fits or not chosen.fits) and rules_plan.step_s < chosen.step_s * (1 - 1e-12):

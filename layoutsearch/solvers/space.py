@@ -46,6 +46,7 @@ layer's variables. Strategies provably absent from an optimum are pruned by
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -60,6 +61,7 @@ from layoutsearch.costmodel.compute import compute_seconds
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
+from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
@@ -434,6 +436,14 @@ class Space:
 
 # -- pricing --------------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _OpView:
+    """What :func:`~layoutsearch.costmodel.overlap.classify` reads of an op."""
+
+    matmul: bool
+    output: str
+
+
 class Pricer:
     """Seconds of op costs and collectives on one mesh and hardware (cached)."""
 
@@ -447,6 +457,27 @@ class Pricer:
         self._coll: dict[tuple, float] = {}
         self.cache: dict[tuple, Any] = {}
         """Prices of op and reshard variants, shared by the spaces built with this pricer."""
+        self.counted = "all"
+        """Which collectives the prices count: ``all``, or ``critical`` (those the step always waits for: a
+        lower bound of the overlapped step, see :meth:`bound`)."""
+        self.classes = collective_classes(graph)
+
+    def bound(self) -> Pricer:
+        """A copy (sharing this pricer's caches) whose prices count only critical collectives: a space built
+        with it has, per strategy, a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap`
+        schedules (compute runs on one stream, and a critical collective holds it for at least its time)."""
+        other = copy.copy(self)
+        other.counted = "critical"
+        return other
+
+    def counts(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
+        """Whether this pricer counts collective ``c`` (of op ``op_name``, a matmul or not)."""
+        if self.counted == "all":
+            return True
+        if not self.hw.async_collectives:
+            return True
+        view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None else None
+        return classify(c, self.classes, view, self.hw.collective_matmul) == "critical"
 
     def collective(self, kind: str, nbytes: int, axes: Axes) -> float:
         key = (kind, nbytes, axes)
@@ -460,7 +491,7 @@ class Pricer:
         return compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0]
 
     def comm(self, c: OpCost) -> float:
-        return sum(self.collective(x.kind, x.bytes, x.axes) for x in c.comms)
+        return sum(self.collective(x.kind, x.bytes, x.axes) for x in c.comms if self.counts(x, c.op, c.matmul))
 
     def seconds(self, c: OpCost, op: O.Op | None = None) -> float:
         return self.compute(c, op) + self.comm(c)
