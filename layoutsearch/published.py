@@ -146,4 +146,26 @@ def predict(run: PublishedRun) -> dict[str, Any]:
             "fits": memory <= hw.usable_bytes}
 
 
-__all__ = ["RUNS", "PublishedRun", "predict"]
+def search_published(run: PublishedRun, **options: Any) -> Any:
+    """The search on ``run``'s mesh, hardware and batch, under the device's usable memory, with the run's
+    precision, attention kernel and overlap held fixed (what the framework implements) and the layout, remat
+    policy and gradient accumulation searched. A pipelined run's mesh keeps its stage axis: pipelines are
+    searched (``pipeline="auto"``: over any axis, chosen when faster) with the run's schedule and micro-batch
+    count.
+    ``options`` override the search's arguments. Returns the :class:`~layoutsearch.solvers.plan.Plan`."""
+    from layoutsearch.solvers.search import search
+    from graphs import build_model
+
+    graph = build_model(run.model, **run.sizes)
+    kw: dict[str, Any] = {"hardware": run.hardware, "precision": run.precision, "attention": run.attention,
+                          "overlap": run.overlap, "top": 1}
+    if run.stage_axis is not None:
+        from layoutsearch.mesh import Mesh
+
+        kw.update(pipeline="auto", microbatches=run.microbatches,
+                  schedule=run.schedule)
+    kw.update(options)
+    return search(graph, run.mesh, **kw)
+
+
+__all__ = ["RUNS", "PublishedRun", "predict", "search_published"]

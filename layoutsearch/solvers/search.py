@@ -582,7 +582,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                 chosen, more, used, proven, pgap, stats = _finer(
                     g, mesh, hw, space, solver, limit, top, time_limit, tie, pricer, rs, rs.cands.take(priced),
                     sols[0], optimizer, progress, policy, attention)
-                plans = [p for p in (chosen, *more) if p.fits]
+                plans = [p for p in (chosen, *more) if _within(p, limit)]
         for p in plans:
             options.append(p)
         if plans:
@@ -598,7 +598,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
         for M in _microbatch_options(graph.dims["batch"], microbatches):
             plans = _accumulated(graph, mesh, hw, M, policies, limit, top, solver, optimizer, precision, attention,
                                  overlap, progress)
-            plans = sorted((p for p in plans if p.fits), key=lambda c: c.step_s)
+            plans = sorted((p for p in plans if _within(p, limit)), key=lambda c: c.step_s)
             options += plans[:top]
             decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None))
             fitted += bool(plans)
@@ -608,14 +608,14 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     if pipeline != "off":
         plans, why_not_piped = _pipelined(graph, mesh, hw, limit, pipeline, microbatches, schedule, optimizer,
                                           precision, attention, overlap, progress)
-        options += [p for p in plans if p.fits]
+        options += [p for p in plans if _within(p, limit)]
         label = "any axis" if pipeline == "auto" else f"{pipeline} stages"
         if plans:
             p = plans[0]
             label = (f"{mesh.axis_size(p.stage_axis)} stages over {p.stage_axis}, {p.microbatches} micro-batches, "
                      f"{p.schedule}")
         decisions.append(_decision("pipeline", label, plans[0] if plans else None, None, why_not_piped))
-    options = [p for p in options if p.fits]
+    options = [p for p in options if _within(p, limit)]
     if not options:
         raise _infeasible(g, mesh, limit, searches, why_not_piped)
     options.sort(key=lambda c: c.step_s)
@@ -633,6 +633,10 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
     return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
                 chosen.remat, runner_ups, tuple(baselines), stats, tuple(decisions))
+
+
+def _within(plan: Costed, limit: float | None) -> bool:
+    return limit is None or plan.memory_bytes <= limit * (1 + 1e-12)
 
 
 def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "") -> Decision:
