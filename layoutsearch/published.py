@@ -160,7 +160,6 @@ def search_published(run: PublishedRun, **options: Any) -> Any:
     kw: dict[str, Any] = {"hardware": run.hardware, "precision": run.precision, "attention": run.attention,
                           "overlap": run.overlap, "top": 1}
     if run.stage_axis is not None:
-        from layoutsearch.mesh import Mesh
 
         kw.update(pipeline="auto", microbatches=run.microbatches,
                   schedule=run.schedule)

@@ -369,7 +369,8 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         colls = []
         for c in cost.comms:
             p = price(c.kind, c.axes, c.bytes)
-            colls.append(CollectiveRecord(cost.op, phase, c.kind, tuple(c.axes), c.bytes, p.seconds, c.tensor,
+            axes = tuple(a for a in c.axes if mesh.axis_size(a) > 1) or tuple(c.axes)  # one communicator
+            colls.append(CollectiveRecord(cost.op, phase, c.kind, axes, c.bytes, p.seconds, c.tensor,
                                           prefix + c.cause, p.link_bytes))
         return OpReport(cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul, seconds,
                         bound, tuple(colls), g.op(cost.op).output)

@@ -132,9 +132,10 @@ class _Builder:
         self.tie, self.variants = tie, variants
         if remat != "none" and kind == "ops":
             raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
-        self.plan = remat_plan(graph, remat)
+        self._fcache: dict[tuple, Any] = self.p.cache
+        self.plan, self.life = self.cached(("remat", remat), lambda: (lambda plan: (plan, _lifetimes(graph, plan)))(
+            remat_plan(graph, remat)))
         self.recomputed = frozenset(self.plan.recomputed)
-        self.life = _lifetimes(graph, self.plan)
         self.deferred = frozenset(self.life.deferrable) if getattr(hw, "combined_gradient_all_reduce", False) \
             else frozenset()
         self.rules = rules if rules is not None else (rule_sets(graph, mesh) if kind != "ops" else None)
@@ -143,8 +144,17 @@ class _Builder:
         self.op_node: dict[str, int] = {}
         self.owner: dict[str, int] = {}
         self._keys: dict[tuple, np.ndarray] = {}
-        self._fcache: dict[tuple, Any] = self.p.cache
         self._mask_cache: dict[tuple[str, ...], np.ndarray] = {}
+
+    def cached(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, once per pricer (what depends on the graph alone is shared by every space built with
+        one pricer)."""
+        if key not in self._fcache:
+            self._fcache[key] = make()
+        return self._fcache[key]
+
+    def families(self, tie: bool) -> dict[str, str]:
+        return self.cached(("families", tie), lambda: block_families(self.g, tie))
 
     def mask(self, names: Iterable[str]) -> np.ndarray:
         """Boolean mask over dim indices (one spare False entry, so NONE indexes False)."""
@@ -161,6 +171,9 @@ class _Builder:
 
     # -- nodes
     def tensor_blocks(self) -> dict[str, str | None]:
+        return self.cached(("tensor_blocks",), self._tensor_blocks)
+
+    def _tensor_blocks(self) -> dict[str, str | None]:
         g = self.g
         out: dict[str, str | None] = {}
         for name in g.tensors:
@@ -174,7 +187,12 @@ class _Builder:
 
     def make_nodes(self) -> None:
         g = self.g
-        fam = block_families(g, self.tie)
+        if self.kind == "rules":
+            self.nodes.append(Node("rules", "rules", 1, rules=self.rules))
+            self.op_node = {op.name: 0 for op in g.ops}
+            self.owner = {t: 0 for t in g.tensors}
+            return
+        fam = self.families(self.tie)
         tblock = self.tensor_blocks()
         index: dict[Any, int] = {}
 
@@ -189,11 +207,6 @@ class _Builder:
         def cls(name: str, block: str | None) -> tuple:
             return (fam[block], _strip(name, block)) if block is not None else (None, name)
 
-        if self.kind == "rules":
-            self.nodes.append(Node("rules", "rules", 1, rules=self.rules))
-            self.op_node = {op.name: 0 for op in g.ops}
-            self.owner = {t: 0 for t in g.tensors}
-            return
         if self.kind == "layers":
             blocks = sorted({b for b in fam}, key=lambda b: [op.block for op in g.ops].index(b))
             seen: set[str] = set()
@@ -508,9 +521,12 @@ class _Builder:
 
     def point_classes(self) -> list[Any]:
         """Per op of the schedule: its class (equal for the instances of one op of tied blocks)."""
-        fam = block_families(self.g, True)
-        return [(fam[op.block], _strip(op.name, op.block)) if op.block is not None else op.name
-                for op in self.g.ops]
+        def make() -> list[Any]:
+            fam = self.families(True)
+            return [(fam[op.block], _strip(op.name, op.block)) if op.block is not None else op.name
+                    for op in self.g.ops]
+
+        return self.cached(("point_classes",), make)
 
     def build(self) -> Space:
         self.make_nodes()
@@ -526,6 +542,7 @@ class _Builder:
             if span is not None:
                 store[key][2].append(span)
 
+        kinds: dict[tuple, tuple[list[str], list[str]]] = {}  # per op class: the kinds of its items
         for k, op in enumerate(g.ops):
             n, o = self.op_node[op.name], self.owner[op.output]
             base = (self.sig(op), n, o, tuple(self.owner[x] for x in op.inputs))
@@ -536,11 +553,12 @@ class _Builder:
                     made["v"] = self.op_items(op, n, o)
                 return made["v"]
 
-            c_items, m_items = items()
-            for j, (kind, _, _) in enumerate(c_items):
+            if base not in kinds:  # ops of one class (tied layers) share their items: built once
+                kinds[base] = ([kind for kind, _, _ in items()[0]], [kind for kind, _, _ in items()[1]])
+            for j, kind in enumerate(kinds[base][0]):
                 for _ in range(1 + (op.name in self.recomputed) + (op.name in self.p.flash_recomputed)):
                     add(cost_items, ("op", base, kind), lambda j=j, items=items: items()[0][j], None)
-            for j, (kind, _, _) in enumerate(m_items):
+            for j, kind in enumerate(kinds[base][1]):
                 add(mem_items, ("op", base, kind), lambda j=j, items=items: items()[1][j], (k, k))
         # the einsums sharing one reshard of an operand: all of them, or those of one phase where the backend
         # gathers weights again for the backward pass (Hardware.regather_weights)

@@ -363,7 +363,8 @@ def memory_limit_bytes(memory_limit: float | str | None, hw: Hardware) -> float 
 
 MAX_REFINED = 48
 """At most this many plans of one remat policy are priced with overlap (:func:`_overlapped_top`); past it the
-search stops with its best plan and the gap to the smallest compute bound left, labelled not proven."""
+search stops with its best plan (proven when no plan left can beat it; else labelled not proven, with the gap
+to the smallest lower bound left) and runner-ups that are the best priced, not proven."""
 
 
 def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str, time_limit: float | None,
@@ -401,10 +402,10 @@ def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str
     for i, (k, lower) in enumerate(zip(order, bound, strict=True)):
         if len(plans) >= top and plans[top - 1].step_s <= lower * (1 + 1e-9):
             break
-        if i >= MAX_REFINED:
-            proven = False
+        if i >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups are not)
             best = plans[0].step_s
-            gap = max(0.0, (best - float(lower)) / best) if best > 0 else None
+            if best > lower * (1 + 1e-9):
+                proven, gap = False, (best - float(lower)) / best
             break
         if progress is not None and i and i % 8 == 0:
             progress(f"remat {rs.remat}: priced {i} plans with overlap")

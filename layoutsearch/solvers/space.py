@@ -7,11 +7,15 @@ Three granularities of the same model (``space=``):
     graph (Shazeer et al. 2018, "Mesh-TensorFlow: Deep Learning for
     Supercomputers", NeurIPS). A candidate gives each mesh axis a *primary*
     dim (or none; several axes may split one dim) and optionally a
-    *fallback* dim that takes the axes whose primary dim is no parameter's
-    when an op or tensor lacks that primary dim (Flax rule precedence). The
-    fallback is how ZeRO/FSDP appears as rules: ``batch:data, d_model:data``
-    splits activations by batch and parameters, gradients and optimizer
-    state by ``d_model``. One node; its strategies are the candidates.
+    *fallback* dim that takes some or all of the axes whose primary dim is
+    no parameter's when an op or tensor lacks that primary dim (Flax rule
+    precedence). The fallback is how ZeRO/FSDP appears as rules:
+    ``batch:data, d_model:data`` splits activations by batch and parameters,
+    gradients and optimizer state by ``d_model``; over some of the batch axes
+    only (``batch:data+fsdp, d_model:fsdp``) it is hybrid sharding (FSDP
+    inside a slice or node, data parallelism across: PyTorch's HSDP,
+    MaxText's multi-slice default). One node; its strategies are the
+    candidates.
 ``"layers"``
     One rule set per repeated block (and one for everything outside blocks);
     tensors crossing blocks are resharded. Consecutive layers form a chain,
@@ -235,16 +239,18 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
         big = np.array([s > 1 for s in axes])
         param_choice = np.array([any(d in pdims for d in c) for c in choices] + [False])
         for row in prim:
-            free = big & ~param_choice[row]
-            if not free.any():
-                continue
-            group = int(np.prod([s for s, f in zip(axes, free, strict=True) if f]))
+            free = np.nonzero(big & ~param_choice[row])[0]
             used = {d for c in row if c >= 0 for d in choices[c]}
-            for f in pdims:
-                if f not in used and sizes[f] % group == 0:
-                    P.append(row[None])
-                    F.append(np.array([f], np.int32))
-                    FA.append(free[None])
+            for r in range(1, len(free) + 1):
+                for subset in itertools.combinations(free, r):  # all free axes (ZeRO-3), or some (hybrid FSDP)
+                    group = int(np.prod([axes[a] for a in subset]))
+                    mask = np.zeros(len(axes), bool)
+                    mask[list(subset)] = True
+                    for f in pdims:
+                        if f not in used and sizes[f] % group == 0:
+                            P.append(row[None])
+                            F.append(np.array([f], np.int32))
+                            FA.append(mask[None])
     return RuleSets(tuple(choices), np.concatenate(P), np.concatenate(F), np.concatenate(FA))
 
 
