@@ -35,6 +35,7 @@ import dataclasses
 import itertools
 import math
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,7 @@ import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.ops import is_matmul, op_flops
-from layoutsearch.costmodel.memory import REMAT_POLICIES
+from layoutsearch.costmodel.memory import REMAT_POLICIES, _lifetimes, remat_plan
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
@@ -196,16 +197,35 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
     return total
 
 
-def _resident_bounds(g: Graph, mesh: Mesh, cands: RuleSets, dims: list[str]) -> np.ndarray:
-    """A lower bound of each candidate's peak memory: the fed tensors, live the whole step."""
+def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str], remat: str,
+                   on_chip: frozenset[str], points: int = 16) -> np.ndarray:
+    """A lower bound of each candidate's peak memory: the bytes the memory model holds live at a few points of
+    the schedule (the tensors whose lifetime, under ``remat``, spans the point, at their per-device size: fed
+    tensors, saved activations, gradients), the largest over the points. Candidates whose bound exceeds the
+    limit are never priced."""
+    life = _lifetimes(g, remat_plan(g, remat))
+    n = len(g.ops)
     axis = np.array([s for _, s in mesh.axes], dtype=float)
-    total = np.zeros(len(cands))
-    for t in g.fed:
-        m = np.zeros(len(dims) + 1, bool)
-        m[[dims.index(d) for d in t.dim_names]] = True
-        p = cands.project(m)
-        total += t.nbytes / np.where(p >= 0, axis[None, :], 1.0).prod(axis=1)
-    return total
+    skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
+    at = sorted({int(x) for x in np.linspace(0, n - 1, points)} | {int(life.last_backward)} - {-1})
+    split: dict[tuple[str, ...], np.ndarray] = {}
+    best = np.zeros(len(cands))
+    for p in at:
+        live: dict[tuple[str, ...], float] = defaultdict(float)
+        for row in np.nonzero((life.start <= p) & (life.end >= p))[0]:
+            t = life.tensors[int(life.tensor[row])]
+            if row not in skip and t.name not in on_chip:
+                live[t.dim_names] += t.nbytes
+        total = np.zeros(len(cands))
+        for names, nbytes in live.items():
+            if names not in split:
+                m = np.zeros(len(dims) + 1, bool)
+                m[[dims.index(d) for d in names]] = True
+                proj = cands.project(m)
+                split[names] = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
+            total += nbytes / split[names]
+        best = np.maximum(best, total)
+    return best
 
 
 def _values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -228,10 +248,17 @@ class _RulesSearch:
                  remat: str = "none") -> None:
         self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
         self.dims = list(g.dims)
-        cands = rule_sets(g, mesh)
-        self.cands = cands.concat(extra) if extra is not None else cands
-        self.lb = _compute_bounds(g, mesh, hw, self.cands, self.dims, pricer.fusion.on_chip)
-        self.mem_lb = _resident_bounds(g, mesh, self.cands, self.dims)
+
+        def candidates() -> tuple[RuleSets, np.ndarray]:  # the same for every remat policy
+            cands = rule_sets(g, mesh)
+            cands = cands.concat(extra) if extra is not None else cands
+            return cands, _compute_bounds(g, mesh, hw, cands, self.dims, pricer.fusion.on_chip)
+
+        key = ("rules candidates", id(extra))
+        if key not in pricer.cache:
+            pricer.cache[key] = candidates()
+        self.cands, self.lb = pricer.cache[key]
+        self.mem_lb = _memory_bounds(g, mesh, hw, self.cands, self.dims, remat, pricer.fusion.on_chip)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
@@ -253,6 +280,8 @@ class _RulesSearch:
     def bound_and_price(self, limit: float | None, top: int, progress: Progress | None) -> np.ndarray:
         """Price candidates in bound order until the ``top`` best that fit are proven; returns the priced."""
         order = np.argsort(self.lb, kind="stable")
+        if limit is not None:  # a candidate whose live bytes exceed the limit somewhere cannot fit
+            order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
         batch, start = 32, 0
         while start < len(order):
             self.price(order[start:start + batch])
@@ -380,6 +409,8 @@ def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str
     ``S`` is below the next ``A``. Returns (plans fastest first, proven, gap, solver used)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
     priced = rs.bound_and_price(limit, top, progress)
+    if not len(priced):
+        return [], True, None, "enumerate"
     problem = rs.problem(priced)
     name = _solver_for(problem, solver, limit)
     sols = _solve(problem, name, limit, top, time_limit)
@@ -415,12 +446,24 @@ def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str
     return plans[:top], proven, gap, name
 
 
-def _first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None, optimizer: str,
-                   policies: tuple[str, ...], attention: str, overlap: float | str, name: str) -> Costed:
-    """``rules`` priced with the first of ``policies`` (least recomputation first) under which they fit: the
-    fastest of them, as remat only adds work; the last policy when none fits."""
-    for policy in policies:
-        plan = _costed_rules(name, g, mesh, hw, rules, limit, optimizer, policy, attention, overlap)
+def _first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies: tuple[str, ...],
+                   searches: list[_RulesSearch], limit: float | None, optimizer: str, attention: str,
+                   overlap: float | str, name: str) -> Costed:
+    """Rule set ``rules`` priced with the first of ``policies`` (least recomputation first) under which it
+    fits: the fastest of them, as remat only adds work; the last policy when none fits. A policy whose rules
+    search (in ``searches``) already knows the set's peak memory, or a bound of it, above the limit is
+    skipped."""
+    known = {rs.remat: rs for rs in searches}
+    plan = None
+    for k, policy in enumerate(policies):
+        rs = known.get(policy)
+        i = rs.cands.index(rules) if rs is not None else None
+        if i is not None and limit is not None and k < len(policies) - 1:
+            peak = rs.mem[i] if not np.isnan(rs.mem[i]) else rs.mem_lb[i]
+            if peak > limit * (1 + 1e-9):
+                continue
+        plan = _costed_rules(name, g, mesh, hw, rules_of(rules, 0, list(g.dims), mesh), limit, optimizer, policy,
+                             attention, overlap)
         if plan.fits:
             break
     return plan
@@ -556,7 +599,6 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     limit = memory_limit_bytes(memory_limit, hw)
     policies = (REMAT_POLICIES if space != "ops" else ("none",)) if remat == "auto" else (remat,)
     g = training_step(graph, optimizer, precision)
-    dims = list(g.dims)
     pricer = Pricer(g, mesh, hw, attention)
     base = baseline_rules(g, mesh)
     extra = _baseline_sets(g, mesh)
@@ -576,8 +618,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                      "nodes": 1, "strategies": len(rs.cands), "factors": 0, "variables": len(rs.cands)}
         else:
             priced = rs.bound_and_price(limit, top, progress)
-            sols = _solve(rs.problem(priced), "enumerate", limit, top, None)
-            if not sols[0].assign:
+            sols = _solve(rs.problem(priced), "enumerate", limit, top, None) if len(priced) else []
+            if not sols or not sols[0].assign:
                 plans, proven, pgap = [], True, None
             else:
                 chosen, more, used, proven, pgap, stats = _finer(
@@ -629,8 +671,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
         if brs is None:
             baselines.append(Baseline(bname, None, why))
         else:
-            baselines.append(Baseline(bname, _first_fitting(g, mesh, hw, rules_of(brs, 0, dims, mesh), limit,
-                                                            optimizer, policies, attention, overlap, bname)))
+            baselines.append(Baseline(bname, _first_fitting(g, mesh, hw, brs, policies, searches, limit, optimizer,
+                                                            attention, overlap, bname)))
     decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
     return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
                 chosen.remat, runner_ups, tuple(baselines), stats, tuple(decisions))
