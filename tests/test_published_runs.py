@@ -73,3 +73,31 @@ def test_runs_cover_both_sources_and_use_the_published_layouts():
     mega = next(r for r in RUNS if r.name == "megatron-145.6b")
     assert (mega.mesh, mega.stage_axis, mega.microbatches) == ("pipe:8,data:24,model:8", "pipe", 96)
     assert next(r for r in RUNS if r.name == "maxtext-32b x4").mesh == "data:4,fsdp:256"
+
+
+# -- the search against the published layouts ---------------------------------------------------------------------
+
+FAST_SEARCH_ROWS = ("megatron-1.7b", "maxtext-16b x1", "maxtext-128b x1")
+"""Rows searched in the default run (seconds each); ``pytest -m slow`` searches every row."""
+
+
+def _search_is_never_worse(run):
+    from layoutsearch.published import search_published
+
+    published = _predicted()[run.name]
+    plan = search_published(run)
+    assert plan.chosen.fits and plan.memory_bytes <= plan.memory_limit
+    assert plan.step_s <= published["predicted_step_s"] * (1 + 1e-6), (
+        f"{run.name}: the search's plan ({plan.chosen.rules_text()}, remat {plan.chosen.remat}) is predicted at "
+        f"{plan.step_s:.3f} s, the published layout at {published['predicted_step_s']:.3f} s")
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if r.name in FAST_SEARCH_ROWS], ids=lambda r: r.name)
+def test_the_search_is_never_worse_than_the_published_layout(run):
+    _search_is_never_worse(run)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", [r for r in RUNS if r.name not in FAST_SEARCH_ROWS], ids=lambda r: r.name)
+def test_the_search_is_never_worse_than_the_published_layout_on_every_row(run):
+    _search_is_never_worse(run)

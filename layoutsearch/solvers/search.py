@@ -390,7 +390,7 @@ def memory_limit_bytes(memory_limit: float | str | None, hw: Hardware) -> float 
     return limit
 
 
-MAX_REFINED = 48
+MAX_REFINED = 256
 """At most this many plans of one remat policy are priced with overlap (:func:`_overlapped_top`); past it the
 search stops with its best plan (proven when no plan left can beat it; else labelled not proven, with the gap
 to the smallest lower bound left) and runner-ups that are the best priced, not proven."""
