@@ -1,4 +1,4 @@
-"""GPipe execution (layoutsearch.backend.pipeline) on 8 simulated CPU devices.
+"""GPipe execution (layoutsearch.backend.pipeline) on 8 simulated CPU devices, equal and unequal stages.
 
 Each case compiles the pipelined training step once and checks both that it
 computes the unpipelined step and that its compiled program has exactly the
@@ -177,6 +177,43 @@ def test_remat_wraps_the_stage_function_in_checkpoint():
         pipe = Pipeline(g, {"stage": 2}, microbatches=2, remat=remat)
         jaxpr = str(jax.make_jaxpr(pipe.step)(*pipe.place(params, inputs)))
         assert ("remat" in jaxpr) == remat
+
+
+@pytest.mark.parametrize(("counts", "mesh"), [((1, 3), {"stage": 2, "data": 2}), ((1, 2, 1), {"stage": 3})])
+def test_any_contiguous_stage_partition_computes_the_unpipelined_step(counts, mesh):
+    """Unequal stages (as the pipeline cost model's exact partition may choose): padding slots pass the
+    activation through, and the gradients equal the unpipelined step's (same tolerances)."""
+    g, params, inputs, (ref_loss, ref_grads) = _model("gpt")
+    pipe = Pipeline(g, mesh, microbatches=2, layers_per_stage=counts)
+    stacked, outer = pipe.stack(params)
+    assert stacked["wq"].shape[:2] == (len(counts), max(counts))
+    assert pipe.unstack(stacked, outer).keys() == params.keys()
+    loss, grads = pipe.loss_and_grads(params, inputs, pipe.compile(params, inputs, FAST))
+    np.testing.assert_allclose(loss, ref_loss, rtol=2e-6)
+    assert set(grads) == set(ref_grads)
+    for name, ref in ref_grads.items():
+        np.testing.assert_allclose(grads[name], ref, rtol=2e-5, atol=2e-6 * max(1.0, float(np.max(np.abs(ref)))),
+                                   err_msg=name)
+
+
+def test_the_cost_models_partition_is_what_the_executor_runs():
+    from layoutsearch.costmodel.pipeline import estimate_pipeline
+
+    g, params, inputs, (ref_loss, _) = _model("gpt")
+    rep = estimate_pipeline(g, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2,
+                            schedule="gpipe")
+    counts = rep.layers_per_stage()
+    assert len(counts) == 2 and sum(counts) == 4
+    pipe = Pipeline(g, {"stage": 2}, microbatches=2, layers_per_stage=counts)
+    loss, _ = pipe.loss_and_grads(params, inputs, pipe.compile(params, inputs, FAST))
+    np.testing.assert_allclose(loss, ref_loss, rtol=2e-6)
+
+
+def test_a_partition_that_does_not_cover_the_layers_fails_clearly():
+    g = build_model("gpt", **SIZES)
+    for counts in ((2, 1), (4, 0), (1, 1, 2)):
+        with pytest.raises(GraphError, match="layers_per_stage"):
+            Pipeline(g, {"stage": 2}, microbatches=2, layers_per_stage=counts)
 
 
 def test_stack_and_unstack_parameters():

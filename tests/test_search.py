@@ -130,3 +130,58 @@ def test_zoo_models_search_in_every_space(model):
     plans = [search(g, MESH, hardware="tpu-v3", space=s, top=1) for s in ("rules", "layers", "ops")]
     assert plans[1].step_s <= plans[0].step_s * (1 + 1e-9)
     assert plans[2].step_s <= plans[0].step_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
+    """The roofline and live-set bounds never exceed a candidate's priced step and peak, and the critical-path
+    bound (compute + the collectives a step always waits for) never exceeds the overlapped step (which may
+    exceed the step without overlap: a critical collective can wait behind a prefetched gather)."""
+    import importlib
+
+    import numpy as np
+
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.build import build_space
+    from layoutsearch.solvers.space import Pricer, rules_of
+
+    s = importlib.import_module("layoutsearch.solvers.search")
+    g, mesh, hw = training_step(gpt), Mesh.parse(MESH), hardware("h100")
+    rs = s._RulesSearch(g, mesh, hw, Pricer(g, mesh, hw), None, remat)
+    every = np.arange(len(rs.cands))
+    rs.price(every)
+    assert np.all(rs.lb <= rs.cost * (1 + 1e-9)) and np.all(rs.mem_lb <= rs.mem * (1 + 1e-9))
+    sample = np.random.default_rng(0).choice(every, 12, replace=False)
+    bound = build_space(g, mesh, hw, "rules", rules=rs.cands.take(sample), pricer=rs.pricer.bound(), remat=remat)
+    lower = s._values(bound.problem)[0]
+    for k, low in zip(sample, lower, strict=True):
+        rep = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat)
+        assert rs.lb[k] <= low * (1 + 1e-9) and low <= rep.step_s * (1 + 1e-9)
+        serial = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat, overlap=0.0)
+        assert serial.step_s == pytest.approx(rs.cost[k], rel=1e-9)
+
+
+def test_the_rules_space_holds_sequence_parallelism_and_hybrid_fsdp(gpt):
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.layout import format_rules
+    from layoutsearch.mesh import Mesh
+    from layoutsearch.solvers.space import rule_sets, rules_of
+
+    g, mesh = training_step(gpt), Mesh.parse("data:2,fsdp:2,model:2")
+    sets = rule_sets(g, mesh)
+    texts = {format_rules(rules_of(sets, r, list(g.dims), mesh)) for r in range(len(sets))}
+    assert "batch:data+fsdp,vocab:model,heads:model,d_ff:model,seq:model" in texts  # Megatron-SP
+    assert "batch:data+fsdp,vocab:model,heads:model,d_ff:model,d_model:fsdp" in texts  # hybrid FSDP + TP
+    assert "batch:data+fsdp,vocab:model,heads:model,d_ff:model,d_model:fsdp,seq:model" in texts
+
+
+def test_decisions_say_what_each_option_costs(gpt, free):
+    kinds = [(d.kind, d.option) for d in free.decisions]
+    assert kinds == [("remat", "none"), ("remat", "selective"), ("remat", "full")]
+    chosen = [d for d in free.decisions if d.chosen]
+    assert len(chosen) == 1 and chosen[0].option == free.chosen.remat
+    assert chosen[0].step_s == pytest.approx(free.step_s)
+    assert all(d.step_s >= free.step_s * (1 - 1e-9) for d in free.decisions if d.fits)
+    assert free.memory_limit == pytest.approx(78e9 * 0 + 80e9 - 2**30)  # h100: HBM less the 1 GiB reserve

@@ -4,8 +4,10 @@ The graph's repeated blocks ``layer.0 .. layer.{L-1}`` (ops tagged
 ``block="layer.i"``, tensors named ``layer.i/<name>``) must be structurally
 identical: the same ops and tensors after the prefix, one activation entering
 and one leaving each block with the same dims, and parameters of their own.
-Stage ``s`` of ``K`` holds layers ``s·L/K .. (s+1)·L/K - 1``; their parameters
-are stacked ``[K, L/K, ...]`` and sharded over ``stage`` on axis 0.
+Stage ``s`` of ``K`` holds a contiguous run of ``layers_per_stage[s]`` layers
+(default ``L/K`` each); their parameters are stacked ``[K, S, ...]`` (``S``
+the largest count; a shorter stage's extra slots are padding, skipped by a
+``lax.cond`` when run) and sharded over ``stage`` on axis 0.
 
 Everything else runs outside the pipeline, inside the same ``shard_map`` body,
 on every device: the *pre* ops (before the first block: embedding) and the
@@ -47,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +145,6 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
     if L == 0 or sorted(blocks) != list(range(L)):
         raise GraphError(f"graph {graph.name!r} needs blocks {block_prefix}.0 .. {block_prefix}.N-1, "
                          f"found {sorted(blocks)}")
-    if L % stages:
-        raise GraphError(f"{L} layers do not split into {stages} equal stages; choose stages dividing {L}")
     in_block = {op.name for ops in blocks.values() for op in ops}
     templates, entries, exits, canon = [], [], [], []
     for i in range(L):
@@ -205,7 +205,7 @@ class Pipeline:
     def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
                  remat: bool = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
                  stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = "layer",
-                 devices: list[jax.Device] | None = None) -> None:
+                 layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None) -> None:
         if stage_axis not in mesh_shape:
             raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
         if stages is not None and stages != mesh_shape[stage_axis]:
@@ -217,6 +217,9 @@ class Pipeline:
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
+        self.counts = _stage_counts(self.parts.layers, self.K, layers_per_stage)
+        self.slots = max(self.counts)
+        self.mask = np.arange(self.slots)[None, :] < np.array(self.counts)[:, None]  # [K, slots]: a real layer
         self.manual = (stage_axis, data_axis) if data_axis in mesh_shape else (stage_axis,)
         self.layout = self._check_layout(layout, mesh_shape)
         self.loss_scale = self._data_scale()
@@ -261,19 +264,26 @@ class Pipeline:
     def shardings(self) -> tuple[dict[str, NamedSharding], ...]:
         return tuple({k: NamedSharding(self.mesh, s) for k, s in d.items()} for d in self.specs())
 
+    def _slot_layers(self) -> list[list[int]]:
+        """Per stage, the layer in each of its slots (padding slots repeat the stage's first layer; they are
+        skipped when run and their gradients dropped)."""
+        first = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
+        return [[int(first[s]) + (j if j < n else 0) for j in range(self.slots)] for s, n in enumerate(self.counts)]
+
     def stack(self, params: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays]:
-        """The graph's parameters as (stacked ``[K, L/K, ...]`` layer parameters, outer parameters)."""
-        L, K = self.parts.layers, self.K
-        stacked = {k: jnp.stack([params[f"{self.block_prefix}.{i}/{k}"] for i in range(L)])
-                   .reshape(K, L // K, *np.shape(params[f"{self.block_prefix}.0/{k}"])) for k in self.parts.layer_params}
+        """The graph's parameters as (stacked ``[K, slots, ...]`` layer parameters: stage ``s`` holds its
+        ``layers_per_stage[s]`` layers in order, then padding; outer parameters)."""
+        slots = self._slot_layers()
+        stacked = {k: jnp.stack([jnp.stack([params[f"{self.block_prefix}.{i}/{k}"] for i in row]) for row in slots])
+                   for k in self.parts.layer_params}
         return stacked, {k: params[k] for k in self.parts.outer_params}
 
     def unstack(self, stacked: Mapping[str, jax.Array], outer: Mapping[str, jax.Array]) -> Arrays:
-        """Inverse of :meth:`stack`."""
+        """Inverse of :meth:`stack` (padding slots dropped)."""
         out = dict(outer)
         for k, v in stacked.items():
-            flat = v.reshape(self.parts.layers, *v.shape[2:])
-            out.update({f"{self.block_prefix}.{i}/{k}": flat[i] for i in range(self.parts.layers)})
+            for s, row in enumerate(self._slot_layers()):
+                out.update({f"{self.block_prefix}.{i}/{k}": v[s, j] for j, i in enumerate(row[:self.counts[s]])})
         return out
 
     def place(self, params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays, Arrays]:
@@ -336,8 +346,17 @@ class Pipeline:
         def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
             return run_graph(p.layer, {**params, IN: x}, constrain(p.layer_names))[p.layer_out], None
 
-        def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
-            return lax.scan(layer, x, params)[0]
+        if self.mask.all():
+            def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
+                return lax.scan(layer, x, params)[0]
+        else:  # unequal stages: padding slots pass their input through
+            real = jnp.asarray(self.mask)[stage]
+
+            def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
+                def slot(x: jax.Array, item: tuple[Arrays, jax.Array]) -> tuple[jax.Array, None]:
+                    ps, on = item
+                    return lax.cond(on, lambda x: layer(x, ps)[0], lambda x: x, x), None
+                return lax.scan(slot, x, (params, real))[0]
 
         run_stage: Callable[[Arrays, jax.Array], jax.Array] = jax.checkpoint(stage_fn) if self.remat else stage_fn
         perm = [(i, i + 1) for i in range(K - 1)]
@@ -363,6 +382,21 @@ class Pipeline:
             raise GraphError(f"a data axis needs a loss that is a mean or sum over {self.batch_dim!r}; "
                              f"{self.graph.loss!r} is not")
         return 1.0 / self.D if op.fn == "mean" else 1.0
+
+
+def _stage_counts(layers: int, stages: int, given: Sequence[int] | None) -> list[int]:
+    """Layers per stage: ``given`` (a contiguous partition: K positive counts summing to the layers), or
+    equal stages."""
+    if given is None:
+        if layers % stages:
+            raise GraphError(f"{layers} layers do not split into {stages} equal stages; choose stages dividing "
+                             f"{layers} or give layers_per_stage")
+        return [layers // stages] * stages
+    counts = [int(n) for n in given]
+    if len(counts) != stages or min(counts) < 1 or sum(counts) != layers:
+        raise GraphError(f"layers_per_stage {list(given)} must give each of the {stages} stages at least one layer "
+                         f"and sum to the {layers} layers")
+    return counts
 
 
 def _vary(tree: Any, axes: tuple[str, ...]) -> Any:

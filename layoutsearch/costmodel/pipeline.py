@@ -282,6 +282,13 @@ class PipelineReport:
     def fits(self) -> bool:
         return self.memory_bytes <= self.inner.hardware.usable_bytes
 
+    def layers_per_stage(self, prefix: str = "layer") -> tuple[int, ...]:
+        """How many ``prefix.i`` blocks each stage runs: the partition as the GPipe executor takes it
+        (``backend.pipeline.Pipeline(layers_per_stage=...)``); one chunk per device schedules only."""
+        if self.schedule.kind == "interleaved":
+            raise CostModelError("an interleaved schedule runs several chunks per device; the executor runs one")
+        return tuple(sum(u.startswith(prefix + ".") for u in s.units) for s in self.stages)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model, "mesh": str(self.mesh), "stage_axis": self.stage_axis,

@@ -343,7 +343,8 @@ class _Builder:
             names = dict(zip((*src.inputs, src.output), (*op.inputs, op.output), strict=True))
             cost = dataclasses.replace(cost, comms=tuple(dataclasses.replace(c, tensor=names.get(c.tensor, c.tensor))
                                                          for c in cost.comms))
-        return _transient(op, cost, self.stored(self.g.tensors[op.output], out), op.output in self.deferred)
+        stored = 0 if op.output in self.p.fusion.on_chip else self.stored(self.g.tensors[op.output], out)
+        return _transient(op, cost, stored, op.output in self.deferred)
 
     def deferred_item(self, t: Tensor, part: int) -> tuple:
         """A parameter gradient whose all-reduce the backend defers to the end of the backward pass (one
@@ -471,14 +472,15 @@ class _Builder:
                   for _, _, op in slots]
         rank = _ranks([k for k, _, _ in slots])
 
-        again = [op.name in self.recomputed for _, _, op in slots]
+        runs = [1 + (op.name in self.recomputed) + (op.name in self.p.flash_recomputed) for _, _, op in slots]
 
         def seconds(a: list[np.ndarray]) -> float:
-            """Each distinct reshard once, and again when its first reader is recomputed."""
-            first: dict[bytes, tuple[np.ndarray, bool]] = {}
-            for w, r in zip(a[1:], again, strict=True):
-                first.setdefault(w.tobytes(), (w, r))
-            return sum(self.f_reshard(x, a[0], w)[0] * (2 if r else 1) for w, r in first.values())
+            """Each distinct reshard once, and again each time its first reader is recomputed (remat, or a
+            flash-attention backward pass)."""
+            first: dict[bytes, tuple[np.ndarray, int]] = {}
+            for w, n in zip(a[1:], runs, strict=True):
+                first.setdefault(w.tobytes(), (w, n))
+            return sum(self.f_reshard(x, a[0], w)[0] * n for w, n in first.values())
 
         def mem_fn(seg: tuple[int, int]) -> Callable:
             def fn(a: list[np.ndarray]) -> float:
@@ -580,7 +582,8 @@ class _Builder:
                 continue
             positions = [k for k, _, _ in slots]
             key = ("shared", t.dim_names, t.dtype, self.owner[x],
-                   tuple((self.op_node[op.name], self.sig(op), i, op.name in self.recomputed) for _, i, op in slots),
+                   tuple((self.op_node[op.name], self.sig(op), i, op.name in self.recomputed,
+                          op.name in self.p.flash_recomputed) for _, i, op in slots),
                    tuple(_ranks(positions)))
             made: dict[str, Any] = {}
 

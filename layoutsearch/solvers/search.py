@@ -297,6 +297,15 @@ class _RulesSearch:
             batch = min(batch * 2, 512)
         return np.nonzero(~np.isnan(self.cost))[0]
 
+    def price_below(self, cut: float, limit: float | None) -> None:
+        """Price every candidate that may fit and whose roofline bound is at most ``cut``."""
+        want = (self.lb <= cut * (1 + 1e-9)) & np.isnan(self.cost)
+        if limit is not None:
+            want &= self.mem_lb <= limit * (1 + 1e-9)
+        idx = np.nonzero(want)[0]
+        for start in range(0, len(idx), 512):
+            self.price(idx[start:start + 512])
+
     def min_memory(self) -> tuple[float, int]:
         """The smallest peak memory of any candidate (priced in resident-bytes bound order) and its index."""
         order = np.argsort(self.mem_lb, kind="stable")
@@ -399,14 +408,17 @@ to the smallest lower bound left) and runner-ups that are the best priced, not p
 def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str, time_limit: float | None,
                     overlap: float | str, attention: str, optimizer: str, progress: Progress | None
                     ) -> tuple[list[Costed], bool, float | None, str]:
-    """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included), proven.
+    """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included); the
+    fastest proven.
 
-    The space prices a step without overlap (``C``, an upper bound of the overlapped step ``S``: overlap only
-    hides communication) and, with :meth:`~.space.Pricer.bound`, its compute plus the collectives the step
-    always waits for (``A``, a lower bound of ``S``). The solver proves the ``top`` smallest ``C`` that fit
-    (``kth``); every candidate that can be among the ``top`` smallest ``S`` has ``A`` (hence its roofline
-    bound) below ``kth``, and they are priced by the cost model in order of ``A`` until the ``top``-th best
-    ``S`` is below the next ``A``. Returns (plans fastest first, proven, gap, solver used)."""
+    The space prices a step as the sum of its ops (``C``: the step without overlap) and, with
+    :meth:`~.space.Pricer.bound`, its compute plus the collectives the step always waits for (``A``, a lower
+    bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
+    gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
+    smallest ``C`` that fit; their ``k``-th is the first cut. Every fitting candidate whose roofline bound is
+    below the cut is priced, its ``A`` computed, and they are priced by the cost model in order of ``A``
+    until the ``top``-th best ``S`` is below the next ``A``; if that ``S`` is above the cut, the cut rises
+    to it and the candidates below the new cut join. Returns (plans fastest first, proven, gap, solver)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
     priced = rs.bound_and_price(limit, top, progress)
     if not len(priced):
@@ -416,34 +428,40 @@ def _overlapped_top(rs: _RulesSearch, limit: float | None, top: int, solver: str
     sols = _solve(problem, name, limit, top, time_limit)
     if not sols[0].assign:
         return [], True, None, name
-    kth = max(float(rs.cost[priced[s.assign[0]]]) for s in sols)
-    ok = rs.mem[priced] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(priced), bool)
-    near = priced[ok & (rs.lb[priced] <= kth * (1 + 1e-9))]
-    if overlap == SEARCH_OVERLAP or not hw.async_collectives and overlap == "auto":
-        order, bound = near[np.argsort(rs.cost[near], kind="stable")], rs.cost[near]  # S = C: no refinement
-        bound = np.sort(bound)
-    else:
-        space = build_space(g, mesh, hw, "rules", rules=rs.cands.take(near), pricer=rs.pricer.bound(),
-                            remat=rs.remat)
-        compute = _values(space.problem)[0]
-        ranks = np.argsort(compute, kind="stable")
-        order, bound = near[ranks], compute[ranks]
-    plans: list[Costed] = []
+    exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
+    cut = max(float(rs.cost[priced[s.assign[0]]]) for s in sols)
     proven, gap = all(s.optimal for s in sols), None
-    for i, (k, lower) in enumerate(zip(order, bound, strict=True)):
-        if len(plans) >= top and plans[top - 1].step_s <= lower * (1 + 1e-9):
+    lower: dict[int, float] = {}
+    plans: dict[int, Costed] = {}
+    while True:
+        done = np.nonzero(~np.isnan(rs.cost))[0]
+        ok = rs.mem[done] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(done), bool)
+        new = [int(k) for k in done[ok & (rs.lb[done] <= cut * (1 + 1e-9))] if int(k) not in lower]
+        if new and exact:
+            lower.update({k: float(rs.cost[k]) for k in new})
+        elif new:
+            space = build_space(g, mesh, hw, "rules", rules=rs.cands.take(new), pricer=rs.pricer.bound(),
+                                remat=rs.remat)
+            lower.update(zip(new, map(float, _values(space.problem)[0]), strict=True))
+        for low, k in sorted((v, k) for k, v in lower.items() if k not in plans):
+            steps = sorted(p.step_s for p in plans.values())
+            if len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9):
+                break
+            if len(plans) >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups not)
+                if steps[0] > low * (1 + 1e-9):
+                    proven, gap = False, (steps[0] - low) / steps[0]
+                break
+            if progress is not None and plans and len(plans) % 8 == 0:
+                progress(f"remat {rs.remat}: priced {len(plans)} plans with overlap")
+            plans[k] = _costed_rules("", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit, optimizer, rs.remat,
+                                     attention, overlap)
+        steps = sorted(p.step_s for p in plans.values())
+        reach = steps[min(top, len(steps)) - 1]
+        if reach <= cut * (1 + 1e-9) or len(plans) >= MAX_REFINED:
             break
-        if i >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups are not)
-            best = plans[0].step_s
-            if best > lower * (1 + 1e-9):
-                proven, gap = False, (best - float(lower)) / best
-            break
-        if progress is not None and i and i % 8 == 0:
-            progress(f"remat {rs.remat}: priced {i} plans with overlap")
-        plans.append(_costed_rules("", g, mesh, hw, rules_of(rs.cands, int(k), dims, mesh), limit, optimizer,
-                                   rs.remat, attention, overlap))
-        plans.sort(key=lambda c: c.step_s)
-    return plans[:top], proven, gap, name
+        cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
+        rs.price_below(cut, limit)
+    return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
 
 
 def _first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies: tuple[str, ...],
