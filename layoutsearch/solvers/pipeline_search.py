@@ -1,14 +1,16 @@
 """Joint search of a pipelined plan: stage axis, K, micro-batches, remat and inner layout.
 
-For each mesh axis that may carry stages (K = its size), the inner layout over
-the other axes is chosen by :func:`~layoutsearch.solvers.search.search` on the
-model (its optimum, runner-ups and baselines are the candidates); then every
-number of micro-batches M (divisors of the batch up to ``4 K``, or the one
-given) and remat policy (none, full) is priced with the pipeline cost model
-(:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline` with the given
-schedule, default 1F1B; its stage partition is exact), and the fastest plan
-whose largest stage fits the memory limit wins. Cost: one inner search per
-candidate axis plus ``|candidates| x |M| x 2`` pipeline estimates.
+For each mesh axis that may carry stages (K = its size), candidate layouts
+over the other axes come from :func:`~layoutsearch.solvers.search.search` on
+the model (its best two under the serial objective, without remat) and the
+textbook baselines' rules; then every number of micro-batches M (divisors of
+the batch up to ``4 K``, or the one given) is priced with the pipeline cost
+model (:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline` with the
+given schedule, default 1F1B; its stage partition is exact) under the remat
+policies in order none, selective, full, stopping at the first that fits (remat
+only adds work), and the fastest plan whose largest stage fits the memory limit
+wins. Cost: one inner search per candidate axis plus at most
+``|candidates| x |M| x 3`` pipeline estimates.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.pipeline import PipelineReport, estimate_pipeline
+from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
+from layoutsearch.solvers.space import rules_of
 
 Progress = Callable[[str], None]
 
@@ -85,7 +90,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
     ``microbatches``: fixed M (None: searched). Raises LayoutSearchError when no
     axis can carry stages or no pipelined plan fits."""
-    from layoutsearch.solvers.search import search
+    from layoutsearch.solvers.search import baseline_rules, search
 
     m = Mesh.of(mesh)
     hw = _hardware(hardware)
@@ -104,16 +109,20 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         if inner_mesh.axes:
             if progress:
                 progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
+            # candidates for the layout inside a stage: the best two of the serial objective (each is priced
+            # again as a pipeline below) and the textbook layouts
             plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
-                          attention=attention, overlap=overlap, remat="none", microbatches=1, top=2)
+                          attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False)
             inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
-            inner_rules += [b.plan.rules for b in plan.baselines if b.plan is not None and b.plan.rules is not None]
+            trained = training_step(graph, optimizer, precision)
+            inner_rules += [rules_of(rs, 0, list(trained.dims), inner_mesh)
+                            for rs, _ in baseline_rules(trained, inner_mesh).values() if rs is not None]
             inner_rules = list(dict.fromkeys(inner_rules))
         full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
         for rules in inner_rules:
             layout = Layout(full_mesh, rules)
             for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
-                for remat in ("none", "full"):
+                for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
                                                 schedule=schedule, attention=attention,
@@ -126,6 +135,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     fits = memory_limit is None or rep.memory_bytes <= memory_limit
                     priced.append((PipelineCandidate(axis, K, mb, remat, layout.describe(), rep.step_s,
                                                      rep.memory_bytes, fits), rep))
+                    if fits:
+                        break
     ok = [(c, r) for c, r in priced if c.fits]
     if not ok:
         why = "; ".join(reasons[-3:]) if reasons else "every candidate exceeds the memory limit"

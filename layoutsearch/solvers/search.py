@@ -568,7 +568,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
            precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto", overlap: float | str = "auto",
            remat: str = "auto", microbatches: int | str = "auto", pipeline: str | int = "off",
            schedule: str = "1f1b", top: int = 3, time_limit: float | None = None, tie: bool = True,
-           progress: Progress | None = None) -> Plan:
+           baselines: bool = True, progress: Progress | None = None) -> Plan:
     """The plan of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
     ``memory_limit`` per device, searched jointly over what practitioners decide:
 
@@ -587,7 +587,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     (``auto`` or a number in [0, 1]). Plans of the rules space are priced by the full cost model
     (overlap included) and proven optimal under it; the layers and ops spaces price a step without overlap.
 
-    Returns a :class:`Plan`: the chosen plan, ``top - 1`` runner-ups, the baselines, and ``decisions``
+    Returns a :class:`Plan`: the chosen plan, ``top - 1`` runner-ups, the baselines (priced unless
+    ``baselines`` is False), and ``decisions``
     (the best plan per remat policy, micro-batch count and pipeline choice). ``optimal`` is the proof over
     unaccumulated, unpipelined plans (layouts x remat policies); a chosen accumulated or pipelined plan is
     labelled not proven (its layout comes from the best layouts of one micro-batch). Raises :class:`InfeasibleError`
@@ -684,16 +685,16 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     chosen, runner_ups = ranked[0], tuple(ranked[1:])
     if chosen.microbatches > 1 or chosen.pipelined:  # found by the heuristics of _accumulated / search_pipeline
         optimal, gap = False, None
-    baselines = []
-    for bname, (brs, why) in base.items():
+    priced_baselines = []
+    for bname, (brs, why) in base.items() if baselines else ():
         if brs is None:
-            baselines.append(Baseline(bname, None, why))
+            priced_baselines.append(Baseline(bname, None, why))
         else:
-            baselines.append(Baseline(bname, _first_fitting(g, mesh, hw, brs, policies, searches, limit, optimizer,
-                                                            attention, overlap, bname)))
+            priced_baselines.append(Baseline(bname, _first_fitting(g, mesh, hw, brs, policies, searches, limit,
+                                                                   optimizer, attention, overlap, bname)))
     decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
     return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
-                chosen.remat, runner_ups, tuple(baselines), stats, tuple(decisions))
+                chosen.remat, runner_ups, tuple(priced_baselines), stats, tuple(decisions))
 
 
 def _within(plan: Costed, limit: float | None) -> bool:
