@@ -26,7 +26,7 @@ def test_a_limit_only_a_pipeline_meets_gets_a_pipelined_plan():
         search(GPT, MESH, memory_limit=limit, hardware="h100", microbatches=1, remat="none")
     plan = search_pipeline(GPT, MESH, limit, hardware="h100")
     assert plan.memory_bytes <= limit
-    assert plan.report.remat == "full"  # keeping only block inputs is what fits
+    assert plan.report.remat in ("selective", "full")  # without recomputation nothing fits
     best = min(c.step_s for c in plan.candidates if c.fits)
     assert plan.step_s == best
     assert {c.stage_axis for c in plan.candidates} == {"pipe", "data"}
