@@ -97,6 +97,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     B = graph.dims.get(batch_dim)
     if B is None:
         raise LayoutSearchError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
+    if microbatches is not None and B % microbatches:
+        raise LayoutSearchError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
     axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages)]
     if not axes:
         raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")

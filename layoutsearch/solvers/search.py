@@ -613,6 +613,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     if time_limit is not None and not (isinstance(time_limit, int | float) and math.isfinite(time_limit)
                                        and time_limit > 0):
         raise LayoutSearchError(f"time limit must be a positive number of seconds, got {time_limit!r}")
+    if isinstance(microbatches, int) and microbatches > 1 and graph.dims.get("batch", 1) % microbatches:
+        raise LayoutSearchError(f"{microbatches} micro-batches do not divide batch={graph.dims.get('batch', 1)}")
     mesh = Mesh.of(mesh)
     hw = _hardware(hardware)
     limit = memory_limit_bytes(memory_limit, hw)
@@ -719,7 +721,7 @@ def _infeasible(g: Graph, mesh: Mesh, limit: float | None, searches: list[_Rules
                 why_not_piped: str) -> InfeasibleError:
     """The error of a search where nothing fits: the smallest peak any layout needs, and what would help."""
     if not searches:
-        return InfeasibleError(f"no pipelined plan of {g.name!r} on mesh {mesh} fits: {why_not_piped}", None)
+        return InfeasibleError(why_not_piped, None)
     peaks = [rs.min_memory() + (rs,) for rs in searches]
     peak, k, rs = min(peaks, key=lambda p: p[0])
     lay = format_rules(rules_of(rs.cands, k, rs.dims, mesh)) or "replicated"
