@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from graphs import build_model
 from layoutsearch.costmodel.step import training_step
-from layoutsearch.solvers.search import search
+from layoutsearch.solvers.search import InfeasibleError, search
 
 SOLVERS = ("ilp-pulp", "ilp-ortools", "dp")
 MESHES = {
@@ -51,9 +51,13 @@ def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", 
     g = build_model("gpt", **model_kw)
     kw = {"microbatches": 1, **kw}
     t0 = time.perf_counter()
-    plan = search(g, mesh, solver=solver, hardware=hw, space=space, top=1, **kw)
-    seconds = time.perf_counter() - t0
     tg = training_step(g)
+    try:
+        plan = search(g, mesh, solver=solver, hardware=hw, space=space, top=1, **kw)
+    except InfeasibleError as e:  # the search proved that nothing fits: a result too
+        return {"layers": g.meta["layers"], "mesh": mesh, "space": space, "solver": solver, "ops": len(tg.ops),
+                "seconds": time.perf_counter() - t0, "infeasible": True, "min_memory": e.min_memory}
+    seconds = time.perf_counter() - t0
     p = plan.problem
     return {"layers": g.meta["layers"], "mesh": mesh, "devices": plan.layout.mesh.size,
             "axes": len(plan.layout.mesh.axes), "space": space, "solver": solver, "used": plan.solver,
@@ -67,6 +71,11 @@ def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", 
 
 
 def show(r: dict) -> None:
+    if r.get("infeasible"):
+        print(f"{r['space']:6} {r['solver']:11} layers {r['layers']:>3} mesh {r['mesh']:24} ops {r['ops']:>6}  "
+              f"{r['seconds']:7.2f} s  proven infeasible: the smallest peak is {r['min_memory'] / 2**30:.0f} GiB",
+              flush=True)
+        return
     status = "optimal" if r["optimal"] else f"gap {r['gap']}"
     size = (f"rule sets {r['priced']:>4} priced of {r['candidates']:>5}" if r["space"] == "rules"
             else f"vars {r['variables']:>6} of {r['unpruned_variables']:>6}")

@@ -747,7 +747,9 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
     if progress is not None:
         progress(f"{kind} space: building")
     if kind == "layers":
-        cands = rs.cands
+        # per block: every rule set without a sequence-parallel fallback, and those the rules search priced
+        keep = (rs.cands.fallback[:, 1] < 0) | ~np.isnan(rs.cost)
+        cands = rs.cands.take(np.nonzero(keep)[0])
         space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer, remat=remat)
         r = cands.index(start)
         assign = tuple(r for _ in space.nodes)
