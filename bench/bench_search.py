@@ -113,13 +113,13 @@ def main() -> None:
                 show(r)
                 results.append(r)
     print("\n# layers space (one rule set per repeated layer), GPT-3 175B, 1024 devices, 3 axes")
-    for solver in SOLVERS:
+    for solver in ("dp",) if args.quick else SOLVERS:
         r = run(gpt3, TARGET, "layers", solver)
         show(r)
         results.append(r)
     print("\n# ops space (per-op layouts, parameter storage), GPT 4 layers d_model 1024, 8 devices, 60 s limit")
     small = {"layers": 4, "d_model": 1024, "heads": 16, "seq": 1024, "batch": 16, "vocab": 32768}
-    for solver in ("ilp-pulp", "ilp-ortools"):
+    for solver in ("ilp-pulp",) if args.quick else ("ilp-pulp", "ilp-ortools"):
         r = run(small, "data:2,model:4", "ops", solver, hw="h100", time_limit=60)
         show(r)
         results.append(r)

@@ -747,9 +747,8 @@ def _finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limit: fl
     if progress is not None:
         progress(f"{kind} space: building")
     if kind == "layers":
-        # per block: every rule set without a sequence-parallel fallback, and those the rules search priced
-        keep = (rs.cands.fallback[:, 1] < 0) | ~np.isnan(rs.cost)
-        cands = rs.cands.take(np.nonzero(keep)[0])
+        # per block: the rule sets the rules search priced (whole-graph roofline bound below its k-th best)
+        cands = rs.cands.take(np.nonzero(~np.isnan(rs.cost))[0])
         space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer, remat=remat)
         r = cands.index(start)
         assign = tuple(r for _ in space.nodes)
