@@ -113,7 +113,7 @@ def main() -> None:
                 show(r)
                 results.append(r)
     print("\n# layers space (one rule set per repeated layer), GPT-3 175B, 1024 devices, 3 axes")
-    for solver in ("dp",) if args.quick else SOLVERS:
+    for solver in ("ilp-ortools",) if args.quick else SOLVERS:  # dp: a chain only without remat factors
         r = run(gpt3, TARGET, "layers", solver)
         show(r)
         results.append(r)

@@ -169,7 +169,10 @@ def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float 
                 v[i].setInitialValue(float(val))
         with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC for PuLP 4
             warnings.simplefilter("ignore", DeprecationWarning)
+            # CBC's integer preprocessing returned a worse plan as "optimal" on a 4-node problem with two
+            # lazily added memory rows (tests/test_solvers.py, example seed 8137): run without it
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
+                                       options=["preprocess off"],
                                        logPath=log, warmStart=hint is not None)
             prob.solve(solver)
         text = ""

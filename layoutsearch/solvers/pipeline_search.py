@@ -15,12 +15,16 @@ wins. Cost: one inner search per candidate axis plus at most
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from layoutsearch.costmodel.memory import REMAT_POLICIES
-from layoutsearch.costmodel.pipeline import PipelineReport, estimate_pipeline
+from layoutsearch.costmodel.compute import fastest_matmul_rate
+from layoutsearch.costmodel.ops import is_matmul, op_flops
+from layoutsearch.costmodel.pipeline import PipelineReport, Schedule, estimate_pipeline
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
@@ -83,13 +87,16 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     microbatches: int | None = None, optimizer: str = "adam",
                     precision: Precision | str = DEFAULT_PRECISION, schedule: str = "1f1b",
                     attention: str = "auto", overlap: str | float = "auto", batch_dim: str = "batch",
-                    progress: Progress | None = None) -> PipelinePlan:
+                    upper: float | None = None, progress: Progress | None = None) -> PipelinePlan:
     """The fastest pipelined plan of ``graph`` on ``mesh`` (``schedule``: ``gpipe``, ``1f1b`` or
     ``interleaved:V``) whose stages fit ``memory_limit``.
 
     ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
-    ``microbatches``: fixed M (None: searched). Raises LayoutSearchError when no
-    axis can carry stages or no pipelined plan fits."""
+    ``microbatches``: fixed M (None: searched); ``upper``: a step time to beat (the best unpipelined plan):
+    a configuration whose lower bound — the loop's length ``steps(K, M) / M`` times the matmul FLOPs of the
+    whole step per device of a stage at the fastest matmul rate — reaches it, or the best pipelined plan
+    found so far, is not priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan
+    fits."""
     from layoutsearch.solvers.search import baseline_rules, search
 
     m = Mesh.of(mesh)
@@ -104,6 +111,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")
     priced: list[tuple[PipelineCandidate, PipelineReport]] = []
     reasons: list[str] = []
+    trained_graph = training_step(graph, optimizer, precision)
     for axis in axes:
         K = m.axis_size(axis)
         inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
@@ -116,14 +124,18 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
             plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
                           attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False)
             inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
-            trained = training_step(graph, optimizer, precision)
-            inner_rules += [rules_of(rs, 0, list(trained.dims), inner_mesh)
-                            for rs, _ in baseline_rules(trained, inner_mesh).values() if rs is not None]
+            inner_rules += [rules_of(rs, 0, list(trained_graph.dims), inner_mesh)
+                            for rs, _ in baseline_rules(trained_graph, inner_mesh).values() if rs is not None]
             inner_rules = list(dict.fromkeys(inner_rules))
         full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
+        sched = Schedule.parse(schedule)
         for rules in inner_rules:
             layout = Layout(full_mesh, rules)
+            work = _matmul_bound(trained_graph, Layout(inner_mesh, rules), hw) / K
             for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
+                beat = min([upper] * (upper is not None) + [c.step_s for c, _ in priced if c.fits], default=None)
+                if beat is not None and work * sched.steps(K, mb) / mb >= beat:
+                    continue  # cannot beat what is known
                 for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
@@ -141,7 +153,20 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                         break
     ok = [(c, r) for c, r in priced if c.fits]
     if not ok:
-        why = "; ".join(reasons[-3:]) if reasons else "every candidate exceeds the memory limit"
+        why = "; ".join(reasons[-3:]) if reasons else (
+            "every candidate exceeds the memory limit" if priced else "none can beat the unpipelined plan")
         raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: {why}")
     best = min(ok, key=lambda cr: cr[0].step_s)
     return PipelinePlan(best[1], tuple(c for c, _ in priced))
+
+
+def _matmul_bound(trained: Graph, layout: Layout, hw: Hardware) -> float:
+    """Seconds of the matmul FLOPs of training graph ``trained`` per device under ``layout`` at the fastest
+    matmul rate: a lower bound of the compute of a whole step (any micro-batching does the same FLOPs)."""
+    total = 0.0
+    for op in trained.ops:
+        if is_matmul(op, trained.tensors):
+            split = math.prod(layout.mesh.group_size(a) for a in
+                              layout.rules_layout(op.iteration_dims(trained.tensors)).values())
+            total += op_flops(trained, op) / split
+    return total / fastest_matmul_rate(hw)

@@ -1,25 +1,28 @@
-"""Search: the optimal layout of a training step on a mesh, proven, with baselines.
+"""Search: the optimal plan of a training step on a mesh, proven, with its decisions and baselines.
 
-Problem: given a model, a mesh, hardware and a per-device memory limit, find
-the layout minimizing the predicted step time (compute + communication of
-the cost model, :func:`~layoutsearch.costmodel.estimate`, without overlap:
-:data:`SEARCH_OVERLAP`) whose peak memory per device fits the limit, in one
-of the spaces of :mod:`.space`.
+Problem: given a model, a mesh, hardware and a per-device memory limit (by
+default the device's usable memory), find the plan minimizing the predicted
+step time of the cost model (:func:`~layoutsearch.costmodel.estimate`,
+overlap included in the rules space) whose peak memory per device fits the
+limit: a layout of one of the spaces of :mod:`.space`, a remat policy, and
+optionally gradient accumulation or a pipeline (:func:`search`).
 
-Method. The rules space is solved first, exactly, by bound-and-evaluate: a
-lower bound of every candidate (the einsums' roofline compute alone, which
-the step can only exceed) orders the candidates; they are priced in that
-order, in batches, until the ``top``-th best plan that fits costs less than
-the bound of every candidate left (Land & Doig 1960's branch and bound with
-one level). The priced candidates form a one-node problem, which the chosen
-solver solves (enumeration, ILP or DP: the same answer). The ``layers`` and
-``ops`` spaces then start from the rules optimum: it is a plan of theirs
-(their candidates include its projections), so its cost is an upper bound
-and :func:`~.problem.prune` drops every strategy whose lower bound exceeds
-it before the solver runs. Their plans are priced again by the cost model's
-op rules (:func:`~.space.evaluate`); the better of the two is returned, so a
-plan is never worse than the rules optimum, nor than any baseline (every
-baseline is a rule set of the space).
+Method. The rules space is solved first, exactly, per remat policy, by
+bound-and-evaluate: the candidates whose live-set memory bound exceeds the
+limit are dropped; a lower bound of every other one (the einsums' roofline
+compute alone, which the step can only exceed) orders them; they are priced
+in that order, in batches, until the ``top``-th best plan that fits costs
+less than the bound of every candidate left (Land & Doig 1960's branch and
+bound with one level). The priced candidates form a one-node problem, which
+the chosen solver solves (enumeration, ILP or DP: the same answer); its
+serial optimum is then refined under overlap (:func:`_overlapped_top`). The
+``layers`` and ``ops`` spaces then start from the rules optimum: it is a
+plan of theirs (their candidates include its projections), so its cost is an
+upper bound and :func:`~.problem.prune` drops every strategy whose lower
+bound exceeds it before the solver runs. Their plans are priced again by the
+cost model's op rules (:func:`~.space.evaluate`), without overlap; the
+better of the two is returned, so a plan is never worse than the rules
+optimum, nor than any baseline (every baseline is a rule set of the space).
 
 Baselines: data parallelism (batch over every axis), FSDP (data parallelism
 with parameters, gradients and optimizer state split over the same axes),
@@ -158,9 +161,9 @@ def baseline_rules(graph: Graph, mesh: Mesh) -> dict[str, tuple[RuleSets | None,
 # -- the rules space ------------------------------------------------------------------------------------------------
 
 SEARCH_OVERLAP = 0.0
-"""The spaces price a step as the sum of its ops' compute and communication (no overlap: an upper bound of
-the cost model's ``overlap="auto"`` schedule, which is not a sum over ops); plans are reported on the same
-terms, so the optimality proof holds for the reported times."""
+"""The spaces price a step as the sum of its ops' compute and communication (the overlap schedule is not a
+sum over ops): the objective of the solvers, refined under overlap for the rules space
+(:func:`_overlapped_top`); the layers and ops spaces report their plans on these terms."""
 
 
 def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str],
@@ -489,16 +492,16 @@ def _first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies
 
 def _pipelined(graph: Graph, mesh: Mesh, hw: Hardware, limit: float | None, pipeline: str | int,
                microbatches: int | str, schedule: str, optimizer: str, precision: Precision | str, attention: str,
-               overlap: float | str, progress: Progress | None) -> tuple[list[Costed], str]:
-    """The best pipelined plan (:func:`~.pipeline_search.search_pipeline`) as a Costed, or the reason none
-    fits or applies."""
+               overlap: float | str, upper: float | None, progress: Progress | None) -> tuple[list[Costed], str]:
+    """The best pipelined plan (:func:`~.pipeline_search.search_pipeline`; for ``pipeline="auto"`` only
+    those that can beat ``upper``) as a Costed, or the reason none fits or applies."""
     from layoutsearch.solvers.pipeline_search import search_pipeline
 
     try:
         pp = search_pipeline(graph, mesh, limit, hardware=hw, stages=None if pipeline == "auto" else int(pipeline),
                              microbatches=None if microbatches == "auto" else int(microbatches),
                              optimizer=optimizer, precision=precision, schedule=schedule, attention=attention,
-                             overlap=overlap, progress=progress)
+                             overlap=overlap, upper=upper if pipeline == "auto" else None, progress=progress)
     except LayoutSearchError as e:
         return [], str(e)
     rep = pp.report
@@ -670,8 +673,9 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                 break
     why_not_piped = ""
     if pipeline != "off":
+        upper = min((p.step_s for p in options if _within(p, limit)), default=None)
         plans, why_not_piped = _pipelined(graph, mesh, hw, limit, pipeline, microbatches, schedule, optimizer,
-                                          precision, attention, overlap, progress)
+                                          precision, attention, overlap, upper, progress)
         options += [p for p in plans if _within(p, limit)]
         label = "any axis" if pipeline == "auto" else f"{pipeline} stages"
         if plans:
