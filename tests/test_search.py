@@ -149,7 +149,8 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
 
     s = importlib.import_module("layoutsearch.solvers.search")
     g, mesh, hw = training_step(gpt), Mesh.parse(MESH), hardware("h100")
-    rs = s._RulesSearch(g, mesh, hw, Pricer(g, mesh, hw), None, remat)
+    pricer = Pricer(g, mesh, hw)
+    rs = s._RulesSearch(g, mesh, hw, pricer, s._candidates(g, mesh, hw, pricer, None), remat)
     every = np.arange(len(rs.cands))
     rs.price(every)
     assert np.all(rs.lb <= rs.cost * (1 + 1e-9)) and np.all(rs.mem_lb <= rs.mem * (1 + 1e-9))
@@ -184,4 +185,4 @@ def test_decisions_say_what_each_option_costs(gpt, free):
     assert len(chosen) == 1 and chosen[0].option == free.chosen.remat
     assert chosen[0].step_s == pytest.approx(free.step_s)
     assert all(d.step_s >= free.step_s * (1 - 1e-9) for d in free.decisions if d.fits)
-    assert free.memory_limit == pytest.approx(78e9 * 0 + 80e9 - 2**30)  # h100: HBM less the 1 GiB reserve
+    assert free.memory_limit == pytest.approx(80e9 - 2**30)  # h100: 80 GB HBM less the documented 1 GiB reserve

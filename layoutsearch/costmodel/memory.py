@@ -293,6 +293,12 @@ class _Lifetimes:
     last_backward: int  # schedule index of the last backward op (-1: none)
 
 
+def lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
+    """Every tensor's live range in the schedule of training graph ``g`` under ``plan`` (cached per graph):
+    what :func:`simulate` charges, and what the solvers' memory rows and bounds are built from."""
+    return graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
+
+
 def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
     n = len(g.ops)
     index = {op.name: i for i, op in enumerate(g.ops)}
@@ -365,7 +371,7 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
     n = len(g.ops)
     if n == 0:
         raise CostModelError(f"graph {g.name!r} has no ops: nothing to simulate")
-    life: _Lifetimes = graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
+    life = lifetimes(g, plan)
     local_bytes = local_bytes_fn(layout)
     nbytes = np.array([0 if t.name in on_chip else local_bytes(t) for t in life.tensors], dtype=np.int64)
     local = {t.name: int(b) for t, b in zip(life.tensors, nbytes, strict=True)}
@@ -426,5 +432,5 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
                         len(plan.recomputed), tuple(total.tolist()))
 
 
-__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "local_bytes_fn", "memory_profile",
-           "remat_plan", "simulate"]
+__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "lifetimes", "local_bytes_fn",
+           "memory_profile", "remat_plan", "simulate"]

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.memory import _lifetimes, _transient, remat_plan
+from layoutsearch.costmodel.memory import _transient, lifetimes, remat_plan
 from layoutsearch.costmodel.ops import OpCost, local_bytes
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
@@ -133,8 +133,8 @@ class _Builder:
         if remat != "none" and kind == "ops":
             raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
         self._fcache: dict[tuple, Any] = self.p.cache
-        self.plan, self.life = self.cached(("remat", remat), lambda: (lambda plan: (plan, _lifetimes(graph, plan)))(
-            remat_plan(graph, remat)))
+        self.plan = remat_plan(graph, remat)
+        self.life = lifetimes(graph, self.plan)
         self.recomputed = frozenset(self.plan.recomputed)
         self.deferred = frozenset(self.life.deferrable) if getattr(hw, "combined_gradient_all_reduce", False) \
             else frozenset()

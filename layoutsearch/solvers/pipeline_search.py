@@ -133,8 +133,9 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
             layout = Layout(full_mesh, rules)
             work = _matmul_bound(trained_graph, Layout(inner_mesh, rules), hw) / K
             for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
-                beat = min([upper] * (upper is not None) + [c.step_s for c, _ in priced if c.fits], default=None)
-                if beat is not None and work * sched.steps(K, mb) / mb >= beat:
+                beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
+                           default=math.inf)
+                if work * sched.steps(K, mb) / mb >= beat:
                     continue  # cannot beat what is known
                 for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:

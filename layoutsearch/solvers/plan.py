@@ -114,11 +114,15 @@ class Plan:
     gap: float | None
     memory_limit: float | None
     search_s: float
-    remat: str = "none"
     runner_ups: tuple[Costed, ...] = ()
     baselines: tuple[Baseline, ...] = ()
     problem: dict[str, Any] = field(default_factory=dict)
     decisions: tuple[Decision, ...] = ()
+
+    @property
+    def remat(self) -> str:
+        """The chosen plan's remat policy."""
+        return self.chosen.remat
 
     @property
     def layout(self) -> Layout:

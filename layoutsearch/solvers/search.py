@@ -46,7 +46,7 @@ import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.ops import is_matmul, op_flops
-from layoutsearch.costmodel.memory import REMAT_POLICIES, _lifetimes, remat_plan
+from layoutsearch.costmodel.memory import REMAT_POLICIES, lifetimes, remat_plan
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
@@ -206,7 +206,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     the schedule (the tensors whose lifetime, under ``remat``, spans the point, at their per-device size: fed
     tensors, saved activations, gradients), the largest over the points. Candidates whose bound exceeds the
     limit are never priced."""
-    life = _lifetimes(g, remat_plan(g, remat))
+    life = lifetimes(g, remat_plan(g, remat))
     n = len(g.ops)
     axis = np.array([s for _, s in mesh.axes], dtype=float)
     skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
@@ -244,23 +244,23 @@ def _values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return cost, (R @ B).max(axis=0)
 
 
+def _candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
+                ) -> tuple[RuleSets, np.ndarray]:
+    """The rules space's candidates (``extra`` appended) and their roofline bounds: the same for every remat
+    policy."""
+    cands = rule_sets(g, mesh)
+    cands = cands.concat(extra) if extra is not None else cands
+    return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
+
+
 class _RulesSearch:
     """The rules space of one graph, priced lazily in bound order."""
 
-    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None,
-                 remat: str = "none") -> None:
+    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer,
+                 candidates: tuple[RuleSets, np.ndarray], remat: str = "none") -> None:
         self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
         self.dims = list(g.dims)
-
-        def candidates() -> tuple[RuleSets, np.ndarray]:  # the same for every remat policy
-            cands = rule_sets(g, mesh)
-            cands = cands.concat(extra) if extra is not None else cands
-            return cands, _compute_bounds(g, mesh, hw, cands, self.dims, pricer.fusion.on_chip)
-
-        key = ("rules candidates", id(extra))
-        if key not in pricer.cache:
-            pricer.cache[key] = candidates()
-        self.cands, self.lb = pricer.cache[key]
+        self.cands, self.lb = candidates
         self.mem_lb = _memory_bounds(g, mesh, hw, self.cands, self.dims, remat, pricer.fusion.on_chip)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
@@ -504,15 +504,18 @@ def _pipelined(graph: Graph, mesh: Mesh, hw: Hardware, limit: float | None, pipe
                              overlap=overlap, upper=upper if pipeline == "auto" else None, progress=progress)
     except LayoutSearchError as e:
         return [], str(e)
-    rep = pp.report
-    layout = Layout.from_rules(mesh, rep.inner_layout)
+    return [_costed_microbatched("pipelined", Layout.from_rules(mesh, pp.report.inner_layout), pp.report, limit,
+                                 hw)], ""
+
+
+def _costed_microbatched(name: str, layout: Layout, rep: Any, limit: float | None, hw: Hardware) -> Costed:
+    """A micro-batched step's :class:`~layoutsearch.costmodel.pipeline.PipelineReport` as a Costed (compute
+    and communication: the micro-batch's, times the micro-batches)."""
     fit = limit if limit is not None else hw.usable_bytes
-    mb = rep.inner
-    costed = Costed("pipelined", layout, layout.rules, rep.step_s, mb.compute_s * rep.microbatches,
-                    mb.comm_s * rep.microbatches, rep.memory_bytes, rep.memory_bytes <= fit, None, rep,
-                    remat=rep.remat, microbatches=rep.microbatches, stage_axis=rep.stage_axis,
-                    schedule=str(rep.schedule))
-    return [costed], ""
+    M = rep.microbatches
+    return Costed(name, layout, layout.rules, rep.step_s, rep.inner.compute_s * M, rep.inner.comm_s * M,
+                  rep.memory_bytes, rep.memory_bytes <= fit, None, rep, remat=rep.remat, microbatches=M,
+                  stage_axis=rep.stage_axis, schedule=str(rep.schedule) if rep.stage_axis is not None else None)
 
 
 def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
@@ -527,13 +530,12 @@ def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple
     B = graph.dims["batch"]
     micro = training_step(graph.with_sizes({"batch": B // M}), optimizer, precision)
     pricer = Pricer(micro, mesh, hw, attention)
-    extra = _baseline_sets(micro, mesh)
-    fit = limit if limit is not None else hw.usable_bytes
+    candidates = _candidates(micro, mesh, hw, pricer, _baseline_sets(baseline_rules(micro, mesh)))
     out: list[Costed] = []
     for policy in policies:
         if progress is not None:
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
-        rs = _RulesSearch(micro, mesh, hw, pricer, extra, policy)
+        rs = _RulesSearch(micro, mesh, hw, pricer, candidates, policy)
         plans, _, _, _ = _overlapped_top(rs, limit, top, solver, None, overlap, attention, optimizer, None)
         for p in plans:
             layout = Layout(mesh, p.rules)
@@ -543,16 +545,14 @@ def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple
                                         overlap=overlap if overlap == "auto" else 0)
             except LayoutSearchError:
                 continue
-            mb = rep.inner
-            out.append(Costed("", layout, p.rules, rep.step_s, mb.compute_s * M, mb.comm_s * M, rep.memory_bytes,
-                              rep.memory_bytes <= fit, None, rep, remat=policy, microbatches=M))
+            out.append(_costed_microbatched("", layout, rep, limit, hw))
     return out
 
 
-def _baseline_sets(g: Graph, mesh: Mesh) -> RuleSets | None:
-    """The baselines' rule sets, as extra candidates of the rules space."""
+def _baseline_sets(base: dict[str, tuple[RuleSets | None, str]]) -> RuleSets | None:
+    """The baselines' rule sets (:func:`baseline_rules`), as extra candidates of the rules space."""
     extra = None
-    for rs, _ in baseline_rules(g, mesh).values():
+    for rs, _ in base.values():
         if rs is not None:
             extra = rs if extra is None else extra.concat(rs)
     return extra
@@ -625,13 +625,13 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     g = training_step(graph, optimizer, precision)
     pricer = Pricer(g, mesh, hw, attention)
     base = baseline_rules(g, mesh)
-    extra = _baseline_sets(g, mesh)
+    candidates = _candidates(g, mesh, hw, pricer, _baseline_sets(base)) if pipeline in ("off", "auto") else None
     options: list[Costed] = []
     decisions: list[Decision] = []
     optimal, gap, used, stats = True, 0.0, "", {}
     searches: list[_RulesSearch] = []
     for policy in policies if pipeline in ("off", "auto") else ():
-        rs = _RulesSearch(g, mesh, hw, pricer, extra, policy)
+        rs = _RulesSearch(g, mesh, hw, pricer, candidates, policy)
         searches.append(rs)
         if progress is not None:
             progress(f"remat {policy}: searching the {space} space")
@@ -700,7 +700,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                                                                    optimizer, attention, overlap, bname)))
     decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
     return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
-                chosen.remat, runner_ups, tuple(priced_baselines), stats, tuple(decisions))
+                runner_ups, tuple(priced_baselines), stats, tuple(decisions))
 
 
 def _within(plan: Costed, limit: float | None) -> bool:
