@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.solvers.search import InfeasibleError, search
 
@@ -48,7 +48,7 @@ TARGET = "data:16,fsdp:8,model:8"
 
 
 def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", **kw) -> dict:
-    g = build_model("gpt", **model_kw)
+    g = zoo.build("gpt", **model_kw)
     kw = {"microbatches": 1, **kw}
     t0 = time.perf_counter()
     tg = training_step(g)

@@ -3,7 +3,7 @@
 The public API (re-exported from the implementation modules)::
 
     from layoutsearch import Layout, Mesh, estimate, load_graph
-    graph = load_graph("graphs/json/gpt.json")           # or graphs.build_model("gpt", ...)
+    graph = load_graph("graphs/gpt.json")           # or graphs.build_model("gpt", ...)
     layout = Layout.from_rules(Mesh.parse("data:2,model:4"), "batch:data,d_ff:model")
     report = estimate(graph, layout, "h100", remat="selective")
     report.step_s, report.memory_bytes, report.to_dict()

@@ -115,9 +115,10 @@ def _add_case_args(p: argparse.ArgumentParser) -> None:
 
 def _load_graph(args: argparse.Namespace) -> Graph:
     """The graph named by ``MODEL`` with the ``--set`` overrides."""
-    from graphs import load_model, parse_overrides
+    from layoutsearch import zoo
+    from layoutsearch.zoo import parse_overrides
 
-    return load_model(args.model, parse_overrides(args.overrides) or None)
+    return zoo.load(args.model, parse_overrides(args.overrides) or None)
 
 
 def _mesh(args: argparse.Namespace) -> Mesh:
@@ -225,14 +226,14 @@ def _add_models(sub: Any) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> Result:
-    from graphs import list_models
+    from layoutsearch.zoo import list_models
 
     return {"models": [{"name": m.name, "description": m.description, "params": dict(m.params)}
                        for m in list_models()]}
 
 
 def _render_models(result: Result, args: argparse.Namespace) -> list[Any]:
-    from graphs import STR_PARAMS
+    from layoutsearch.zoo import STR_PARAMS
 
     def value(k: str, v: Any) -> Any:  # None: no preset, or a size derived from the others
         return v if v is not None else "none" if k in STR_PARAMS else "auto"
@@ -557,7 +558,7 @@ def _add_table1(sub: Any) -> None:
 
 
 def _cmd_table1(args: argparse.Namespace) -> Result:
-    from graphs import parse_overrides
+    from layoutsearch.zoo import parse_overrides
     from layoutsearch.table1 import DEFAULT_SIZES, table1
 
     sizes = parse_overrides(args.overrides)

@@ -124,9 +124,9 @@ def predict(run: PublishedRun) -> dict[str, Any]:
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.layout import Layout
     from layoutsearch.mesh import hardware
-    from graphs import build_model
+    from layoutsearch import zoo
 
-    graph = build_model(run.model, **run.sizes)
+    graph = zoo.build(run.model, **run.sizes)
     layout = Layout.from_rules(run.mesh, run.layout)
     hw = hardware(run.hardware)
     if run.stage_axis is None and run.microbatches == 1:
@@ -154,9 +154,9 @@ def search_published(run: PublishedRun, **options: Any) -> Any:
     count.
     ``options`` override the search's arguments. Returns the :class:`~layoutsearch.solvers.plan.Plan`."""
     from layoutsearch.solvers.search import search
-    from graphs import build_model
+    from layoutsearch import zoo
 
-    graph = build_model(run.model, **run.sizes)
+    graph = zoo.build(run.model, **run.sizes)
     kw: dict[str, Any] = {"hardware": run.hardware, "precision": run.precision, "attention": run.attention,
                           "overlap": run.overlap, "top": 1}
     if run.stage_axis is not None:

@@ -82,13 +82,13 @@ def table1(batch: int = DEFAULT_SIZES["batch"], io: int = DEFAULT_SIZES["io"], h
     """Table 1 for ``mtf-ffn`` at the given sizes on a 2-axis ``mesh`` (rows, cols):
     per layout, the symbolic formulas, their values, the cost model's predictions
     and (``compiled``) what XLA compiles. JSON-ready."""
-    from graphs import build_model
+    from layoutsearch import zoo
 
     m = Mesh.of(mesh)
     if len(m.axes) != 2:
         raise MeshError(f"table1 needs a 2-D mesh 'rows:R,cols:C' (batch on rows, hidden on cols), got {m}")
     (ra, r), (ca, c) = m.axes
-    graph = training_graph(build_model("mtf-ffn", batch=batch, io=io, hidden=hidden, dtype="float32"), "sgd")
+    graph = training_graph(zoo.build("mtf-ffn", batch=batch, io=io, hidden=hidden, dtype="float32"), "sgd")
     rows = []
     for row in _ROWS:
         layout = Layout.from_rules(m, row.rules(ra, ca)).check(graph)

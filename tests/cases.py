@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.ir import Graph, Optimizer, training_graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
@@ -92,7 +92,7 @@ class Case:
 
 @cache
 def _forward(model: str, sizes: tuple[tuple[str, Any], ...]) -> Graph:
-    return build_model(model, **dict(sizes))
+    return zoo.build(model, **dict(sizes))
 
 
 @cache

@@ -84,12 +84,12 @@ def cases() -> list[tuple[str, str, str, str, dict[str, Any]]]:
 
 def predict(model: str, mesh: str, rules: str, kw: dict[str, Any]) -> dict[str, Any]:
     """The golden fields of one case."""
-    from graphs import build_model
+    from layoutsearch import zoo
     from layoutsearch import Layout, estimate
 
     kw = dict(kw)
     hw = kw.pop("hardware", HARDWARE)
-    r = estimate(build_model(model, **SIZES.get(model, {})), Layout.from_rules(mesh, rules), hw, **kw)
+    r = estimate(zoo.build(model, **SIZES.get(model, {})), Layout.from_rules(mesh, rules), hw, **kw)
     return {
         "step_s": r.step_s, "compute_s": r.compute_s, "comm_s": r.comm_s, "memory_bytes": r.memory_bytes,
         "memory_breakdown": r.memory.breakdown, "peak_op": r.memory.peak_op, "flops_per_device": r.flops_per_device,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from clirun import run, run_json
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch import cli
 from layoutsearch.export import python_snippet
 from layoutsearch.ir import graph_to_dict, load_graph
@@ -56,7 +56,7 @@ def test_graph_out_writes_a_loadable_graph_file(capsys, tmp_path):
     path = tmp_path / "gpt.json"
     code, out, _ = run(capsys, "graph", "gpt", "--set", "layers=1", "--out", str(path))
     assert code == 0 and str(path) in out
-    assert graph_to_dict(load_graph(path)) == graph_to_dict(build_model("gpt", layers=1))
+    assert graph_to_dict(load_graph(path)) == graph_to_dict(zoo.build("gpt", layers=1))
     doc = run_json(capsys, "graph", str(path))
     assert doc["model"] == "gpt"
 
@@ -83,7 +83,7 @@ def test_layout_export_python_prints_only_the_snippet(capsys):
     code, out, _ = run(capsys, "layout", "gpt", "--mesh", "data:2,model:4", "--layout", "batch:data,d_ff:model",
                        "--export", "python")
     assert code == 0
-    expected = python_snippet(Layout.from_rules("data:2,model:4", "batch:data,d_ff:model"), build_model("gpt"))
+    expected = python_snippet(Layout.from_rules("data:2,model:4", "batch:data,d_ff:model"), zoo.build("gpt"))
     assert out == expected
 
 

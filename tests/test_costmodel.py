@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch import CostReport, Layout, Mesh, estimate, hardware, training_graph
 from layoutsearch.costmodel.memory import memory_profile, remat_plan
 from layoutsearch.errors import CostModelError, HardwareError, LayoutError
@@ -17,12 +17,12 @@ B, IO, H = 64, 32, 128
 
 @pytest.fixture(scope="module")
 def ffn():
-    return build_model("mtf-ffn", batch=B, io=IO, hidden=H)
+    return zoo.build("mtf-ffn", batch=B, io=IO, hidden=H)
 
 
 @pytest.fixture(scope="module")
 def gpt():
-    return build_model("gpt", layers=3)
+    return zoo.build("gpt", layers=3)
 
 
 def lay(mesh, rules):
@@ -266,7 +266,7 @@ def test_unknown_remat_policy_is_one_clear_error(ffn):
 # -- scale ----------------------------------------------------------------------------------------------------------
 
 def test_gpt3_175b_is_estimated():
-    g = build_model("gpt", preset="gpt3-175b")
+    g = zoo.build("gpt", preset="gpt3-175b")
     r = estimate(g, lay("data:8,model:8", "batch:data,d_ff:model,heads:model,vocab:model"), "h100",
                  remat="full")
     params = sum(t.num_elements for t in g.parameters)
@@ -291,7 +291,7 @@ def test_gpt3_175b_is_estimated():
 def test_repeated_layers_are_priced_once_with_the_same_result(model, mesh, rules):
     from layoutsearch.costmodel.step import repeats, step_costs, training_step
 
-    g = training_step(build_model(model, layers=4))
+    g = training_step(zoo.build(model, layers=4))
     layout = lay(mesh, rules)
     assert step_costs(g, layout, memo=True) == step_costs(g, layout, memo=False)
     assert len(set(repeats(g))) < len(g.ops) / (2 if model in ("gpt", "mtf-transformer") else 1)

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.errors import LayoutError
 from layoutsearch.export import flax_logical_axis_rules, maxtext_overrides, partition_specs, python_snippet
 from layoutsearch.layout import Layout
 
-GPT = build_model("gpt")
+GPT = zoo.build("gpt")
 MESH = "data:2,model:4"
 
 

@@ -23,7 +23,7 @@ def test_golden_costs_are_unchanged():
 
 
 def test_golden_covers_every_zoo_model_with_several_meshes_and_layouts():
-    from graphs import MODELS
+    from layoutsearch.zoo import MODELS
 
     cases = json.loads(GOLDEN_PATH.read_text())["cases"].values()
     for model in MODELS:

@@ -3,7 +3,7 @@ and gradient accumulation."""
 
 import pytest
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.costmodel.pipeline import estimate_pipeline, speedup, unit_of_ops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
@@ -11,7 +11,7 @@ from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import hardware
 
-GPT = build_model("gpt", layers=8, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=0)
+GPT = zoo.build("gpt", layers=8, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=0)
 
 
 def layout(k: int) -> Layout:
@@ -41,7 +41,7 @@ def test_identical_layers_follow_the_gpipe_speedup(k, m):
     made free (no latency, 1 PB/s) so only the schedule shows; the embedding
     and head ride on the first and last stage: under 3% of a layer here,
     hence a 3% tolerance."""
-    big = build_model("gpt", layers=8, batch=64, seq=256, d_model=1024, heads=8, vocab=64)
+    big = zoo.build("gpt", layers=8, batch=64, seq=256, d_model=1024, heads=8, vocab=64)
     hw = hardware("h100", fast_link_latency=0, fast_link_bandwidth=1e15)
     one = estimate_pipeline(big, layout(1), hw, stage_axis="stage", microbatches=m)
     many = estimate_pipeline(big, layout(k), hw, stage_axis="stage", microbatches=m)
@@ -59,7 +59,7 @@ def test_step_time_is_the_gpipe_formula_plus_once_per_step_work():
 
 
 def test_tied_embeddings_on_first_and_last_stage_add_a_gradient_all_reduce():
-    tied = build_model("gpt", layers=4, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=1)
+    tied = zoo.build("gpt", layers=4, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=1)
     r = estimate_pipeline(tied, layout(2), "h100", stage_axis="stage", microbatches=4)
     assert r.step_s > r.pipeline_s + max(s.once_s for s in r.stages)
 
@@ -103,7 +103,7 @@ def test_bad_pipeline_requests_get_clear_errors():
         estimate_pipeline(GPT, layout(2), "h100", stage_axis="stage", microbatches=3)
     with pytest.raises(CostModelError, match="into 16 stages"):
         estimate_pipeline(GPT, Layout.from_rules("stage:16", ""), "h100", stage_axis="stage", microbatches=1)
-    ffn = build_model("mtf-ffn")
+    ffn = zoo.build("mtf-ffn")
     with pytest.raises(CostModelError, match="no repeated blocks"):
         estimate_pipeline(ffn, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2)
 

@@ -59,7 +59,7 @@ import jax
 import numpy as np
 import pytest
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.backend import hlo
 from layoutsearch.backend.pipeline import IN, Pipeline, compile_pipeline, pipelined_loss_and_grads, split_graph
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs
@@ -86,7 +86,7 @@ IDS = [f"{m}-K{k}-D{d}-M{mb}-{'remat' if r else 'noremat'}" for m, k, d, mb, r i
 
 @functools.cache
 def _model(name: str):
-    g = build_model(name, **MODEL_SIZES[name])
+    g = zoo.build(name, **MODEL_SIZES[name])
     params, inputs = init_params(g), random_inputs(g)
     ref = jax.jit(jax.value_and_grad(forward_fn(g))).lower(params, inputs).compile(FAST)(params, inputs)
     return g, params, inputs, ref
@@ -210,7 +210,7 @@ def test_the_cost_models_partition_is_what_the_executor_runs():
 
 
 def test_a_partition_that_does_not_cover_the_layers_fails_clearly():
-    g = build_model("gpt", **SIZES)
+    g = zoo.build("gpt", **SIZES)
     for counts in ((2, 1), (4, 0), (1, 1, 2)):
         with pytest.raises(GraphError, match="layers_per_stage"):
             Pipeline(g, {"stage": 2}, microbatches=2, layers_per_stage=counts)
@@ -228,7 +228,7 @@ def test_stack_and_unstack_parameters():
 
 
 def test_split_graph_cuts_pre_layer_post():
-    parts = split_graph(build_model("gpt", **SIZES), stages=2, microbatches=4, data=2)
+    parts = split_graph(zoo.build("gpt", **SIZES), stages=2, microbatches=4, data=2)
     assert (parts.entry, parts.exit, parts.layer_out, parts.layers) == ("embedded", "layer.3/ff_residual",
                                                                         "ff_residual", 4)
     assert parts.layer.dims["batch"] == 2 and parts.pre.dims["batch"] == parts.post.dims["batch"] == 8
@@ -242,7 +242,7 @@ def test_split_graph_cuts_pre_layer_post():
     ("mlp", {"stage": 2}, 2, GraphError, "same dims|differs"),
 ])
 def test_unpipelinable_requests_fail_clearly(model, mesh, M, error, match):
-    g = build_model(model, layers=4) if model == "mlp" else build_model(model, **SIZES)
+    g = zoo.build(model, layers=4) if model == "mlp" else zoo.build(model, **SIZES)
     with pytest.raises(error, match=match):
         Pipeline(g, mesh, microbatches=M)
 
@@ -254,14 +254,14 @@ def test_unpipelinable_requests_fail_clearly(model, mesh, M, error, match):
     ("vocab:model", "cannot be split"),
 ])
 def test_layouts_the_pipeline_cannot_honour_fail_clearly(layout, match):
-    g = build_model("gpt", **SIZES, vocab=63)
+    g = zoo.build("gpt", **SIZES, vocab=63)
     with pytest.raises(LayoutError, match=match):
         Pipeline(g, {"stage": 2, "data": 2, "model": 2}, microbatches=2, layout=layout)
 
 
 def test_stages_must_match_the_stage_axis():
     with pytest.raises(LayoutError, match="stages=4"):
-        Pipeline(build_model("gpt", **SIZES), {"stage": 2}, microbatches=2, stages=4)
+        Pipeline(zoo.build("gpt", **SIZES), {"stage": 2}, microbatches=2, stages=4)
 
 
 def test_pipeline_cost_model_predicts_the_compiled_collectives():

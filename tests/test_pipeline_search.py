@@ -2,13 +2,13 @@
 
 import pytest
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.solvers.pipeline_search import microbatch_candidates, search_pipeline
 from layoutsearch.solvers.search import InfeasibleError, search
 
 # Activation-heavy: long sequences, few parameters, so remat in a pipeline saves what no layout can.
-GPT = build_model("gpt", layers=4, batch=16, seq=256, d_model=128, heads=4, vocab=64, tie_embeddings=0)
+GPT = zoo.build("gpt", layers=4, batch=16, seq=256, d_model=128, heads=4, vocab=64, tie_embeddings=0)
 MESH = "pipe:4,data:2"
 
 

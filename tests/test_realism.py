@@ -9,7 +9,7 @@ import math
 import pytest
 from clirun import run, run_json
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch import Layout, estimate, hardware
 from layoutsearch.costmodel.compute import matmul_efficiency
 from layoutsearch.costmodel.fusion import attention_cores, fusion_plan
@@ -21,7 +21,7 @@ from layoutsearch.ir.precision import PRECISIONS, with_precision
 from layoutsearch.layout import conventional_rules
 from layoutsearch.mesh import Mesh
 
-GPT = build_model("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256)
+GPT = zoo.build("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256)
 TP = Layout.from_rules("data:2,model:4", "batch:data,heads:model,d_ff:model,vocab:model")
 FSDP = Layout.from_rules("data:8", "batch:data,d_model:data")
 
@@ -106,7 +106,7 @@ def test_flash_attention_keeps_attention_dropout_on_chip_and_regenerates_its_mas
     the dropped probabilities are scores too (FlashAttention fuses the dropout and draws the mask again in its
     backward pass), and no ``[batch, heads, seq, kv_seq]`` tensor takes memory; the hidden dropout's masks are
     ordinary activations."""
-    drop = build_model("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256, dropout=0.1)
+    drop = zoo.build("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256, dropout=0.1)
     g = training_step(drop)
     cores = attention_cores(g)
     assert len(cores) == 4
@@ -153,7 +153,7 @@ def test_overlap_classes_follow_the_collective():
 
 
 def test_fsdp_communication_hides_behind_compute_where_collectives_are_asynchronous():
-    big = build_model("gpt", layers=4, batch=64, seq=512, d_model=1024, heads=8, vocab=512)
+    big = zoo.build("gpt", layers=4, batch=64, seq=512, d_model=1024, heads=8, vocab=512)
     auto = estimate(big, FSDP, "h100")
     flat = estimate(big, FSDP, "h100", overlap=0.0)
     assert auto.step_s < flat.step_s and auto.comm_hidden_s > 0.3 * auto.comm_s
@@ -164,7 +164,7 @@ def test_fsdp_communication_hides_behind_compute_where_collectives_are_asynchron
 
 
 def test_tensor_parallel_collectives_are_critical_on_gpu_and_decomposed_on_tpu():
-    big = build_model("gpt", layers=2, batch=8, seq=2048, d_model=4096, heads=32, vocab=1024)
+    big = zoo.build("gpt", layers=2, batch=8, seq=2048, d_model=4096, heads=32, vocab=1024)
     sp = Layout.from_rules("model:8", "heads:model,d_ff:model,vocab:model,seq:model")
     gpu = estimate(big, sp, "h100")
     tpu = estimate(big, sp, "tpu-v5p")
@@ -222,7 +222,7 @@ def test_1f1b_holds_fewer_microbatches_than_gpipe_at_the_same_step_time():
     assert fb.step_s == pytest.approx(gp.step_s) and fb.memory_bytes < gp.memory_bytes
     assert [s.in_flight for s in fb.stages] == [4, 3, 2, 1]
     assert il.bubble_fraction == pytest.approx(fb.bubble_fraction)
-    layers8 = build_model("gpt", layers=8, batch=16, seq=128, d_model=256, heads=4, vocab=256)
+    layers8 = zoo.build("gpt", layers=8, batch=16, seq=128, d_model=256, heads=4, vocab=256)
     i2 = estimate_pipeline(layers8, PIPE, "h100", schedule="interleaved:2", **kw)
     assert i2.bubble_fraction == pytest.approx(1.5 / 9.5) and len(i2.stages) == 4
     assert all(len(s.units) >= 2 for s in i2.stages)  # two chunks per device
@@ -250,7 +250,7 @@ def test_gradient_accumulation_trades_activations_for_steps():
 # -- conventional layout ----------------------------------------------------------------------------------------------
 
 def test_conventional_rules_follow_the_axis_names():
-    g = build_model("gpt", preset="gpt3-175b")
+    g = zoo.build("gpt", preset="gpt3-175b")
     assert conventional_rules(g, Mesh.parse("stage:8,model:8"), "stage") == \
         "heads:model,d_ff:model,vocab:model,seq:model"
     assert conventional_rules(g, Mesh.parse("data:16,fsdp:8,tensor:8")) == \

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.solvers.search import InfeasibleError, baseline_rules, search
@@ -17,7 +17,7 @@ GPT = {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "layers": 
 
 @pytest.fixture(scope="module")
 def gpt():
-    return build_model("gpt", **GPT)
+    return zoo.build("gpt", **GPT)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_bad_arguments_raise_clear_errors(gpt):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mtf-ffn", "mtf-transformer", "moe", "mlp"])
 def test_zoo_models_search_in_every_space(model):
-    g = build_model(model)
+    g = zoo.build(model)
     plans = [search(g, MESH, hardware="tpu-v3", space=s, top=1) for s in ("rules", "layers", "ops")]
     assert plans[1].step_s <= plans[0].step_s * (1 + 1e-9)
     assert plans[2].step_s <= plans[0].step_s * (1 + 1e-9)

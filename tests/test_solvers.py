@@ -285,11 +285,11 @@ def test_tied_layers_price_as_untied_ones(gm):
 @pytest.mark.parametrize("remat", ["none", "selective", "full"])
 @pytest.mark.parametrize("kind", ["rules", "layers"])
 def test_spaces_price_plans_exactly_as_the_cost_model_with_remat(remat, kind, hw):
-    from graphs import build_model
+    from layoutsearch import zoo
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.costmodel.step import training_step
 
-    g = training_step(build_model("gpt", batch=4, seq=8, vocab=32, d_model=16, heads=2, layers=3))
+    g = training_step(zoo.build("gpt", batch=4, seq=8, vocab=32, d_model=16, heads=2, layers=3))
     hw_ = hardware(hw)
     mesh = Mesh.parse("data:2,model:2")
     rng = random.Random(0)

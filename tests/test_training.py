@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from cases import GPT_VARIANTS
 
-from graphs import build_model, list_models
+from layoutsearch import zoo
+from layoutsearch.zoo import list_models
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import (
@@ -363,7 +364,7 @@ ZOO_SMALL = {"layers": 1, "batch": 2}
 @pytest.mark.parametrize("model", [m.name for m in list_models()])
 def test_zoo_gradients_equal_jax_grad(model):
     spec = next(m for m in list_models() if m.name == model)
-    fwd = build_model(model, **{k: v for k, v in ZOO_SMALL.items() if k in spec.params})
+    fwd = zoo.build(model, **{k: v for k, v in ZOO_SMALL.items() if k in spec.params})
     assert_grads_match(fwd)
 
 
@@ -371,7 +372,7 @@ def test_zoo_gradients_equal_jax_grad(model):
 def test_gpt_variant_gradients_equal_jax_grad(variant):
     """Llama-style (SwiGLU, GQA, RMSNorm, rotary, no bias, untied), PaLM-style (parallel block) and
     multi-query GPTs: the derived backward pass is jax.grad of the forward."""
-    fwd = build_model("gpt", **{**GPT_VARIANTS[variant], "batch": 2})
+    fwd = zoo.build("gpt", **{**GPT_VARIANTS[variant], "batch": 2})
     train = assert_grads_match(fwd)
     if GPT_VARIANTS[variant].get("norm") == "rmsnorm":
         assert all(not op.center for op in train.ops if op.kind in ("layer_norm", "layer_norm_grad"))
@@ -383,7 +384,7 @@ def test_dropout_gradients_equal_jax_grad_and_masks_are_seeded_per_layer_and_sit
     """Dropout is ``mul(x, dropout_mask(x))``: the derived backward pass multiplies by the same mask (no
     gradient flows into it), and equals jax.grad of the forward, whose masks come from fixed seeds."""
     rate = 0.3
-    fwd = build_model("gpt", batch=2, layers=2, dropout=rate)
+    fwd = zoo.build("gpt", batch=2, layers=2, dropout=rate)
     train = assert_grads_match(fwd)
     masks = [op for op in fwd.ops if isinstance(op, Elementwise) and op.fn == "dropout_mask"]
     assert [op.name for op in masks] == [f"layer.{i}/{s}_dropout_mask" for i in range(2)

@@ -3,14 +3,14 @@
 import pytest
 from clirun import run, run_json
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.layout import Layout
 from layoutsearch.validate import validate
 
 
 def test_megatron_gpt_predictions_match_the_compiled_program():
     """Collective bytes and FLOPs within 2%, memory within 15% (the issue's targets)."""
-    g = build_model("gpt", layers=1, heads=8)
+    g = zoo.build("gpt", layers=1, heads=8)
     lay = Layout.from_rules("data:2,model:4", "batch:data,heads:model,d_ff:model,vocab:model")
     result = validate(g, lay, "h100", precision="fp32")
     assert result["platform"] == "cpu" and "measured_step_s" not in result  # CPU wall time means nothing

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from graphs import build_model
+from layoutsearch import zoo
 from layoutsearch.layout import Layout
 from layoutsearch.validate import validate
 
@@ -31,7 +31,7 @@ CPU_BF16_EMULATION = {"FLOPs per device": (-0.33, -0.13), "memory per device (by
 
 @pytest.mark.parametrize("name, model, sizes, mesh, rules", CASES, ids=[c[0] for c in CASES])
 def test_mixed_precision_collectives_agree_with_the_compiled_program(name, model, sizes, mesh, rules):
-    result = validate(build_model(model, **sizes), Layout.from_rules(mesh, rules), "cpu-sim", precision="mixed",
+    result = validate(zoo.build(model, **sizes), Layout.from_rules(mesh, rules), "cpu-sim", precision="mixed",
                       optimizer="sgd")
     assert result["precision"] == "mixed"
     for row in result["rows"]:
@@ -49,7 +49,7 @@ def test_one_f_one_b_moves_what_the_compiled_gpipe_program_moves():
     all-reduces; the two schedules' collectives must therefore be identical."""
     from layoutsearch.costmodel.pipeline import estimate_pipeline
 
-    g = build_model("gpt", layers=4, batch=16, seq=16, d_model=32, heads=4, vocab=64)
+    g = zoo.build("gpt", layers=4, batch=16, seq=16, d_model=32, heads=4, vocab=64)
     lay = Layout.from_rules("stage:4,data:2", "batch:data")
     runs = {s: estimate_pipeline(g, lay, "cpu-sim", stage_axis="stage", microbatches=4, schedule=s,
                                  precision="fp32") for s in ("gpipe", "1f1b")}

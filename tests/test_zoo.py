@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from cases import GPT_VARIANTS
 
-from graphs import FLOAT_PARAMS, JSON_DIR, MODELS, STR_PARAMS, build_model, list_models, load_model, parse_overrides
-from graphs.export_json import export
-from graphs.gpt import DEFAULTS, GPT_PRESETS, OPTIONS, PUBLISHED_PARAMS, gpt_config, rotary_table
+from layoutsearch import zoo
+from layoutsearch.zoo import FLOAT_PARAMS, JSON_DIR, MODELS, STR_PARAMS, list_models, parse_overrides
+from layoutsearch.zoo.export_json import export
+from layoutsearch.zoo.gpt import DEFAULTS, GPT_PRESETS, OPTIONS, PUBLISHED_PARAMS, gpt_config, rotary_table
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, graph_from_json, graph_to_json, load_graph, training_graph
 
@@ -62,7 +63,7 @@ def expected_params(m: dict) -> int:
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_every_model_builds_with_defaults_and_describes_itself(name):
     spec = MODELS[name]
-    g = build_model(name)
+    g = zoo.build(name)
     assert g.name == name and g.meta["model"] == name
     assert g.loss is not None and g.tensors[g.loss].dims == ()
     for k, v in spec.params.items():
@@ -81,23 +82,23 @@ def test_every_model_builds_with_defaults_and_describes_itself(name):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_overrides_change_sizes_and_meta(name):
     over = OVERRIDES[name]
-    g = build_model(name, **over)
+    g = zoo.build(name, **over)
     for k, v in over.items():
         assert g.meta[k] == v
         if k in g.dims:
             assert g.dims[k] == v
-    assert param_count(g) != param_count(build_model(name))
+    assert param_count(g) != param_count(zoo.build(name))
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 @pytest.mark.parametrize("sized", [False, True])
 def test_parameter_count_matches_closed_form(name, sized):
-    g = build_model(name, **(OVERRIDES[name] if sized else {}))
+    g = zoo.build(name, **(OVERRIDES[name] if sized else {}))
     assert param_count(g) == expected_params(g.meta)
 
 
 def test_mtf_ffn_has_the_papers_tensors_and_params():
-    g = build_model("mtf-ffn", batch=64, io=256, hidden=1024)
+    g = zoo.build("mtf-ffn", batch=64, io=256, hidden=1024)
     for t in ("x", "target", "w", "v", "h", "y"):
         assert t in g.tensors
     assert g.tensors["w"].dim_names == ("io", "hidden")
@@ -111,7 +112,7 @@ def test_mtf_ffn_has_the_papers_tensors_and_params():
 
 @pytest.mark.parametrize("name", ["mtf-transformer", "gpt"])
 def test_attention_has_heads_and_kv_seq(name):
-    g = build_model(name, layers=2)
+    g = zoo.build(name, layers=2)
     assert g.tensors["layer.0/attn_logits"].dim_names == ("batch", "heads", "seq", "kv_seq")
     assert g.op("layer.0/attn_probs").dim == "kv_seq"
     assert g.tensors["layer.1/wq"].dim_names == ("d_model", "heads", "d_kv")
@@ -120,7 +121,7 @@ def test_attention_has_heads_and_kv_seq(name):
 
 @pytest.mark.parametrize("name", ["mtf-transformer", "gpt", "moe", "mlp"])
 def test_each_layer_is_a_tagged_block_with_the_same_op_names(name):
-    g = build_model(name, layers=3)
+    g = zoo.build(name, layers=3)
     blocks = {op.block for op in g.ops if op.block is not None}
     assert blocks == {"layer.0", "layer.1", "layer.2"}
     for op in g.ops:
@@ -132,22 +133,22 @@ def test_each_layer_is_a_tagged_block_with_the_same_op_names(name):
 
 
 def test_gpt_defaults_derive_d_ff_and_d_kv():
-    g = build_model("gpt", d_model=48, heads=6)
+    g = zoo.build("gpt", d_model=48, heads=6)
     assert g.meta["d_ff"] == 4 * 48 and g.meta["d_kv"] == 8
     assert g.dims["d_ff"] == 192 and g.dims["d_kv"] == 8
 
 
 def test_gpt_tied_embedding_is_used_for_the_logits():
-    tied = build_model("gpt")
+    tied = zoo.build("gpt")
     assert "softmax_w" not in tied.tensors
     assert "embed" in tied.op("logits").inputs
-    untied = build_model("gpt", tie_embeddings=0)
+    untied = zoo.build("gpt", tie_embeddings=0)
     assert untied.tensors["softmax_w"].dim_names == ("d_model", "vocab")
     assert param_count(untied) - param_count(tied) == 128 * 32
 
 
 def test_gpt3_175b_preset_has_175b_parameters_and_builds_96_layers():
-    g = build_model("gpt", preset="gpt3-175b")
+    g = zoo.build("gpt", preset="gpt3-175b")
     assert g.meta["layers"] == 96 and g.meta["d_model"] == 12288 and g.meta["d_kv"] == 128
     assert g.meta["preset"] == "gpt3-175b"
     assert len({op.block for op in g.ops if op.block}) == 96
@@ -158,7 +159,7 @@ def test_gpt3_175b_preset_has_175b_parameters_and_builds_96_layers():
 
 @pytest.mark.parametrize("preset", list(GPT_PRESETS))
 def test_every_preset_matches_its_published_parameter_count(preset):
-    g = build_model("gpt", preset=preset)
+    g = zoo.build("gpt", preset=preset)
     n = param_count(g)
     assert n == expected_params(g.meta)
     # Papers round; Narayanan et al.'s "1.7B" is 1.65B by their own formula.
@@ -166,13 +167,13 @@ def test_every_preset_matches_its_published_parameter_count(preset):
 
 
 def test_preset_values_can_be_overridden():
-    g = build_model("gpt", preset="megatron-1t", layers=2, batch=4)
+    g = zoo.build("gpt", preset="megatron-1t", layers=2, batch=4)
     assert g.meta["layers"] == 2 and g.meta["batch"] == 4
     assert g.meta["d_model"] == 25600 and g.meta["heads"] == 160 and g.meta["d_kv"] == 160
 
 
 def test_moe_expert_weights_have_an_experts_dim():
-    g = build_model("moe", experts=8, seq=16)
+    g = zoo.build("moe", experts=8, seq=16)
     assert g.meta["capacity"] == 4  # top-2, capacity factor 1: 2 * 16 / 8
     assert g.tensors["layer.0/wi"].dim_names == ("experts", "d_model", "d_ff")
     assert g.tensors["layer.0/wo"].dim_names == ("experts", "d_ff", "d_model")
@@ -181,7 +182,7 @@ def test_moe_expert_weights_have_an_experts_dim():
 
 
 def test_mlp_alternates_hidden_dims():
-    g = build_model("mlp", layers=3)
+    g = zoo.build("mlp", layers=3)
     assert [g.tensors[f"layer.{i}/w"].dim_names for i in range(3)] == [
         ("features", "hidden"), ("hidden", "hidden2"), ("hidden2", "hidden")]
     assert g.tensors["labels"].dtype == "int32" and g.tensors["labels"].dim_names == ("batch",)
@@ -189,15 +190,15 @@ def test_mlp_alternates_hidden_dims():
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_json_round_trip_is_exact(name):
-    g = build_model(name, **OVERRIDES[name])
+    g = zoo.build(name, **OVERRIDES[name])
     assert graph_from_json(graph_to_json(g)) == g
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_json_files_equal_the_defaults(name):
     path = JSON_DIR / f"{name}.json"
-    assert load_graph(path) == build_model(name)
-    assert load_model(str(path)) == build_model(name)
+    assert load_graph(path) == zoo.build(name)
+    assert zoo.load(str(path)) == zoo.build(name)
 
 
 def test_export_writes_one_file_per_model(tmp_path):
@@ -221,12 +222,12 @@ def test_parse_overrides():
     assert parse_overrides(["batch=32", "layers = 4", "preset=gpt3-175b", "dtype=bfloat16"]) == {
         "batch": 32, "layers": 4, "preset": "gpt3-175b", "dtype": "bfloat16"}
     assert parse_overrides([]) == {}
-    g = load_model("gpt", parse_overrides(["preset=gpt3-small", "layers=1"]))
+    g = zoo.load("gpt", parse_overrides(["preset=gpt3-small", "layers=1"]))
     assert g.meta["d_model"] == 768 and g.meta["layers"] == 1
 
 
 def test_dtype_applies_to_floats_only():
-    g = build_model("gpt", dtype="bfloat16")
+    g = zoo.build("gpt", dtype="bfloat16")
     assert g.tensors["embed"].dtype == "bfloat16"
     assert g.tensors["ids"].dtype == "int32"
 
@@ -257,20 +258,20 @@ def test_bad_override_items_are_named(items, match):
 ])
 def test_bad_overrides_raise_clear_errors(name, over, match):
     with pytest.raises(GraphError, match=match):
-        build_model(name, **over)
+        zoo.build(name, **over)
 
 
 def test_unknown_model_lists_the_zoo():
     with pytest.raises(GraphError, match=r"unknown model 'bert' \(zoo models: mtf-ffn, mtf-transformer, gpt"):
-        build_model("bert")
+        zoo.build("bert")
     with pytest.raises(GraphError, match="not a zoo model .* nor a graph file"):
-        load_model("bert")
+        zoo.load("bert")
 
 
 def test_overrides_with_a_graph_file_are_refused():
     with pytest.raises(GraphError, match="is a graph file; size overrides"):
-        load_model(str(JSON_DIR / "gpt.json"), {"batch": 2})
-    assert load_model(str(JSON_DIR / "gpt.json"), {}) == build_model("gpt")
+        zoo.load(str(JSON_DIR / "gpt.json"), {"batch": 2})
+    assert zoo.load(str(JSON_DIR / "gpt.json"), {}) == zoo.build("gpt")
 
 
 # -- modern decoders: the gpt builder's architecture options ---------------------------------------
@@ -280,8 +281,8 @@ GPT_DEFAULT_OPTIONS = {"d_kv": 8, "kv_heads": 4, "mlp": "gelu", "norm": "layerno
 
 
 def test_gpt_options_at_their_defaults_give_the_gpt_graph_and_its_json_file():
-    g = build_model("gpt", **GPT_DEFAULT_OPTIONS)
-    assert g == build_model("gpt")
+    g = zoo.build("gpt", **GPT_DEFAULT_OPTIONS)
+    assert g == zoo.build("gpt")
     assert graph_to_json(g) + "\n" == (JSON_DIR / "gpt.json").read_text()
     assert not any(k in g.meta for k in OPTIONS)
     assert {k: gpt_config()[k] for k in GPT_DEFAULT_OPTIONS} == GPT_DEFAULT_OPTIONS
@@ -294,13 +295,13 @@ def test_gpt_options_are_listed_and_string_options_parse_as_strings():
     assert {"mlp", "norm", "position"} <= STR_PARAMS
     assert parse_overrides(["mlp=swiglu", "norm=rmsnorm", "position=rotary", "kv_heads=2", "bias=0"]) == {
         "mlp": "swiglu", "norm": "rmsnorm", "position": "rotary", "kv_heads": 2, "bias": 0}
-    g = load_model("gpt", parse_overrides(["mlp=swiglu", "norm=rmsnorm", "heads=8", "kv_heads=2"]))
+    g = zoo.load("gpt", parse_overrides(["mlp=swiglu", "norm=rmsnorm", "heads=8", "kv_heads=2"]))
     assert g.meta["mlp"] == "swiglu" and g.meta["kv_heads"] == 2
 
 
 @pytest.mark.parametrize("variant", list(GPT_VARIANTS))
 def test_gpt_variants_build_count_and_round_trip(variant):
-    g = build_model("gpt", **GPT_VARIANTS[variant])
+    g = zoo.build("gpt", **GPT_VARIANTS[variant])
     assert param_count(g) == expected_params(g.meta)
     assert graph_from_json(graph_to_json(g)) == g
     train = training_graph(g, "adam")
@@ -310,13 +311,13 @@ def test_gpt_variants_build_count_and_round_trip(variant):
 
 
 def test_gpt_head_dim_is_independent_of_d_model():
-    g = build_model("gpt", d_model=32, heads=3, d_kv=16)   # 3 does not divide 32: fine with d_kv given
+    g = zoo.build("gpt", d_model=32, heads=3, d_kv=16)   # 3 does not divide 32: fine with d_kv given
     assert g.dims["d_kv"] == 16 and g.tensors["layer.0/wq"].dim_names == ("d_model", "heads", "d_kv")
     assert param_count(g) == expected_params(g.meta)
 
 
 def test_gpt_grouped_query_attention_dims():
-    g = build_model("gpt", d_model=32, heads=8, kv_heads=2, d_kv=8)
+    g = zoo.build("gpt", d_model=32, heads=8, kv_heads=2, d_kv=8)
     assert g.dims["kv_heads"] == 2 and g.dims["q_per_kv"] == 4 and "heads" not in g.dims
     shapes = {
         "layer.0/wq": ("d_model", "kv_heads", "q_per_kv", "d_kv"),
@@ -331,52 +332,52 @@ def test_gpt_grouped_query_attention_dims():
     for t, dims in shapes.items():
         assert g.tensors[t].dim_names == dims, t
     # multi-query: one KV head; kv_heads == heads: the multi-head graph
-    mqa = build_model("gpt", heads=4, kv_heads=1)
+    mqa = zoo.build("gpt", heads=4, kv_heads=1)
     assert mqa.dims["kv_heads"] == 1 and mqa.dims["q_per_kv"] == 4
-    assert build_model("gpt", heads=4, kv_heads=4) == build_model("gpt")
+    assert zoo.build("gpt", heads=4, kv_heads=4) == zoo.build("gpt")
 
 
 def test_gpt_swiglu_mlp():
-    g = build_model("gpt", mlp="swiglu", d_ff=48)
+    g = zoo.build("gpt", mlp="swiglu", d_ff=48)
     for w in ("wi_gate", "wi_up"):
         assert g.tensors[f"layer.0/{w}"].dim_names == ("d_model", "d_ff")
     assert "layer.0/wi" not in g.tensors
     assert g.op("layer.0/ff_act").fn == "silu" and g.op("layer.0/ff_act").inputs == ("layer.0/ff_gate_biased",)
     assert g.op("layer.0/ff_gated").fn == "mul"
     assert g.op("layer.0/ff_out").inputs[0] == "layer.0/ff_gated"
-    no_bias = build_model("gpt", mlp="swiglu", bias=0)
+    no_bias = zoo.build("gpt", mlp="swiglu", bias=0)
     assert no_bias.op("layer.0/ff_gated").inputs == ("layer.0/ff_act", "layer.0/ff_up")
-    assert build_model("gpt", mlp="relu").op("layer.0/ff_act").fn == "relu"
+    assert zoo.build("gpt", mlp="relu").op("layer.0/ff_act").fn == "relu"
 
 
 def test_gpt_rmsnorm_and_no_bias():
-    g = build_model("gpt", norm="rmsnorm")
+    g = zoo.build("gpt", norm="rmsnorm")
     norms = [op for op in g.ops if isinstance(op, LayerNorm)]
     assert len(norms) == 2 * 2 + 1 and all(not op.center for op in norms)
     assert not any(t.endswith("ln_attn_bias") or t.endswith("final_ln_bias") for t in g.tensors)  # scale only
     assert "layer.0/wq_bias" in g.tensors                                                    # projections keep theirs
     grads = [op for op in training_graph(g).ops if isinstance(op, LayerNormGrad)]
     assert len(grads) == 5 and all(not op.center for op in grads)
-    plain = build_model("gpt", bias=0)
+    plain = zoo.build("gpt", bias=0)
     assert not [t for t in plain.tensors if t.endswith("_bias")]
     assert all(op.center for op in plain.ops if isinstance(op, LayerNorm))
 
 
 def test_layer_norm_center_is_written_only_when_false_and_old_files_read_as_layer_norm():
-    doc = json.loads(graph_to_json(build_model("gpt", norm="rmsnorm")))
+    doc = json.loads(graph_to_json(zoo.build("gpt", norm="rmsnorm")))
     norms = [op for op in doc["ops"] if op["kind"] == "layer_norm"]
     assert norms and all(op["center"] is False for op in norms)
     old = json.loads((JSON_DIR / "gpt.json").read_text())
     assert all("center" not in op for op in old["ops"])
     assert all(op.center for op in load_graph(JSON_DIR / "gpt.json").ops if isinstance(op, LayerNorm))
-    bad = json.loads(graph_to_json(build_model("gpt")))
+    bad = json.loads(graph_to_json(zoo.build("gpt")))
     next(op for op in bad["ops"] if op["kind"] == "layer_norm")["center"] = "no"
     with pytest.raises(GraphError, match="center must be true or false"):
         graph_from_json(json.dumps(bad))
 
 
 def test_gpt_parallel_block_has_one_norm_per_layer():
-    g = build_model("gpt", parallel_block=1, layers=2)
+    g = zoo.build("gpt", parallel_block=1, layers=2)
     assert "layer.0/ln" in g.tensors and "layer.0/ln_attn" not in g.tensors and "layer.0/ln_ff" not in g.tensors
     assert g.op("layer.0/q").inputs[0] == "layer.0/ln_biased" == g.op("layer.0/ff_in").inputs[0]
     assert g.op("layer.0/attn_residual").inputs == ("embedded", "layer.0/attn_out_biased")
@@ -385,9 +386,9 @@ def test_gpt_parallel_block_has_one_norm_per_layer():
 
 
 def test_gpt_positions_none_and_rotary():
-    none = build_model("gpt", position="none")
+    none = zoo.build("gpt", position="none")
     assert "pos_embed" not in none.tensors and none.op("embedded").kind == "gather"
-    g = build_model("gpt", position="rotary", heads=2, layers=1)   # d_kv 16
+    g = zoo.build("gpt", position="rotary", heads=2, layers=1)   # d_kv 16
     assert g.tensors["rope"].role == "input"
     assert g.tensors["rope"].dim_names == ("seq", "rope_out", "rope_half", "rope_freq")
     assert g.tensors["rope_kv"].dim_names == ("kv_seq", "rope_out", "rope_half", "rope_freq")
@@ -401,7 +402,7 @@ def test_rotary_is_the_llama_rotation():
     ``x * cos + rotate_half(x) * sin`` (GPT-NeoX pairing), position by position."""
     from layoutsearch.backend.program import init_params, random_inputs, run_graph
 
-    g = build_model("gpt", **GPT_VARIANTS["gpt-llama"])
+    g = zoo.build("gpt", **GPT_VARIANTS["gpt-llama"])
     seq, d_kv = g.dims["seq"], g.dims["d_kv"]
     feeds = {**init_params(g), **random_inputs(g), "rope": rotary_table(seq, d_kv)}
     env = run_graph(g, feeds)
@@ -455,7 +456,7 @@ def test_exact_parameter_counts_of_released_checkpoints():
     """The graph has exactly the parameters of the released models (Hugging Face counts)."""
     for preset, n in {"llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,
                       "llama3-8b": 8_030_261_248, "llama3-70b": 70_553_706_496}.items():
-        assert param_count(build_model("gpt", preset=preset)) == n, preset
+        assert param_count(zoo.build("gpt", preset=preset)) == n, preset
 
 
 @pytest.mark.parametrize("over, match", [
@@ -475,7 +476,7 @@ def test_exact_parameter_counts_of_released_checkpoints():
 ])
 def test_bad_gpt_options_raise_one_clear_error(over, match):
     with pytest.raises(GraphError, match=match):
-        build_model("gpt", **over)
+        zoo.build("gpt", **over)
 
 
 # -- dropout --------------------------------------------------------------------------------------------------------
@@ -486,13 +487,13 @@ def test_gpt_dropout_is_a_listed_number_and_leaves_the_graph_unchanged_at_zero()
     assert parse_overrides(["dropout=0.1", "layers=2"]) == {"dropout": 0.1, "layers": 2}
     assert parse_overrides(["dropout=0"]) == {"dropout": 0.0}
     for name in ("gpt", "mtf-transformer"):
-        assert build_model(name, dropout=0) == build_model(name) == build_model(name, dropout=0.0)
-        assert graph_to_json(build_model(name, dropout="0")) + "\n" == (JSON_DIR / f"{name}.json").read_text()
+        assert zoo.build(name, dropout=0) == zoo.build(name) == zoo.build(name, dropout=0.0)
+        assert graph_to_json(zoo.build(name, dropout="0")) + "\n" == (JSON_DIR / f"{name}.json").read_text()
 
 
 @pytest.mark.parametrize("name", ["gpt", "mtf-transformer"])
 def test_dropout_drops_the_attention_probabilities_and_both_residual_branches(name):
-    base, g = build_model(name, layers=2), build_model(name, layers=2, dropout=0.1)
+    base, g = zoo.build(name, layers=2), zoo.build(name, layers=2, dropout=0.1)
     assert g.meta["dropout"] == 0.1 and "dropout" not in base.meta
     assert param_count(g) == param_count(base)
     added = [op.name for op in g.ops if op.name not in {o.name for o in base.ops}]
@@ -526,7 +527,7 @@ def test_bad_dropout_overrides_are_named(items, match):
 ])
 def test_bad_dropout_raises_one_clear_error(name, value, match):
     with pytest.raises(GraphError, match=match):
-        build_model(name, dropout=value)
+        zoo.build(name, dropout=value)
     if isinstance(value, float):  # the same through the command line's --set
         with pytest.raises(GraphError, match=match):
-            load_model(name, parse_overrides([f"dropout={value}"]))
+            zoo.load(name, parse_overrides([f"dropout={value}"]))

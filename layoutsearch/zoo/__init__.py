@@ -4,11 +4,11 @@ Every builder takes keyword-only sizes (defaults small enough for CPU tests)
 and returns a validated :class:`~layoutsearch.ir.Graph` whose ``loss`` is a
 scalar and whose ``meta`` holds the model name and every size::
 
-    from graphs import build_model, load_model, parse_overrides
-    g = build_model("gpt", preset="gpt3-175b")
-    g = build_model("mtf-ffn", batch=64, io=256, hidden=1024)
-    g = load_model("mtf-transformer", parse_overrides(["layers=4", "d_model=128"]))
-    g = load_model("graphs/json/moe.json")          # a graph file
+    from layoutsearch import zoo
+    g = zoo.gpt(preset="gpt3-175b")                  # or zoo.build("gpt", preset="gpt3-175b")
+    g = zoo.build("mtf-ffn", batch=64, io=256, hidden=1024)
+    g = zoo.load("mtf-transformer", zoo.parse_overrides(["layers=4", "d_model=128"]))
+    g = zoo.load("graphs/moe.json")          # a graph file
 
 Integer parameters are sizes (or 0/1 switches such as ``tie_embeddings``);
 ``preset``, ``dtype`` and GPT's ``mlp``, ``norm`` and ``position`` are strings
@@ -24,17 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from graphs.gpt import DEFAULTS as _GPT_DEFAULTS
-from graphs.gpt import GPT_PRESETS, gpt
-from graphs.mlp import mlp
-from graphs.moe import moe
-from graphs.mtf_ffn import mtf_ffn
-from graphs.transformer import mtf_transformer
+from layoutsearch.zoo.gpt import DEFAULTS as _GPT_DEFAULTS
+from layoutsearch.zoo.gpt import GPT_PRESETS, gpt
+from layoutsearch.zoo.mlp import mlp
+from layoutsearch.zoo.moe import moe
+from layoutsearch.zoo.mtf_ffn import mtf_ffn
+from layoutsearch.zoo.transformer import mtf_transformer
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import Graph, load_graph
 
-JSON_DIR = Path(__file__).parent / "json"
-"""Where the zoo's JSON graph files (each model at default sizes) live."""
+JSON_DIR = Path(__file__).resolve().parents[2] / "graphs"
+"""Where a checkout keeps the zoo's JSON graph files (each model at default sizes; not part of the installed
+package: ``python -m layoutsearch.zoo.export_json`` writes them)."""
 
 STR_PARAMS = frozenset({"preset", "dtype", "mlp", "norm", "position"})
 """Parameters whose values are strings; every other parameter is an integer, except :data:`FLOAT_PARAMS`."""
@@ -53,7 +54,7 @@ class ModelSpec:
     params: dict[str, Any]
 
     def build(self, **overrides: Any) -> Graph:
-        return build_model(self.name, **overrides)
+        return build(self.name, **overrides)
 
 
 def _spec(name: str, builder: Callable[..., Graph], params: dict[str, Any] | None = None) -> ModelSpec:
@@ -114,7 +115,7 @@ def _coerce(model: str, key: str, value: Any) -> Any:
     return value
 
 
-def build_model(name: str, /, **overrides: Any) -> Graph:
+def build(name: str, /, **overrides: Any) -> Graph:
     """Build zoo model ``name`` with its defaults, replacing the parameters given.
 
     Raises GraphError for an unknown model, an unknown parameter (listing the
@@ -160,13 +161,13 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def load_model(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
+def load(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
     """A zoo model by name (with ``overrides``) or a JSON graph file by path.
 
     Overrides apply to zoo models only: giving any with a file raises GraphError.
     """
     if spec in MODELS:
-        return build_model(spec, **(overrides or {}))
+        return build(spec, **(overrides or {}))
     path = Path(spec)
     if path.suffix == ".json" or path.exists():
         if overrides:
@@ -177,6 +178,6 @@ def load_model(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
 
 
 __all__ = [
-    "FLOAT_PARAMS", "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build_model", "list_models", "load_model",
-    "parse_overrides",
+    "FLOAT_PARAMS", "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build", "gpt", "list_models", "load",
+    "mlp", "moe", "mtf_ffn", "mtf_transformer", "parse_overrides",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 
-from graphs._blocks import check_dtype, check_sizes, norm
+from layoutsearch.zoo._blocks import check_dtype, check_sizes, norm
 from layoutsearch.ir import Graph, GraphBuilder
 
 NAME = "moe"

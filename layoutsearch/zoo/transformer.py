@@ -9,13 +9,13 @@ relu feed-forward ``wi[d_model, d_ff]``, ``wo_ff[d_ff, d_model]``; residual
 adds; no biases) -> final layer norm -> logits through a separate (untied)
 ``softmax_w[d_model, vocab]`` -> mean cross-entropy against ``labels[batch, seq]``.
 
-Attention is unmasked (see :func:`graphs._blocks.self_attention`); there is no
+Attention is unmasked (see :func:`layoutsearch.zoo._blocks.self_attention`); there is no
 position embedding (Mesh-TF adds a sinusoidal/learned one: it changes no
 layout decision of the layer stack).
 
 ``dropout``: the rate of dropout on the attention probabilities and on the
 attention and feed-forward outputs before their residual adds (as GPT's, see
-:func:`graphs._blocks.dropout`); 0 (default): none, the graph unchanged.
+:func:`layoutsearch.zoo._blocks.dropout`); 0 (default): none, the graph unchanged.
 
 Parameters: 2 · vocab · d_model + layers · (4 · d_model · heads · d_kv
 + 2 · d_model · d_ff + 2 · d_model) + d_model.
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from graphs._blocks import Dims, LayerStyle, check_dropout, check_dtype, check_sizes, decoder_stack, lm_loss
+from layoutsearch.zoo._blocks import Dims, LayerStyle, check_dropout, check_dtype, check_sizes, decoder_stack, lm_loss
 from layoutsearch.ir import Graph, GraphBuilder
 
 NAME = "mtf-transformer"

@@ -1,7 +1,7 @@
 """Write every zoo model at its default sizes as a JSON graph file.
 
-Run ``python -m graphs.export_json [OUT_DIR]`` (default: ``graphs/json``);
-the files are ``<model>.json``, e.g. ``graphs/json/mtf-ffn.json``.
+Run ``python -m layoutsearch.zoo.export_json [OUT_DIR]`` (default: ``graphs``);
+the files are ``<model>.json``, e.g. ``graphs/mtf-ffn.json`` (the checkout's ``graphs/`` folder).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from graphs import JSON_DIR, build_model, list_models
+from layoutsearch.zoo import JSON_DIR, build, list_models
 from layoutsearch.ir import save_graph
 
 
@@ -19,7 +19,7 @@ def export(out_dir: Path = JSON_DIR) -> list[Path]:
     paths = []
     for spec in list_models():
         path = out_dir / f"{spec.name}.json"
-        save_graph(build_model(spec.name), path)
+        save_graph(build(spec.name), path)
         paths.append(path)
     return paths
 
@@ -27,7 +27,7 @@ def export(out_dir: Path = JSON_DIR) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) > 1:
-        print("usage: python -m graphs.export_json [OUT_DIR]", file=sys.stderr)
+        print("usage: python -m layoutsearch.zoo.export_json [OUT_DIR]", file=sys.stderr)
         return 2
     for path in export(Path(args[0]) if args else JSON_DIR):
         print(f"wrote {path} ({path.stat().st_size} bytes)")

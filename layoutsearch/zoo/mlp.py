@@ -15,7 +15,7 @@ Parameters: features · hidden + (layers - 1) · hidden² + hidden · classes
 
 from __future__ import annotations
 
-from graphs._blocks import check_dtype, check_sizes
+from layoutsearch.zoo._blocks import check_dtype, check_sizes
 from layoutsearch.ir import Graph, GraphBuilder
 
 NAME = "mlp"

@@ -12,7 +12,7 @@ Parameters: 2 · io · hidden.
 
 from __future__ import annotations
 
-from graphs._blocks import check_dtype, check_sizes
+from layoutsearch.zoo._blocks import check_dtype, check_sizes
 from layoutsearch.ir import Graph, GraphBuilder
 
 NAME = "mtf-ffn"

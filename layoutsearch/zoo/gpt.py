@@ -9,7 +9,7 @@ through the input embedding (tied, the GPT default; ``tie_embeddings=0`` adds
 a separate ``softmax_w[d_model, vocab]``) -> mean cross-entropy.
 
 Attention is unmasked: a causal mask changes neither shapes, FLOPs nor
-communication (see :func:`graphs._blocks.self_attention`).
+communication (see :func:`layoutsearch.zoo._blocks.self_attention`).
 
 Parameters (tied, d_ff = 4h): 12·l·h² + 13·l·h + (vocab + seq)·h + 2h, the
 formula of Narayanan et al. 2021 (section 5.1) plus the final layer norm.
@@ -58,7 +58,7 @@ the GPT graph above, unchanged):
   they weight the values, and hidden dropout, on the attention and MLP outputs
   (with their biases) before each residual add (bias-dropout-add): ``x *
   dropout_mask(x)``, the mask seeded per layer and site
-  (:func:`graphs._blocks.dropout`). Megatron-LM trains with 0.1 for both
+  (:func:`layoutsearch.zoo._blocks.dropout`). Megatron-LM trains with 0.1 for both
   (``--attention-dropout``, ``--hidden-dropout``, their defaults).
 
 Published configurations are in :data:`GPT_PRESETS`, selected with
@@ -72,7 +72,7 @@ from typing import Any
 
 import numpy as np
 
-from graphs._blocks import (
+from layoutsearch.zoo._blocks import (
     Dims,
     LayerStyle,
     check_dropout,
