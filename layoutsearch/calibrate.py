@@ -126,7 +126,6 @@ def _time(fn: Callable[..., Any], args: Sequence[Any], plan: Plan) -> float:
 def _measure_matmuls(device: Any, plan: Plan) -> list[dict[str, Any]]:
     import jax
     import jax.numpy as jnp
-
     import numpy as np
 
     mm = jax.jit(jnp.matmul)

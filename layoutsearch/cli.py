@@ -558,8 +558,8 @@ def _add_table1(sub: Any) -> None:
 
 
 def _cmd_table1(args: argparse.Namespace) -> Result:
-    from layoutsearch.zoo import parse_overrides
     from layoutsearch.table1 import DEFAULT_SIZES, table1
+    from layoutsearch.zoo import parse_overrides
 
     sizes = parse_overrides(args.overrides)
     unknown = [k for k in sizes if k not in DEFAULT_SIZES]

@@ -120,11 +120,11 @@ RUNS: tuple[PublishedRun, ...] = (
 def predict(run: PublishedRun) -> dict[str, Any]:
     """The cost model's prediction for ``run``: step time, its error against the published one, MFU and
     peak memory against the device's usable memory (HBM less the runtime's reserve)."""
+    from layoutsearch import zoo
     from layoutsearch.costmodel.pipeline import estimate_pipeline
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.layout import Layout
     from layoutsearch.mesh import hardware
-    from layoutsearch import zoo
 
     graph = zoo.build(run.model, **run.sizes)
     layout = Layout.from_rules(run.mesh, run.layout)
@@ -153,8 +153,8 @@ def search_published(run: PublishedRun, **options: Any) -> Any:
     searched (``pipeline="auto"``: over any axis, chosen when faster) with the run's schedule and micro-batch
     count.
     ``options`` override the search's arguments. Returns the :class:`~layoutsearch.solvers.plan.Plan`."""
-    from layoutsearch.solvers.search import search
     from layoutsearch import zoo
+    from layoutsearch.solvers.search import search
 
     graph = zoo.build(run.model, **run.sizes)
     kw: dict[str, Any] = {"hardware": run.hardware, "precision": run.precision, "attention": run.attention,

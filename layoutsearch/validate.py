@@ -29,8 +29,8 @@ from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
-from layoutsearch.layout import Layout
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.layout import Layout
 from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
 from layoutsearch.mesh import hardware as _hardware
 

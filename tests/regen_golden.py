@@ -84,8 +84,7 @@ def cases() -> list[tuple[str, str, str, str, dict[str, Any]]]:
 
 def predict(model: str, mesh: str, rules: str, kw: dict[str, Any]) -> dict[str, Any]:
     """The golden fields of one case."""
-    from layoutsearch import zoo
-    from layoutsearch import Layout, estimate
+    from layoutsearch import Layout, estimate, zoo
 
     kw = dict(kw)
     hw = kw.pop("hardware", HARDWARE)

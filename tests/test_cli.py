@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from clirun import run, run_json
 
-from layoutsearch import zoo
-from layoutsearch import cli
+from layoutsearch import cli, zoo
 from layoutsearch.export import python_snippet
 from layoutsearch.ir import graph_to_dict, load_graph
 from layoutsearch.layout import Layout

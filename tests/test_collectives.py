@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layoutsearch.costmodel.collectives import COLLECTIVE_KINDS, bytes_on_links, collective_time
-from layoutsearch.errors import HardwareError, CostModelError, LayoutSearchError, MeshError
+from layoutsearch.errors import CostModelError, HardwareError, LayoutSearchError, MeshError
 from layoutsearch.mesh import Mesh, hardware
 
 FAST_BW, FAST_A = 100e9, 1e-6

@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from layoutsearch import zoo
-from layoutsearch import CostReport, Layout, Mesh, estimate, hardware, training_graph
+from layoutsearch import CostReport, Layout, Mesh, estimate, hardware, training_graph, zoo
 from layoutsearch.costmodel.memory import memory_profile, remat_plan
 from layoutsearch.errors import CostModelError, HardwareError, LayoutError
 from layoutsearch.mesh import Link

@@ -9,8 +9,7 @@ import math
 import pytest
 from clirun import run, run_json
 
-from layoutsearch import zoo
-from layoutsearch import Layout, estimate, hardware
+from layoutsearch import Layout, estimate, hardware, zoo
 from layoutsearch.costmodel.compute import matmul_efficiency
 from layoutsearch.costmodel.fusion import attention_cores, fusion_plan
 from layoutsearch.costmodel.overlap import classify, collective_classes

@@ -6,7 +6,6 @@ import pytest
 from cases import GPT_VARIANTS
 
 from layoutsearch import zoo
-from layoutsearch.zoo import list_models
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import (
@@ -21,6 +20,7 @@ from layoutsearch.ir import (
     training_graph,
 )
 from layoutsearch.ir.ops import UNARY_GRAD
+from layoutsearch.zoo import list_models
 
 # float32 on both sides, but different summation orders (our einsums/scatters vs
 # jax's transposes): agreement to a few ulps of the largest terms, not bitwise.

@@ -7,11 +7,11 @@ import pytest
 from cases import GPT_VARIANTS
 
 from layoutsearch import zoo
+from layoutsearch.errors import GraphError
+from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, graph_from_json, graph_to_json, load_graph, training_graph
 from layoutsearch.zoo import FLOAT_PARAMS, JSON_DIR, MODELS, STR_PARAMS, list_models, parse_overrides
 from layoutsearch.zoo.export_json import export
 from layoutsearch.zoo.gpt import DEFAULTS, GPT_PRESETS, OPTIONS, PUBLISHED_PARAMS, gpt_config, rotary_table
-from layoutsearch.errors import GraphError
-from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, graph_from_json, graph_to_json, load_graph, training_graph
 
 MODEL_NAMES = list(MODELS)
 

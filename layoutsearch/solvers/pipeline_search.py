@@ -16,13 +16,12 @@ wins. Cost: one inner search per candidate axis plus at most
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.compute import fastest_matmul_rate
+from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.pipeline import PipelineReport, Schedule, estimate_pipeline
 from layoutsearch.costmodel.step import training_step

@@ -45,8 +45,8 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
-from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.memory import REMAT_POLICIES, lifetimes, remat_plan
+from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError

@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from layoutsearch.errors import GraphError
+from layoutsearch.ir import Graph, load_graph
 from layoutsearch.zoo.gpt import DEFAULTS as _GPT_DEFAULTS
 from layoutsearch.zoo.gpt import GPT_PRESETS, gpt
 from layoutsearch.zoo.mlp import mlp
 from layoutsearch.zoo.moe import moe
 from layoutsearch.zoo.mtf_ffn import mtf_ffn
 from layoutsearch.zoo.transformer import mtf_transformer
-from layoutsearch.errors import GraphError
-from layoutsearch.ir import Graph, load_graph
 
 JSON_DIR = Path(__file__).resolve().parents[2] / "graphs"
 """Where a checkout keeps the zoo's JSON graph files (each model at default sizes; not part of the installed

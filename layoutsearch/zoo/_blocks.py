@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import GraphBuilder, Ref
-from layoutsearch.ir.tensor import FLOAT_DTYPES
 from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.tensor import FLOAT_DTYPES
 
 
 def check_sizes(model: str, **sizes: int) -> None:

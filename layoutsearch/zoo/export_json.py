@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from layoutsearch.zoo import JSON_DIR, build, list_models
 from layoutsearch.ir import save_graph
+from layoutsearch.zoo import JSON_DIR, build, list_models
 
 
 def export(out_dir: Path = JSON_DIR) -> list[Path]:

@@ -72,6 +72,8 @@ from typing import Any
 
 import numpy as np
 
+from layoutsearch.errors import GraphError
+from layoutsearch.ir import Graph, GraphBuilder
 from layoutsearch.zoo._blocks import (
     Dims,
     LayerStyle,
@@ -83,8 +85,6 @@ from layoutsearch.zoo._blocks import (
     lm_loss,
     rotary_tables,
 )
-from layoutsearch.errors import GraphError
-from layoutsearch.ir import Graph, GraphBuilder
 
 NAME = "gpt"
 

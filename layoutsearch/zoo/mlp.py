@@ -15,8 +15,8 @@ Parameters: features · hidden + (layers - 1) · hidden² + hidden · classes
 
 from __future__ import annotations
 
-from layoutsearch.zoo._blocks import check_dtype, check_sizes
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.zoo._blocks import check_dtype, check_sizes
 
 NAME = "mlp"
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 
-from layoutsearch.zoo._blocks import check_dtype, check_sizes, norm
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.zoo._blocks import check_dtype, check_sizes, norm
 
 NAME = "moe"
 

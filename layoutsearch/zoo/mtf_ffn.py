@@ -12,8 +12,8 @@ Parameters: 2 · io · hidden.
 
 from __future__ import annotations
 
-from layoutsearch.zoo._blocks import check_dtype, check_sizes
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.zoo._blocks import check_dtype, check_sizes
 
 NAME = "mtf-ffn"
 

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from layoutsearch.zoo._blocks import Dims, LayerStyle, check_dropout, check_dtype, check_sizes, decoder_stack, lm_loss
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.zoo._blocks import Dims, LayerStyle, check_dropout, check_dtype, check_sizes, decoder_stack, lm_loss
 
 NAME = "mtf-transformer"
 STYLE = LayerStyle(bias=False, norm_bias=False, activation="relu")
