@@ -224,7 +224,7 @@ def _measure_collectives(devices: Sequence[Any], mesh: Mesh, plan: Plan,
 
 def _devices(mesh: Mesh | None) -> list[Any]:
     """The devices to calibrate on; asks for simulated CPU devices before JAX starts if there is no accelerator."""
-    from layoutsearch.validate import jax_devices
+    from layoutsearch.devices import jax_devices
 
     n = mesh.size if mesh is not None else DEFAULT_CPU_DEVICES
     try:

@@ -9,7 +9,7 @@ minor axes whose product fits in one node take the fast links, the others the
 slow ones; ``axis_links`` overrides this per axis. Every figure is
 overridable (``Hardware.replace`` or ``--hw key=value`` in the CLI).
 
-Figures are vendor peak numbers (dense bf16) from ``shared/HARDWARE.md``; the
+Figures are vendor peak numbers (dense bf16) from ``docs/hardware.md``; the
 ``source`` field of each preset cites them. Efficiency factors (achieved
 fraction of peak) are separate fields so that a measured number can replace
 them without touching the peaks.
@@ -241,6 +241,10 @@ class Hardware:
             kind = pinned.get(axis, "fast" if extent <= self.devices_per_node else "slow")
             out[axis] = self.fast_link if kind == "fast" else self.slow_link
         return {a: out[a] for a in mesh.names}
+
+    def link_kinds(self, mesh: Mesh) -> dict[str, str]:
+        """``fast`` or ``slow``: the kind of link each mesh axis uses (:meth:`links_for`)."""
+        return {a: "fast" if link == self.fast_link else "slow" for a, link in self.links_for(mesh).items()}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

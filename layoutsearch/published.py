@@ -7,7 +7,7 @@ own presets and returns the predicted step time, MFU and peak memory against
 the device's HBM; ``tests/test_published_runs.py`` bounds the errors and
 ``bench/bench_published.py`` prints the table.
 
-Sources (copied from ``shared/published/runs.md``, which cites them):
+Sources (with the published tables, in ``docs/published-runs.md``):
 
 * Megatron-LM on DGX A100 (Narayanan et al., SC'21, arXiv 2104.04473, Table 1):
   GPT, seq 2048, vocab 51,200, tied embeddings, mixed precision, Adam, full

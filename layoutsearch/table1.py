@@ -31,7 +31,7 @@ like XLA on CPU all-reduces instead of reduce-scattering) and the numbers
 read from the program XLA compiles for the same layout
 (:func:`layoutsearch.backend.hlo.summarize`): collective payloads by kind and
 mesh axes, FLOPs per device (``cost_analysis``) and memory per device. The
-compiled program needs ``r·c`` JAX devices: on CPU, :func:`~layoutsearch.validate.jax_devices` asks
+compiled program needs ``r·c`` JAX devices: on CPU, :func:`~layoutsearch.devices.jax_devices` asks
 for simulated ones (``XLA_FLAGS=--xla_force_host_platform_device_count``),
 which only works before JAX's backend starts.
 """

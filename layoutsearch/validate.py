@@ -19,7 +19,6 @@ the host's cores: their wall time says nothing about the layout).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from collections import defaultdict
@@ -27,36 +26,12 @@ from typing import Any
 
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.devices import jax_devices
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
 from layoutsearch.mesh import hardware as _hardware
-
-
-def jax_devices(n: int) -> list[Any]:
-    """``n`` JAX devices: the accelerators if there are enough, else CPU devices,
-    asking for ``n`` simulated ones if JAX has not started yet (``XLA_FLAGS=
-    --xla_force_host_platform_device_count=n``). LayoutSearchError otherwise."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
-    import jax
-
-    try:
-        if jax.config.jax_num_cpu_devices < n:
-            jax.config.update("jax_num_cpu_devices", n)
-    except (AttributeError, RuntimeError):  # an older JAX, or its backend already started
-        pass
-    devices = jax.devices()
-    if len(devices) >= n:
-        return devices[:n]
-    devices = jax.devices("cpu")
-    if len(devices) < n:
-        raise LayoutSearchError(f"the compiled program needs {n} devices and JAX started with {len(devices)}: "
-                                f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts")
-    return devices[:n]
 
 
 def compiled_costs(graph: Graph, layout: Layout) -> dict[str, Any]:

@@ -219,7 +219,7 @@ def test_a_partition_that_does_not_cover_the_layers_fails_clearly():
 def test_stack_and_unstack_parameters():
     g, params, *_ = _model("gpt")
     pipe = Pipeline(g, {"stage": 2, "data": 2}, microbatches=4)
-    assert (pipe.K, pipe.D, pipe.M, pipe.remat) == (2, 2, 4, True)
+    assert (pipe.K, pipe.D, pipe.M, pipe.remat) == (2, 2, 4, "full")  # remat=True is full
     stacked, outer = pipe.stack(params)
     assert stacked["wq"].shape == (2, 2, 32, 4, 8)
     np.testing.assert_array_equal(stacked["wq"][1, 0], params["layer.2/wq"])

@@ -24,7 +24,8 @@ from their left neighbour; bubble steps compute on zeros and are discarded)
 and ``ppermute`` s its output to stage ``s + 1``. The last stage's outputs of
 steps ``K-1 .. T-1`` are the M micro-batches in order. With ``remat`` the
 stage function is wrapped in ``jax.checkpoint``: only stage inputs are saved
-per step and the layers are recomputed in the backward loop.
+per step and the layers are recomputed in the backward loop (``remat="full"``
+or True); ``"selective"`` also keeps the projections' outputs.
 
 Gradients: parameters are cast to "varying" over the data axis (the stacked
 ones) or over ``stage`` and data (the outer ones) at the top of the body,
@@ -57,10 +58,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from layoutsearch.backend.program import Arrays, run_graph
+from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
+from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
@@ -203,7 +206,7 @@ class Pipeline:
     """
 
     def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
-                 remat: bool = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
+                 remat: bool | str = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
                  stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = "layer",
                  layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None) -> None:
         if stage_axis not in mesh_shape:
@@ -213,7 +216,10 @@ class Pipeline:
                               f"({mesh_shape[stage_axis]})")
         if microbatches < 1:
             raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
-        self.graph, self.remat, self.batch_dim = graph, remat, batch_dim
+        self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
+        if self.remat not in REMAT_POLICIES:
+            raise LayoutError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+        self.graph, self.batch_dim = graph, batch_dim
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
@@ -231,7 +237,7 @@ class Pipeline:
         names = tuple(mesh_shape)
         self.mesh = jax.sharding.Mesh(np.array(devs[:n], dtype=object).reshape(list(mesh_shape.values())), names,
                                       axis_types=(AxisType.Auto,) * len(names))
-        self.step = jax.jit(jax.value_and_grad(self._sharded_loss, argnums=(0, 1)))
+        self.step = jax.jit(jax.value_and_grad(self.sharded_loss, argnums=(0, 1)))
 
     # -- layouts
     def _check_layout(self, layout: Layout | str | Mapping[str, Any] | None, mesh_shape: Mapping[str, int]) -> Layout:
@@ -305,7 +311,8 @@ class Pipeline:
         return self.step.lower(*self.place(params, inputs)).compile(dict(compiler_options or {}))
 
     # -- the pipelined loss
-    def _sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
+    def sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
+        """The pipelined loss of laid-out (stacked, outer) parameters and inputs (see :meth:`shardings`)."""
         fn = jax.shard_map(self._body, mesh=self.mesh, in_specs=self.specs(manual_only=True), out_specs=P(),
                            axis_names=set(self.manual), check_vma=True)
         return fn(stacked, outer, inputs)
@@ -335,6 +342,10 @@ class Pipeline:
         # Cast to varying here, outside the loops: the transposes (gradient psums) then run once.
         stacked = {k: v[0] for k, v in stacked.items()}
         stacked, outer, inputs = _vary(stacked, everywhere), _vary(outer, everywhere), _vary(inputs, everywhere)
+        # Parameters in another dtype (float32 master weights) are cast here, after the casts to varying: the
+        # gradient psums then run in the parameters' dtype (XLA:CPU cannot compile bfloat16 ones here).
+        stacked = {k: v.astype(jax_dtype(p.layer.tensors[k])) for k, v in stacked.items()}
+        outer = {k: v.astype(jax_dtype(self.graph.tensors[k])) for k, v in outer.items()}
         env = run_graph(p.pre, {**{k: outer[k] for k in outer if k in p.pre.tensors},
                                 **{k: v for k, v in inputs.items() if k in p.pre.tensors}}, constrain({}))
         env = {**inputs, **outer, **env}
@@ -343,8 +354,16 @@ class Pipeline:
         xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
         stage = lax.axis_index(st)
 
+        layer_constrain = constrain(p.layer_names)
+        if self.remat == "selective":  # tag the projections the checkpoint policy keeps
+            saved = selective_saved(p.layer)
+
+            def layer_constrain(n: str, x: jax.Array, inner: Constrain | None = layer_constrain) -> jax.Array:
+                x = inner(n, x) if inner else x
+                return checkpoint_name(x, n) if n in saved else x
+
         def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
-            return run_graph(p.layer, {**params, IN: x}, constrain(p.layer_names))[p.layer_out], None
+            return run_graph(p.layer, {**params, IN: x}, layer_constrain)[p.layer_out], None
 
         if self.mask.all():
             def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
@@ -358,7 +377,7 @@ class Pipeline:
                     return lax.cond(on, lambda x: layer(x, ps)[0], lambda x: x, x), None
                 return lax.scan(slot, x, (params, real))[0]
 
-        run_stage: Callable[[Arrays, jax.Array], jax.Array] = jax.checkpoint(stage_fn) if self.remat else stage_fn
+        run_stage = self._remat(stage_fn)
         perm = [(i, i + 1) for i in range(K - 1)]
 
         def tick(carry: jax.Array, x_t: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -371,17 +390,21 @@ class Pipeline:
         loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, constrain({}))[p.post.loss]
         return lax.psum(jnp.where(stage == K - 1, loss * self.loss_scale, jnp.zeros_like(loss)), everywhere)
 
+    def _remat(self, stage_fn: Callable[[Arrays, jax.Array], jax.Array]) -> Callable[[Arrays, jax.Array], jax.Array]:
+        """The stage function under the remat policy: ``full`` saves only the stage's input per micro-batch,
+        ``selective`` also the projections' outputs (:func:`~.program.selective_saved`)."""
+        if self.remat == "none":
+            return stage_fn
+        if self.remat == "full":
+            return jax.checkpoint(stage_fn)
+        names = sorted(selective_saved(self.parts.layer))
+        return jax.checkpoint(stage_fn, policy=jax.checkpoint_policies.save_only_these_names(*names))
+
     def _data_scale(self) -> float:
         """What the per-data-shard losses are scaled by before summing: 1/D for a mean, 1 for a sum."""
         if self.D == 1:
             return 1.0
-        op = self.graph.producer(self.graph.loss)
-        src = self.graph.tensors[op.inputs[0]] if op is not None and op.inputs else None
-        if not isinstance(op, O.Reduce) or op.fn not in ("mean", "sum") or src is None \
-                or self.batch_dim not in src.dim_names:
-            raise GraphError(f"a data axis needs a loss that is a mean or sum over {self.batch_dim!r}; "
-                             f"{self.graph.loss!r} is not")
-        return 1.0 / self.D if op.fn == "mean" else 1.0
+        return 1.0 / self.D if batch_reduction(self.graph, self.batch_dim) == "mean" else 1.0
 
 
 def _stage_counts(layers: int, stages: int, given: Sequence[int] | None) -> list[int]:

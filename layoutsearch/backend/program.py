@@ -17,7 +17,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
+from layoutsearch.costmodel.memory import REMAT_POLICIES
+from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
@@ -122,8 +125,8 @@ class _Interpreter:
         x = self.env[name]
         return x if out is None else align(x, self.dims(name), out)
 
-    def run(self) -> Arrays:
-        for op in self.g.ops:
+    def run(self, ops: Sequence[O.Op] | None = None) -> Arrays:
+        for op in self.g.ops if ops is None else ops:
             with jax.named_scope(scope_name(op.name)):
                 y = getattr(self, "_" + op.kind)(op)
                 t = self.g.tensors[op.output]
@@ -238,15 +241,84 @@ class _Interpreter:
         return align(g, [*rest, op.dim], self.dims(op.output))
 
 
-def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain | None = None) -> Arrays:
+    def run_blocks(self, policy: str) -> Arrays:
+        """Run the ops, each block's run of consecutive ops (``op.block``, a transformer layer) under
+        ``jax.checkpoint`` with the remat ``policy``: ``full`` saves only the block's inputs, ``selective`` also
+        the outputs of matmuls with a parameter operand (the cost model's policies,
+        :mod:`layoutsearch.costmodel.memory`). Tensors internal to a block are not in the result."""
+        saved = selective_saved(self.g) if policy == "selective" else frozenset()
+        jax_policy = jax.checkpoint_policies.save_only_these_names(*sorted(saved)) if saved else None
+        constrain = self.constrain
+        if saved:
+            def constrain(name: str, x: jax.Array) -> jax.Array:
+                x = self.constrain(name, x) if self.constrain else x
+                return checkpoint_name(x, name) if name in saved else x
+        consumers = self.g.consumers
+        for seg in _block_runs(self.g.ops):
+            if seg[0].block is None:
+                self.run(seg)
+                continue
+            produced = {op.output for op in seg}
+            reads = list(dict.fromkeys(i for op in seg for i in op.inputs if i not in produced))
+            names = {op.name for op in seg}
+            leaving = [op.output for op in seg if op.output == self.g.loss
+                       or any(c.name not in names for c in consumers[op.output])]
+
+            def block(vals: list[jax.Array], seg: list[O.Op] = seg, reads: list[str] = reads,
+                      leaving: list[str] = leaving) -> list[jax.Array]:
+                env = _Interpreter(self.g, dict(zip(reads, vals, strict=True)), constrain).run(seg)
+                return [env[t] for t in leaving]
+
+            outs = jax.checkpoint(block, policy=jax_policy)([self.env[t] for t in reads])
+            self.env.update(zip(leaving, outs, strict=True))
+        return self.env
+
+
+def _block_runs(ops: Sequence[O.Op]) -> list[list[O.Op]]:
+    """``ops`` cut into maximal runs of consecutive ops of the same block."""
+    runs: list[list[O.Op]] = []
+    for op in ops:
+        if runs and runs[-1][0].block == op.block:
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+    return runs
+
+
+def selective_saved(graph: Graph) -> frozenset[str]:
+    """What selective remat keeps of a block: the outputs of forward matmuls with a parameter operand (the
+    projections; Korthikanti et al. 2022), as in :mod:`layoutsearch.costmodel.memory`."""
+    params = {t.name for t in graph.parameters}
+    return frozenset(op.output for op in graph.ops if isinstance(op, O.Einsum) and op.phase == "forward"
+                     and any(i in params for i in op.inputs))
+
+
+def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain | None = None,
+              remat: str = "none") -> Arrays:
     """Evaluate every op of ``graph``; returns every tensor (fed and produced) by name.
 
-    ``feeds`` must hold every input, parameter and optimizer-state tensor."""
+    ``feeds`` must hold every input, parameter and optimizer-state tensor. ``remat`` (``none``,
+    ``selective``, ``full``): each block runs under ``jax.checkpoint`` with that policy, so its
+    differentiation recomputes what the policy drops; the result then lacks the tensors internal to blocks."""
     missing = [t.name for t in graph.fed if t.name not in feeds]
     if missing:
         raise KeyError(f"missing feeds for {missing}")
+    if remat not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
     env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
-    return _Interpreter(graph, env, constrain).run()
+    interpreter = _Interpreter(graph, env, constrain)
+    return interpreter.run() if remat == "none" else interpreter.run_blocks(remat)
+
+
+def batch_reduction(graph: Graph, batch_dim: str = "batch") -> str:
+    """``"mean"`` or ``"sum"``: how ``graph``'s loss reduces over ``batch_dim`` (what combining the losses of
+    micro-batches or data shards needs); GraphError when the loss is neither."""
+    op = graph.producer(graph.loss) if graph.loss else None
+    src = graph.tensors[op.inputs[0]] if op is not None and op.inputs else None
+    if not isinstance(op, O.Reduce) or op.fn not in ("mean", "sum") or src is None or batch_dim not in src.dim_names:
+        raise GraphError(f"splitting the batch needs a loss that is a mean or sum over {batch_dim!r}; "
+                      f"{graph.loss!r} of {graph.name!r} is not")
+    return op.fn
 
 
 def forward_fn(graph: Graph) -> Callable[[Mapping[str, jax.Array], Mapping[str, jax.Array]], jax.Array]:

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from layoutsearch.costmodel.step import training_step
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.hwprofile import hardware_from_json, hardware_to_json
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION
+from layoutsearch.ir.serialize import graph_from_dict, graph_to_dict
 from layoutsearch.layout import Axes, DimLayout, Layout
+from layoutsearch.mesh import Mesh
+
+PLAN_FORMAT = "layoutsearch-plan"
+PLAN_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,15 @@ class Costed:
         from layoutsearch.layout import format_rules
 
         return format_rules(self.rules) if self.rules is not None else "(per-op layouts)"
+
+    @classmethod
+    def from_summary(cls, d: dict[str, Any], layout: Layout) -> Costed:
+        """A plan read back from :meth:`summary` (no report) on ``layout``'s mesh."""
+        rules = tuple((r[0], tuple(r[1])) for r in d["rules"]) if d.get("rules") is not None else None
+        return cls(d["name"], Layout(layout.mesh, rules) if rules is not None else layout, rules, d["step_s"],
+                   d["compute_s"], d["comm_s"], d["memory_bytes"], d["fits"], remat=d.get("remat", "none"),
+                   microbatches=d.get("microbatches", 1), stage_axis=d.get("stage_axis"),
+                   schedule=d.get("schedule"))
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "rules": [[d, list(a)] for d, a in self.rules] if self.rules is not None else None,
@@ -103,6 +125,10 @@ class Plan:
     mesh (each at its fastest remat policy that fits), each with ``ratio`` =
     chosen step time / baseline step time; ``decisions``: the best plan per
     remat policy, micro-batch count and pipeline option searched.
+
+    ``graph`` is the training graph the plan was priced on, ``model`` the forward graph searched; the
+    settings held fixed (``precision``, ``optimizer``, ``attention``, ``overlap``) are kept so that
+    :meth:`compile` runs and :meth:`from_json` re-prices exactly this plan.
     """
 
     graph: Graph = field(repr=False)
@@ -118,6 +144,11 @@ class Plan:
     baselines: tuple[Baseline, ...] = ()
     problem: dict[str, Any] = field(default_factory=dict)
     decisions: tuple[Decision, ...] = ()
+    model: Graph | None = field(default=None, repr=False)
+    precision: str = DEFAULT_PRECISION
+    optimizer: str = "adam"
+    attention: str = "auto"
+    overlap: float | str = "auto"
 
     @property
     def remat(self) -> str:
@@ -139,6 +170,98 @@ class Plan:
     @property
     def memory_bytes(self) -> int:
         return self.chosen.memory_bytes
+
+    @property
+    def layers_per_stage(self) -> tuple[int, ...] | None:
+        """A pipelined plan's layers per stage (the cost model's partition), else None."""
+        return self.report.layers_per_stage() if self.chosen.pipelined and self.report is not None else None
+
+    def compile(self, devices: Sequence[Any] | None = None, *, optimizer: Any = None) -> Any:
+        """The plan as a running :class:`~layoutsearch.backend.train.Program` (parameters and optimizer state
+        placed by the layout; ``train_step``, ``loss``, ``random_batch``, ...) on ``devices`` (default: the
+        first ``mesh.size`` of ``jax.devices()``). ``optimizer``: an optax ``GradientTransformation`` instead
+        of the plan's optimizer. Example::
+
+            plan = ls.search(ls.zoo.gpt(layers=2), "data:2,model:4")
+            program = plan.compile()
+            state = program.init(seed=0)
+            state, metrics = program.train_step(state, program.random_batch(seed=0))
+        """
+        from layoutsearch.backend.train import Program  # JAX is imported only when a plan is run
+
+        if self.model is None:
+            raise LayoutSearchError("this plan has no forward graph to run (build it with search())")
+        c = self.chosen
+        return Program(self.model, c.layout, remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
+                       layers_per_stage=self.layers_per_stage, precision=self.precision,
+                       optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices)
+
+    def to_json(self) -> str:
+        """The plan as a JSON document that :meth:`from_json` reads back: the forward graph, the hardware,
+        the settings, and :meth:`to_dict` (layout, costs, runner-ups, baselines, decisions)."""
+        if self.model is None:
+            raise LayoutSearchError("this plan has no forward graph to save (build it with search())")
+        return json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, "model": graph_to_dict(self.model),
+                           "hardware": hardware_to_json(self.hardware),
+                           "settings": {"precision": self.precision, "optimizer": self.optimizer,
+                                        "attention": self.attention, "overlap": self.overlap},
+                           "plan": self.to_dict()}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "<plan>") -> Plan:
+        """A plan saved by :meth:`to_json`; the chosen plan is priced again by the cost model (its report
+        restored; the runner-ups and baselines keep their saved figures). LayoutSearchError naming
+        ``source`` for a document that is not a plan."""
+        from layoutsearch.solvers.search import price_plan
+
+        try:
+            doc = json.loads(text)
+        except (ValueError, RecursionError) as e:
+            raise LayoutSearchError(f"{source}: not a JSON plan file ({e})") from None
+        if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
+            raise LayoutSearchError(f"{source}: not a layoutsearch plan (no \"format\": \"{PLAN_FORMAT}\")")
+        if doc.get("version") != PLAN_VERSION:
+            raise LayoutSearchError(f"{source}: plan format version {doc.get('version')!r} "
+                                    f"(this layoutsearch reads version {PLAN_VERSION})")
+        try:
+            model = graph_from_dict(doc["model"], f"{source}: model")
+            hw = hardware_from_json(doc["hardware"], f"{source}: hardware")
+            settings, d = doc["settings"], doc["plan"]
+            lay = d["layout"]
+            mesh = Mesh.parse(lay["mesh"])
+            overrides = tuple((n, tuple((k, tuple(v)) for k, v in e.items()))
+                              for n, e in (lay.get("overrides") or {}).items())
+            rules = tuple((r[0], tuple(r[1])) for r in lay["rules"]) if lay.get("rules") is not None else ()
+            layout = Layout(mesh, rules, overrides).check(model)
+            chosen = price_plan(model, layout, hw, remat=d["remat"], microbatches=d["microbatches"],
+                                stage_axis=d["stage_axis"], schedule=d["schedule"], memory_limit=d["memory_limit"],
+                                **settings)
+            if lay.get("rules") is None:  # per-op layouts: the saved figures
+                chosen = Costed.from_summary({**d, "name": "", "rules": None}, layout)
+            plan = cls(training_step(model, settings["optimizer"], settings["precision"]), hw, d["space"],
+                       d["solver"], chosen, d["optimal"], d["gap"], d["memory_limit"], d["search_s"],
+                       tuple(Costed.from_summary(r, layout) for r in d["runner_ups"]),
+                       tuple(Baseline(b["name"], Costed.from_summary(b, layout) if b["applies"] else None,
+                                      b.get("why", "")) for b in d["baselines"]),
+                       dict(d["problem"]), tuple(Decision(**x) for x in d["decisions"]), model=model, **settings)
+        except LayoutSearchError as e:
+            raise LayoutSearchError(f"{source}: {e}") from None
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise LayoutSearchError(f"{source}: malformed plan file ({type(e).__name__}: {e})") from None
+        return plan
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """A plan file written by :meth:`save` (LayoutSearchError if unreadable or not a plan)."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise LayoutSearchError(f"cannot read plan file {str(path)!r}: {e}") from None
+        return cls.from_json(text, str(path))
 
     def to_dict(self, ops: bool = False) -> dict[str, Any]:
         """JSON-ready: layout (rules and every tensor's PartitionSpec), cost (the cost report's JSON, or the

@@ -700,7 +700,29 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                                                                    optimizer, attention, overlap, bname)))
     decisions = [dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in decisions]
     return Plan(g, hw, space, used or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
-                runner_ups, tuple(priced_baselines), stats, tuple(decisions))
+                runner_ups, tuple(priced_baselines), stats, tuple(decisions), model=graph,
+                precision=Precision.of(precision).name, optimizer=optimizer, attention=attention, overlap=overlap)
+
+
+def price_plan(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, remat: str = "none",
+               microbatches: int = 1, stage_axis: str | None = None, schedule: str | None = None,
+               memory_limit: float | str | None = "auto", optimizer: str = "adam",
+               precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+               overlap: float | str = "auto") -> Costed:
+    """One plan of ``graph`` (a forward graph) priced as :func:`search` prices it: ``layout`` with the
+    decisions (remat policy, gradient-accumulation or pipeline micro-batches, stage axis and schedule)."""
+    hw = _hardware(hardware)
+    limit = memory_limit_bytes(memory_limit, hw)
+    if microbatches == 1 and stage_axis is None:
+        return _costed_rules("", training_step(graph, optimizer, precision), layout.mesh, hw, layout.rules, limit,
+                             optimizer, remat, attention, overlap)
+    from layoutsearch.costmodel.pipeline import estimate_pipeline
+
+    rep = estimate_pipeline(graph, layout, hw, stage_axis=stage_axis, microbatches=microbatches,
+                            schedule=schedule or "1f1b", remat=remat, optimizer=optimizer, precision=precision,
+                            attention=attention, overlap=overlap if overlap == "auto" else 0,
+                            memory_limit=limit if stage_axis is not None else None)
+    return _costed_microbatched("", layout, rep, limit, hw)
 
 
 def _within(plan: Costed, limit: float | None) -> bool:

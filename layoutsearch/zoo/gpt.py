@@ -178,7 +178,7 @@ GPT_PRESETS: dict[str, dict[str, Any]] = {
     "llama3-70b": _llama(80, 8192, 64, 8, 28672, 128256, 8192, 2048),
     "llama3-405b": _llama(126, 16384, 128, 8, 53248, 128256, 8192, 2048),
     # MaxText `global_parameter_scale` models as benchmarked on TPU v5e (AI-Hypercomputer/maxtext README,
-    # see shared/published/runs.md section 2): head dim 128, SwiGLU with d_ff = the table's mlp, RMSNorm,
+    # see docs/published-runs.md section 2): head dim 128, SwiGLU with d_ff = the table's mlp, RMSNorm,
     # rotary, untied, no biases, multi-head attention, vocab 32000, seq 2048; batch = per-device batch
     # (16B: 6, 32B: 4, 64B: 2, 128B: 1) x 256 chips (one slice).
     "maxtext-16b": _maxtext(32, 4096, 64, 28672, 6),

@@ -1,0 +1,311 @@
+"""A plan as a running program: parameters and optimizer state placed by the layout, a jitted training step.
+
+:class:`Program` runs the forward graph (in the plan's precision policy) under the plan's layout,
+differentiates it with ``jax.value_and_grad`` and applies an optax optimizer, all in one jitted step
+whose state (parameters, optimizer state, step count) keeps the layout's shardings between steps::
+
+    program = plan.compile()                    # or Program(graph, layout, remat="full", ...)
+    state = program.init(seed=0)
+    for i in range(20):
+        state, metrics = program.train_step(state, program.random_batch(seed=i))
+
+The step executes the plan's decisions: the remat policy (each block under ``jax.checkpoint``:
+:func:`~layoutsearch.backend.program.run_graph`), gradient accumulation over ``microbatches``
+micro-batches (a ``lax.scan``; micro-batch ``i`` holds examples ``i, i + M, ...`` so a batch split over
+data axes needs no communication) and pipelines (the GPipe executor,
+:class:`~layoutsearch.backend.pipeline.Pipeline`; a plan priced with the 1F1B or interleaved schedule
+computes the same gradients, executed as GPipe).
+
+Precision: with a policy that keeps master weights (``mixed``), the state holds float32 parameters and
+the forward pass casts them to the policy's parameter dtype (bfloat16); the optimizer updates the
+float32 values, as Megatron-LM and MaxText train. The optimizer defaults to the plan's (Adam or SGD with
+its hyper-parameters, via optax, whose step count is in the state so bias correction advances); any
+``optax.GradientTransformation`` (learning-rate schedules included) may be given instead.
+
+Placement uses ``jax.make_array_from_callback`` from host values, so the same code runs under JAX's
+multi-process runtime (``jax.distributed.initialize``): every process computes the same values and
+places its own shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from layoutsearch.backend.pipeline import Pipeline
+from layoutsearch.backend.program import Arrays, batch_reduction, init_params, jax_dtype, random_inputs, run_graph
+from layoutsearch.backend.sharding import jax_mesh
+from layoutsearch.devices import jax_devices
+from layoutsearch.errors import LayoutError
+from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision, with_precision
+from layoutsearch.ir.training import Optimizer
+from layoutsearch.layout import Layout
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    """What a training step carries: the ``step`` count (int32), the ``params`` (float32 master values
+    under a policy with master weights; for a pipelined program, stacked per stage: use
+    :meth:`Program.params` for the graph's names) and the optimizer's state."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def make_optimizer(spec: Optimizer | str | optax.GradientTransformation) -> optax.GradientTransformation:
+    """An optax optimizer: ``spec`` itself, or the IR optimizer's (``adam``: ``optax.adam(lr, b1, b2, eps)``,
+    the same update as the IR's ``adam_update``; ``sgd``: ``optax.sgd(lr)``)."""
+    if isinstance(spec, optax.GradientTransformation):
+        return spec
+    opt = Optimizer.of(spec)
+    return optax.adam(opt.lr, opt.b1, opt.b2, opt.eps) if opt.kind == "adam" else optax.sgd(opt.lr)
+
+
+class Program:
+    """The training step of ``graph`` under ``layout`` (see the module docstring).
+
+    ``remat``: ``none``, ``selective`` or ``full``; ``microbatches``: gradient accumulation (without
+    ``stage_axis``) or pipeline micro-batches (with it); ``layers_per_stage``: the pipeline's partition
+    (default equal); ``precision``: the policy; ``optimizer``: see :func:`make_optimizer`; ``devices``:
+    the devices of the mesh (default :func:`~layoutsearch.devices.jax_devices`: the accelerators when there
+    are enough, else simulated CPU devices); ``batch_dim``: the dim
+    split into micro-batches.
+    """
+
+    def __init__(self, graph: Graph, layout: Layout, *, remat: str = "none", microbatches: int = 1,
+                 stage_axis: str | None = None, layers_per_stage: Sequence[int] | None = None,
+                 precision: Precision | str = DEFAULT_PRECISION,
+                 optimizer: Optimizer | str | optax.GradientTransformation = "adam",
+                 devices: Sequence[jax.Device] | None = None, batch_dim: str = "batch") -> None:
+        if graph.loss is None:
+            raise LayoutError(f"graph {graph.name!r} has no loss to train")
+        if any(op.phase != "forward" for op in graph.ops):
+            raise LayoutError(f"graph {graph.name!r} is a training graph: compile its forward graph")
+        layout.check(graph)
+        self.policy = Precision.of(precision)
+        self.graph, self.layout, self.remat, self.M = graph, layout, remat, int(microbatches)
+        self.stage_axis, self.batch_dim = stage_axis, batch_dim
+        self.forward = with_precision(graph, self.policy)
+        self.tx = make_optimizer(optimizer)
+        self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
+        self.param_names = [t.name for t in graph.parameters]
+        self._store = {p: jnp.dtype(self.policy.master) if self.policy.master else jax_dtype(self.forward.tensors[p])
+                       for p in self.param_names}
+        if self.M < 1 or graph.dims.get(batch_dim, 1) % self.M:
+            raise LayoutError(f"{microbatches!r} micro-batches do not divide {batch_dim}="
+                              f"{graph.dims.get(batch_dim)}")
+        self.pipeline: Pipeline | None = None
+        if stage_axis is not None:
+            self.pipeline = self._pipeline(layers_per_stage)
+        elif self.M > 1:
+            self.reduction = batch_reduction(graph, batch_dim)
+            self.micro = self.forward.with_sizes({batch_dim: graph.dims[batch_dim] // self.M})
+            layout.check(self.micro)
+        self._param_sh, self._input_sh = self._placements()
+        self._opt_sh = self._opt_shardings()
+        rep = NamedSharding(self.mesh, P())
+        self._state_sh = TrainState(rep, self._param_sh, self._opt_sh)
+        self._step = jax.jit(self._train_step, in_shardings=(self._state_sh, self._input_sh),
+                             out_shardings=(self._state_sh, rep), donate_argnums=(0,))
+        self._loss = jax.jit(self._loss_fn, in_shardings=(self._param_sh, self._input_sh), out_shardings=rep)
+
+    # -- construction
+    def _pipeline(self, layers_per_stage: Sequence[int] | None) -> Pipeline:
+        """The GPipe executor for the plan: the batch on at most one data axis, the other rules on the
+        remaining axes."""
+        mesh, st = self.layout.mesh, self.stage_axis
+        batch_axes = self.layout.rules_layout((self.batch_dim,)).get(self.batch_dim, ())
+        if st in batch_axes or len(batch_axes) > 1:
+            raise LayoutError(f"the pipeline executor splits {self.batch_dim!r} over one data axis; this layout "
+                              f"splits it over {'+'.join(batch_axes)}")
+        data = batch_axes[0] if batch_axes else None
+        inner = tuple((d, a) for d, a in self.layout.rules if d != self.batch_dim and st not in a)
+        if data is not None and any(data in a for _, a in inner):
+            raise LayoutError(f"the pipeline executor uses axis {data!r} for the batch only; this layout also "
+                              f"splits {', '.join(d for d, a in inner if data in a)} over it")
+        shape = dict(mesh.shape)
+        return Pipeline(self.forward, shape, microbatches=self.M, remat=self.remat, batch_dim=self.batch_dim,
+                        layout=Layout(mesh, inner), stage_axis=st, data_axis=data or "",  # "": no data axis
+                        layers_per_stage=layers_per_stage, devices=list(self.mesh.devices.flat))
+
+    def _placements(self) -> tuple[Any, dict[str, NamedSharding]]:
+        if self.pipeline is not None:
+            stacked, outer, inputs = self.pipeline.shardings()
+            return {"stacked": stacked, "outer": outer}, inputs
+        sh = {t.name: NamedSharding(self.mesh, self.layout.partition_spec(t)) for t in self.graph.tensors.values()}
+        return {p: sh[p] for p in self.param_names}, {t.name: sh[t.name] for t in self.graph.inputs}
+
+    def _abstract_params(self) -> Any:
+        def leaf(sh: NamedSharding, shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+        if self.pipeline is None:
+            return {p: leaf(self._param_sh[p], self._shape(p), self._store[p]) for p in self.param_names}
+        pipe, K = self.pipeline, self.pipeline.K
+        names = pipe.parts.layer_names
+        return {"stacked": {k: leaf(self._param_sh["stacked"][k], (K, pipe.slots, *self._shape(names[k])),
+                                    self._store[names[k]]) for k in pipe.parts.layer_params},
+                "outer": {k: leaf(self._param_sh["outer"][k], self._shape(k), self._store[k])
+                          for k in pipe.parts.outer_params}}
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return tuple(d.size for d in self.graph.tensors[name].dims)
+
+    def _opt_shardings(self) -> Any:
+        """The optimizer state's shardings: a leaf shaped like the parameter whose name is on its path (optax
+        keeps moments as trees like the parameters') takes that parameter's sharding; others (counts) are
+        replicated."""
+        params = self._abstract_params()
+        flat = {tuple(_key(k) for k in path): v for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+        rep = NamedSharding(self.mesh, P())
+
+        def pick(path: tuple[Any, ...], leaf: Any) -> NamedSharding:
+            keys = tuple(_key(k) for k in path)
+            for n in range(len(keys)):
+                p = flat.get(keys[n:])
+                if p is not None and p.shape == leaf.shape:
+                    return p.sharding
+            return rep
+        return jax.tree_util.tree_map_with_path(pick, jax.eval_shape(self.tx.init, params))
+
+    # -- the step
+    def _cast(self, params: Mapping[str, jax.Array], graph: Graph) -> Arrays:
+        return {k: v.astype(jax_dtype(graph.tensors[k])) for k, v in params.items()}
+
+    def _constrain(self, name: str, x: jax.Array) -> jax.Array:
+        t = self.graph.tensors[name]
+        return lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.layout.partition_spec(t)))
+
+    def _graph_loss(self, graph: Graph, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+        env = run_graph(graph, {**self._cast(params, graph), **batch}, self._constrain, remat=self.remat)
+        return env[graph.loss]
+
+    def _loss_fn(self, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+        if self.pipeline is not None:  # it casts the parameters to the forward graph's dtypes itself
+            return self.pipeline.sharded_loss(params["stacked"], params["outer"], batch)
+        if self.M == 1:
+            return self._graph_loss(self.forward, params, batch)
+        return self._accumulated(params, batch)[0]
+
+    def _micro_batches(self, batch: Mapping[str, jax.Array]) -> Arrays:
+        """Each input as ``[M, ...]``: micro-batch ``i`` holds examples ``i, i + M, ...``."""
+        out = {}
+        for k, x in batch.items():
+            dims = self.graph.tensors[k].dim_names
+            if self.batch_dim not in dims:
+                out[k] = jnp.broadcast_to(x, (self.M, *x.shape))
+                continue
+            a = dims.index(self.batch_dim)
+            x = x.reshape(*x.shape[:a], x.shape[a] // self.M, self.M, *x.shape[a + 1:])
+            out[k] = jnp.moveaxis(x, a + 1, 0)
+        return out
+
+    def _accumulated(self, params: Any, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, Any]:
+        """Loss and gradients summed over the micro-batches in a ``lax.scan`` (float32 accumulators), then
+        averaged for a mean loss."""
+        grad = jax.value_and_grad(lambda p, b: self._graph_loss(self.micro, p, b))
+
+        def body(carry: tuple[jax.Array, Any], mb: Arrays) -> tuple[tuple[jax.Array, Any], None]:
+            loss, grads = grad(params, mb)
+            acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), carry[1], grads)
+            return (carry[0] + loss.astype(jnp.float32), acc), None
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        (loss, grads), _ = lax.scan(body, (jnp.zeros((), jnp.float32), zeros), self._micro_batches(batch))
+        scale = 1.0 / self.M if self.reduction == "mean" else 1.0
+        return loss * scale, jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, params)
+
+    def _loss_and_grads(self, params: Any, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, Any]:
+        if self.pipeline is None and self.M > 1:
+            return self._accumulated(params, batch)
+        return jax.value_and_grad(self._loss_fn)(params, batch)
+
+    def _train_step(self, state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, Any]]:
+        loss, grads = self._loss_and_grads(state.params, batch)
+        updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(state.step + 1, params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    # -- public
+    @property
+    def shardings(self) -> dict[str, P]:
+        """The PartitionSpec of every tensor of the forward graph (parameters and inputs as placed; in a
+        pipelined program a layer parameter also lies on the stage axis, stacked)."""
+        return {t.name: self.layout.partition_spec(t) for t in self.graph.tensors.values()}
+
+    def init(self, seed: int = 0) -> TrainState:
+        """Parameters (:func:`~layoutsearch.backend.program.init_params`: the same values for a seed on any
+        mesh) and a fresh optimizer state, placed with their shardings."""
+        values = {k: np.asarray(v, np.float32) for k, v in init_params(self.graph, seed).items()
+                  if k in self._store}
+        if self.pipeline is not None:
+            stacked, outer = self.pipeline.stack(values)
+            values = {"stacked": {k: np.asarray(v) for k, v in stacked.items()}, "outer": outer}
+        abstract = self._abstract_params()
+        params = jax.tree.map(lambda a, v: _place(np.asarray(v, a.dtype), a.sharding), abstract, values)
+        opt_state = jax.jit(self.tx.init, out_shardings=self._opt_sh)(params)
+        return TrainState(_place(np.zeros((), np.int32), self._state_sh.step), params, opt_state)
+
+    def random_batch(self, seed: int = 0) -> dict[str, jax.Array]:
+        """Inputs of the right shapes, dtypes and shardings (token ids in range), deterministic in ``seed``."""
+        values = random_inputs(self.graph, seed)
+        return {k: _place(np.asarray(values[k]), sh) for k, sh in self._input_sh.items()}
+
+    def train_step(self, state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, Any]]:
+        """One step: ``(new state, {"loss", "grad_norm"})``. ``state`` is donated (invalid afterwards)."""
+        return self._step(state, dict(batch))
+
+    def params(self, state: TrainState) -> Arrays:
+        """The parameters of ``state`` by the graph's names (a pipelined program's unstacked)."""
+        if self.pipeline is None:
+            return dict(state.params)
+        return self.pipeline.unstack(state.params["stacked"], state.params["outer"])
+
+    def loss(self, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+        """The loss of ``params`` (``state.params``) on ``batch``, without a step."""
+        return self._loss(params, dict(batch))
+
+    def _lowered(self) -> Any:
+        abstract = self._abstract_params()
+        state = TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=self._state_sh.step), abstract,
+                           jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                        jax.eval_shape(self.tx.init, abstract), self._opt_sh))
+        batch = {k: jax.ShapeDtypeStruct(self._shape(k), jax_dtype(self.graph.tensors[k]), sharding=sh)
+                 for k, sh in self._input_sh.items()}
+        return self._step.lower(state, batch)
+
+    def lowered_text(self) -> str:
+        """The training step as lowered StableHLO text (before XLA's partitioner)."""
+        return self._lowered().as_text()
+
+    def compiled_text(self) -> str:
+        """The training step as compiled, partitioned HLO text (collectives visible)."""
+        return self._lowered().compile().as_text()
+
+    def memory_analysis(self) -> dict[str, int]:
+        """XLA's memory figures of the compiled step per device: arguments, outputs, temporaries, aliased."""
+        m = self._lowered().compile().memory_analysis()
+        return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+
+
+def _key(k: Any) -> Any:
+    return getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))
+
+
+def _place(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """``value`` (the same on every process) placed with ``sharding``, each process writing its own shards."""
+    return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
+
+
+__all__ = ["Program", "TrainState", "make_optimizer"]

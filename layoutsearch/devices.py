@@ -1,0 +1,35 @@
+"""The JAX devices a mesh runs on: accelerators when there are enough, else simulated CPU devices.
+
+JAX is imported only when :func:`jax_devices` is called, after it has asked for the CPU device count.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from layoutsearch.errors import LayoutSearchError
+
+
+def jax_devices(n: int) -> list[Any]:
+    """``n`` JAX devices: the accelerators if there are enough, else CPU devices,
+    asking for ``n`` simulated ones if JAX has not started yet (``XLA_FLAGS=
+    --xla_force_host_platform_device_count=n``). LayoutSearchError otherwise."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    import jax
+
+    try:
+        if jax.config.jax_num_cpu_devices < n:
+            jax.config.update("jax_num_cpu_devices", n)
+    except (AttributeError, RuntimeError):  # an older JAX, or its backend already started
+        pass
+    devices = jax.devices()
+    if len(devices) >= n:
+        return devices[:n]
+    devices = jax.devices("cpu")
+    if len(devices) < n:
+        raise LayoutSearchError(f"the compiled program needs {n} devices and JAX started with {len(devices)}: "
+                                f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts")
+    return devices[:n]

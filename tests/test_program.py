@@ -1,0 +1,185 @@
+"""Plans as running programs (``Plan.compile`` -> ``Program``): training, reload, decisions, shardings.
+
+Equalities between programs are float32 (``precision="fp32"``) with rtol 2e-5: the programs differ only in
+how reductions are split over devices or micro-batches, i.e. float32 reassociation (~1e-7 relative per
+operation over a few hundred summands). Mixed-precision programs are compared only with themselves.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import layoutsearch as ls
+from layoutsearch.backend.program import forward_fn, init_params, random_inputs
+from layoutsearch.backend.train import Program
+from layoutsearch.errors import LayoutError, LayoutSearchError
+
+SMALL = dict(layers=2, d_model=64, heads=4, seq=16, batch=8, vocab=128)
+
+
+def small(**kw):
+    return ls.zoo.gpt(**{**SMALL, **kw})
+
+
+def test_fifteen_line_script_trains():
+    # the README's script: build, search on 8 simulated devices, compile, 20 steps, loss lower
+    plan = ls.search(small(), "data:2,model:4")
+    program = plan.compile()
+    state = program.init(seed=0)
+    batch = program.random_batch(seed=0)
+    losses = []
+    for _ in range(20):
+        state, metrics = program.train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < losses[0] and int(state.step) == 20
+    assert all(np.isfinite(losses))
+
+
+def _losses(program, steps=3, seed=0):
+    state = program.init(seed)
+    out = []
+    for i in range(steps):
+        state, m = program.train_step(state, program.random_batch(seed + i))
+        out.append(float(m["loss"]))
+    return out, state
+
+
+def test_saved_plan_reloads_and_runs_identically(tmp_path):
+    plan = ls.search(small(), "data:2,model:4", hardware="h100", remat="selective")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    again = ls.Plan.load(path)
+    assert again.to_dict() == plan.to_dict()  # re-priced by the cost model: the same figures
+    assert (again.precision, again.optimizer, again.remat) == (plan.precision, plan.optimizer, "selective")
+    assert _losses(again.compile())[0] == _losses(plan.compile())[0]
+
+
+def test_plan_file_errors(tmp_path):
+    plan = ls.search(small(), "data:2,model:4")
+    doc = json.loads(plan.to_json())
+    with pytest.raises(LayoutSearchError, match="not a JSON plan file"):
+        ls.Plan.from_json("{", "p.json")
+    with pytest.raises(LayoutSearchError, match="not a layoutsearch plan"):
+        ls.Plan.from_json(json.dumps({"model": {}}), "p.json")
+    with pytest.raises(LayoutSearchError, match="version 99"):
+        ls.Plan.from_json(json.dumps({**doc, "version": 99}), "p.json")
+    del doc["plan"]["layout"]
+    with pytest.raises(LayoutSearchError, match="p.json: malformed plan file"):
+        ls.Plan.from_json(json.dumps(doc), "p.json")
+    doc = json.loads(plan.to_json())
+    doc["plan"]["layout"]["rules"] = [["nodim", ["data"]]]
+    with pytest.raises(LayoutSearchError, match="p.json: .*nodim"):
+        ls.Plan.from_json(json.dumps(doc), "p.json")
+    with pytest.raises(LayoutSearchError, match="cannot read plan file"):
+        ls.Plan.load(tmp_path / "missing.json")
+
+
+def _grads(program, seed=0):
+    """Loss and gradients by the graph's names, through the program's own loss function."""
+    state = program.init(seed)
+    batch = program.random_batch(seed)
+    loss, grads = jax.jit(jax.value_and_grad(program._loss_fn))(state.params, batch)
+    if program.pipeline is not None:
+        grads = program.pipeline.unstack(grads["stacked"], grads["outer"])
+    return float(loss), {k: np.asarray(v) for k, v in grads.items()}
+
+
+def _reference(graph, seed=0):
+    """Unsharded loss and gradients of the forward graph (float32), on one device."""
+    f = forward_fn(graph)
+    loss, g = jax.value_and_grad(f)(init_params(graph, seed), random_inputs(graph, seed))
+    return float(loss), {k: np.asarray(v) for k, v in g.items()}
+
+
+@pytest.mark.parametrize("mesh, rules, kw", [
+    ("data:2,model:4", "batch:data,d_ff:model,heads:model", {}),
+    ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"remat": "selective"}),
+    ("data:8", "batch:data,d_model:data", {"remat": "full"}),  # FSDP
+    ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"microbatches": 2}),
+    ("data:2,model:2,stage:2", "batch:data,d_ff:model,heads:model", {"stage_axis": "stage", "microbatches": 2}),
+    ("stage:2,model:4", "d_ff:model", {"stage_axis": "stage", "microbatches": 4, "remat": "selective"}),
+])
+def test_program_gradients_equal_unsharded(mesh, rules, kw):
+    g = small()
+    program = Program(g, ls.Layout.from_rules(mesh, rules), precision="fp32", **kw)
+    loss, grads = _grads(program)
+    ref_loss, ref = _reference(g)
+    assert loss == pytest.approx(ref_loss, rel=2e-5)
+    assert grads.keys() == ref.keys()
+    for k in ref:
+        np.testing.assert_allclose(grads[k], ref[k], rtol=2e-5, atol=2e-6, err_msg=k)
+
+
+def test_remat_policies_recompute_what_they_drop():
+    g = small()
+    lay = ls.Layout.from_rules("data:8", "batch:data")
+    flops = {r: Program(g, lay, remat=r, precision="fp32")._lowered().compile().cost_analysis()["flops"]
+             for r in ("none", "selective", "full")}
+    assert flops["none"] < flops["selective"] < flops["full"]
+
+
+def test_state_is_placed_by_the_layout_and_advances():
+    g = small()
+    lay = ls.Layout.from_rules("data:2,model:4", "batch:data,d_ff:model,heads:model,d_model:data")
+    program = Program(g, lay)  # mixed precision: float32 master weights
+    state = program.init(0)
+    wi = g.tensors["layer.0/wi"]
+    assert state.params["layer.0/wi"].dtype == jnp.float32
+    assert state.params["layer.0/wi"].sharding.spec == lay.partition_spec(wi)
+    assert program.shardings["layer.0/wi"] == lay.partition_spec(wi)
+    mu = state.opt_state[0].mu["layer.0/wi"]
+    assert mu.sharding.spec == lay.partition_spec(wi)
+    batch = program.random_batch(0)
+    assert batch["ids"].sharding.spec == lay.partition_spec(g.tensors["ids"])
+    state, _ = program.train_step(state, batch)
+    state, _ = program.train_step(state, batch)
+    assert int(state.step) == 2 and int(state.opt_state[0].count) == 2  # bias correction advances
+    assert state.params["layer.0/wi"].sharding.spec == lay.partition_spec(wi)
+
+
+def test_optax_optimizer_with_a_schedule_matches_a_plain_loop():
+    g = small()
+    # SGD with momentum, weight decay and a schedule (linear in the gradients, so float32 reassociation stays
+    # small; Adam would amplify it where a gradient is ~0, e.g. the key bias's, which is exactly 0)
+    tx = optax.chain(optax.add_decayed_weights(0.1), optax.sgd(optax.linear_schedule(0.1, 0.01, 3), momentum=0.9))
+    program = Program(g, ls.Layout.from_rules("data:2,model:4", "batch:data,d_ff:model"), precision="fp32",
+                      optimizer=tx)
+    state = program.init(0)
+    params, opt = init_params(g, 0), tx.init(init_params(g, 0))
+    f = forward_fn(g)
+    for i in range(3):
+        state, m = program.train_step(state, program.random_batch(i))
+        loss, grads = jax.value_and_grad(f)(params, random_inputs(g, i))
+        updates, opt = tx.update(grads, opt, params)
+        params = optax.apply_updates(params, updates)
+        assert float(m["loss"]) == pytest.approx(float(loss), rel=2e-5)
+    for k, v in program.params(state).items():
+        np.testing.assert_allclose(np.asarray(v), np.asarray(params[k]), rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_inspection():
+    program = Program(small(), ls.Layout.from_rules("data:8", "batch:data"), precision="fp32")
+    assert "all-reduce" in program.compiled_text()  # the data-parallel gradient reduction
+    assert "sharding" in program.lowered_text()
+    mem = program.memory_analysis()
+    assert mem["argument"] > 0 and set(mem) == {"argument", "output", "temp", "alias"}
+    state = program.init(0)
+    assert float(program.loss(state.params, program.random_batch(0))) > 0
+
+
+def test_program_refusals():
+    g = small()
+    with pytest.raises(LayoutError, match="one data axis"):
+        Program(g, ls.Layout.from_rules("stage:2,data:2,fsdp:2", "batch:data+fsdp"), stage_axis="stage",
+                microbatches=2)
+    with pytest.raises(LayoutError, match="batch only"):
+        Program(g, ls.Layout.from_rules("stage:2,data:4", "batch:data,d_model:data"), stage_axis="stage",
+                microbatches=2)
+    with pytest.raises(LayoutSearchError, match="training graph"):
+        Program(ls.training_graph(g), ls.Layout.from_rules("data:8", "batch:data"))
+    with pytest.raises(LayoutError, match="3 micro-batches do not divide batch=8"):
+        Program(g, ls.Layout.from_rules("data:8", "batch:data"), microbatches=3)
