@@ -30,7 +30,8 @@ places its own shards.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -308,4 +309,62 @@ def _place(value: np.ndarray, sharding: NamedSharding) -> jax.Array:
     return jax.make_array_from_callback(value.shape, sharding, lambda idx: value[idx])
 
 
-__all__ = ["Program", "TrainState", "make_optimizer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """One measured training step: its ``loss``, wall-clock ``seconds`` (the first step's include
+    compilation: see :attr:`TrainRun.compile_s`) and tokens per second."""
+
+    step: int
+    loss: float
+    seconds: float
+    tokens_per_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainRun:
+    """What :func:`train` measured: per-step records (after the first, compiled, step), ``compile_s`` (the
+    first step, compilation included) and the median step time."""
+
+    records: tuple[StepRecord, ...]
+    compile_s: float
+    tokens_per_step: int
+
+    @property
+    def median_step_s(self) -> float:
+        times = sorted(r.seconds for r in self.records[1:]) or [self.records[0].seconds]
+        return times[len(times) // 2]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"steps": [dataclasses.asdict(r) for r in self.records], "compile_s": self.compile_s,
+                "median_step_s": self.median_step_s, "tokens_per_step": self.tokens_per_step}
+
+
+def tokens_per_step(graph: Graph) -> int:
+    """Tokens a step trains on: ``batch x seq`` when the graph has both dims, else the batch (examples)."""
+    return graph.dims.get("batch", 1) * graph.dims.get("seq", 1)
+
+
+def train(program: Program, steps: int, *, seed: int = 0,
+          on_step: Callable[[StepRecord], None] | None = None) -> TrainRun:
+    """Run ``steps`` training steps from ``program.init(seed)`` on batches ``random_batch(seed + i)``, timing
+    each (``block_until_ready``); ``on_step`` sees each record as it is measured."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise LayoutError(f"steps must be a positive integer, got {steps!r}")
+    tokens = tokens_per_step(program.graph)
+    state = program.init(seed)
+    records = []
+    for i in range(steps):
+        batch = program.random_batch(seed + i)
+        t0 = time.perf_counter()
+        state, metrics = program.train_step(state, batch)
+        loss = float(jax.block_until_ready(metrics["loss"]))
+        dt = time.perf_counter() - t0
+        records.append(StepRecord(i + 1, loss, dt, tokens / dt))
+        if on_step is not None:
+            on_step(records[-1])
+    return TrainRun(tuple(records), records[0].seconds, tokens)
+
+
+__all__ = ["Program", "StepRecord", "TrainRun", "TrainState", "make_optimizer", "tokens_per_step", "train"]
