@@ -101,6 +101,10 @@ class Program:
         self.forward = with_precision(graph, self.policy)
         self.tx = make_optimizer(optimizer)
         self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
+        if not any(d.process_index == jax.process_index() for d in self.mesh.devices.flat):  # multi-process
+            raise LayoutError(f"mesh {layout.mesh} has no device of process {jax.process_index()} of "
+                              f"{jax.process_count()}: in a multi-process job the mesh must span the devices of "
+                              f"every process ({jax.device_count()} in all)")
         self.param_names = [t.name for t in graph.parameters]
         self._store = {p: jnp.dtype(self.policy.master) if self.policy.master else jax_dtype(self.forward.tensors[p])
                        for p in self.param_names}
