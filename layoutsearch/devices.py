@@ -33,3 +33,18 @@ def jax_devices(n: int) -> list[Any]:
         raise LayoutSearchError(f"the compiled program needs {n} devices and JAX started with {len(devices)}: "
                                 f"set XLA_FLAGS=--xla_force_host_platform_device_count={n} before JAX starts")
     return devices[:n]
+
+
+_KINDS = (("h200", "h200"), ("h100", "h100"), ("a100", "a100"), ("v100", "v100"), ("v5p", "tpu-v5p"),
+          ("v5 lite", "tpu-v5e"), ("v5e", "tpu-v5e"), ("v4", "tpu-v4"), ("v3", "tpu-v3"), ("v2", "tpu-v2"))
+"""Substrings of ``jax.Device.device_kind`` (lower case) and the hardware preset they are."""
+
+
+def present_hardware(devices: list[Any]) -> str | None:
+    """The hardware preset of ``devices`` (``cpu-sim`` for CPU devices), or None when no preset matches."""
+    if not devices:
+        return None
+    if devices[0].platform == "cpu":
+        return "cpu-sim"
+    kind = devices[0].device_kind.lower()
+    return next((preset for key, preset in _KINDS if key in kind), None)

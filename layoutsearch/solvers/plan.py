@@ -245,7 +245,7 @@ class Plan:
                                       b.get("why", "")) for b in d["baselines"]),
                        dict(d["problem"]), tuple(Decision(**x) for x in d["decisions"]), model=model, **settings)
         except LayoutSearchError as e:
-            raise LayoutSearchError(f"{source}: {e}") from None
+            raise LayoutSearchError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
             raise LayoutSearchError(f"{source}: malformed plan file ({type(e).__name__}: {e})") from None
         return plan

@@ -1,0 +1,58 @@
+"""``layoutsearch export PLAN.json --format flax|nnx|maxtext|specs|python``: a plan as configuration to paste."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from layoutsearch.cli.common import Result, command
+from layoutsearch.errors import LayoutSearchError
+
+
+def add(sub: Any) -> None:
+    from layoutsearch.export import FORMATS
+
+    p = command(sub, "export", run, "a plan as configuration for Flax (Linen rules, NNX), MaxText (override YAML), "
+                "PartitionSpecs per tensor (JSON) or a Python snippet", render=render)
+    p.add_argument("plan", metavar="PLAN.json", help="a plan file (`layoutsearch search ... --out PLAN.json`)")
+    p.add_argument("--format", required=True, choices=FORMATS, help="what to write")
+    p.add_argument("--dim-name", dest="dim_names", action="append", default=[], metavar="DIM=NAME[+NAME]",
+                   help="maxtext: the MaxText logical names of one of the model's dims (repeatable)")
+    p.add_argument("--axis-map", action="append", default=[], metavar="AXIS=MAXTEXT_AXIS",
+                   help="maxtext: the MaxText mesh axis of one of the plan's mesh axes (repeatable)")
+    p.add_argument("--slices", type=int, default=1, metavar="N",
+                   help="maxtext: slices (or hosts over DCN) the mesh spans (default 1)")
+    p.add_argument("--out", metavar="FILE", help="also write the text to FILE")
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise LayoutSearchError(f"malformed {what} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> Result:
+    from layoutsearch.export import export
+    from layoutsearch.solvers.plan import Plan
+
+    plan = Plan.load(args.plan)
+    c = plan.chosen
+    dim_names = {k: v.split("+") if "+" in v else v for k, v in _pairs(args.dim_names, "--dim-name").items()}
+    text = export(c.layout, plan.model, args.format, remat=c.remat, microbatches=c.microbatches,
+                  stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,
+                  axis_map=_pairs(args.axis_map, "--axis-map") or None, slices=args.slices)
+    if args.out:
+        try:
+            Path(args.out).write_text(text)
+        except OSError as e:
+            raise LayoutSearchError(f"cannot write {args.out!r}: {e}") from None
+    return {"plan": args.plan, "format": args.format, "text": text, "out": args.out}
+
+
+def render(result: Result, args: argparse.Namespace) -> list[Any]:
+    return [result["text"].rstrip("\n")]

@@ -1,0 +1,166 @@
+"""``layoutsearch run PLAN.json|MODEL``: training steps of a plan on the devices present, measured against the
+cost model's prediction."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from layoutsearch.cli.common import (
+    Result,
+    add_hardware_args,
+    command,
+    hardware_of,
+    load_graph,
+    mesh_of,
+    table,
+)
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.units import format_seconds
+
+
+def add(sub: Any) -> None:
+    p = command(sub, "run", run, "run training steps of a plan (a file from `search --out`, or the plan searched "
+                "for MODEL) on the devices present, with loss, step time and tokens/s against the prediction",
+                render=render)
+    p.add_argument("target", metavar="PLAN.json|MODEL",
+                   help="a plan file (`layoutsearch search ... --out PLAN.json`), or a zoo model / JSON graph file "
+                        "to search first (needs --mesh)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a zoo model's size (MODEL only)")
+    p.add_argument("--mesh", metavar="AXES", help="device mesh for MODEL; for a plan, if given, it must be the plan's")
+    add_hardware_args(p)
+    p.add_argument("--steps", type=int, default=10, metavar="N", help="training steps (default 10)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the parameters and batches (default 0)")
+    p.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address")
+    p.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: the number of processes")
+    p.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process's index")
+    p.add_argument("--local-devices", type=int, metavar="N",
+                   help="multi-process run on CPU: simulated devices per process")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="multi-process run: seconds to wait for the other processes (default 60)")
+
+
+def _plan_file(target: str) -> bool:
+    """Whether ``target`` is a plan file (a JSON document with the plan format marker)."""
+    from layoutsearch.solvers.plan import PLAN_FORMAT
+
+    path = Path(target)
+    if not path.is_file():
+        return False
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return target.endswith(".json")  # let the plan reader say what is wrong
+    return isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT
+
+
+def _distributed(args: argparse.Namespace) -> None:
+    given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
+    if any(given) and not all(given):
+        raise LayoutSearchError("a multi-process run needs --coordinator, --num-processes and --process-id")
+    if all(given):
+        from layoutsearch.distributed import initialize
+
+        initialize(args.coordinator, args.num_processes, args.process_id, local_devices=args.local_devices,
+                   timeout_s=args.timeout)
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from layoutsearch.solvers.plan import Plan
+
+    if _plan_file(args.target):
+        if args.overrides:
+            raise LayoutSearchError(f"{args.target} is a plan: its model's sizes are fixed (drop --set)")
+        plan = Plan.load(args.target)
+        if args.mesh is not None and mesh_of(args).shape != plan.layout.mesh.shape:
+            raise LayoutSearchError(f"{args.target} is a plan for mesh {plan.layout.mesh}, not {args.mesh}")
+        if args.hardware is not None or args.hw_overrides:
+            raise LayoutSearchError(f"{args.target} is a plan priced on {plan.hardware.name}: drop --hardware/--hw")
+        return plan
+    if args.mesh is None:
+        raise LayoutSearchError(f"running model {args.target!r} needs --mesh (or give a plan file)")
+    return None
+
+
+def run(args: argparse.Namespace) -> Result:
+    """Search (MODEL) or load (PLAN.json) the plan, compile it on the devices present, run ``--steps``."""
+    from layoutsearch.backend.train import train
+    from layoutsearch.devices import jax_devices, present_hardware
+    from layoutsearch.mesh import hardware
+    from layoutsearch.solvers.search import price_plan, search
+
+    if args.steps < 1:
+        raise LayoutSearchError(f"--steps must be a positive integer, got {args.steps}")
+    _distributed(args)
+    plan = _plan(args)
+    mesh = plan.layout.mesh if plan is not None else mesh_of(args)
+    devices = jax_devices(mesh.size)
+    here = present_hardware(devices)
+    if plan is None:
+        hw = hardware_of(args) or hardware(here or "cpu-sim")
+        graph = load_graph(argparse.Namespace(model=args.target, overrides=args.overrides))
+        plan = search(graph, mesh, hardware=hw, baselines=False, progress=_progress("search"))
+    program = plan.compile(devices)
+    c = plan.chosen
+    predicted_here = None
+    if here is not None and here != plan.hardware.name:
+        predicted_here = price_plan(plan.model, c.layout, here, remat=c.remat, microbatches=c.microbatches,
+                                    stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
+                                    optimizer=plan.optimizer, precision=plan.precision, attention=plan.attention,
+                                    overlap=plan.overlap).step_s
+    report = _progress("run")
+    measured = train(program, args.steps, seed=args.seed,
+                     on_step=lambda r: report(f"step {r.step}/{args.steps}: loss {r.loss:.4f}, "
+                                              f"{format_seconds(r.seconds)}"))
+    import jax
+
+    step = measured.median_step_s
+    reference = predicted_here if predicted_here is not None else plan.step_s if here == plan.hardware.name else None
+    return {
+        "model": plan.model.name, "mesh": str(mesh), "devices": mesh.size, "processes": jax.process_count(),
+        "platform": devices[0].platform, "device_kind": devices[0].device_kind, "hardware_here": here,
+        "layout": c.rules_text(), "remat": c.remat, "microbatches": c.microbatches, "stage_axis": c.stage_axis,
+        "schedule": c.schedule, "executed_schedule": "gpipe" if c.stage_axis else None,
+        "precision": plan.precision, **measured.to_dict(),
+        "tokens_per_s": measured.tokens_per_step / step,
+        "predicted": {"hardware": plan.hardware.name, "step_s": plan.step_s},
+        "predicted_here": ({"hardware": here, "step_s": predicted_here} if predicted_here is not None else None),
+        "measured_over_predicted": step / reference if reference else None,
+    }
+
+
+def _progress(what: str) -> Any:
+    """Progress on stderr when it is a terminal (stdout stays for the result)."""
+    def show(msg: str) -> None:
+        if sys.stderr.isatty():
+            print(f"{what}: {msg}"[:100].ljust(100), end="\r", file=sys.stderr, flush=True)
+    return show
+
+
+def render(result: Result, args: argparse.Namespace) -> list[Any]:
+    if sys.stderr.isatty():
+        print(" " * 100, end="\r", file=sys.stderr)
+    rows = [[s["step"], f"{s['loss']:.4f}", format_seconds(s["seconds"]), f"{s['tokens_per_s']:,.0f}"]
+            for s in result["steps"]]
+    sched = (f", pipeline over {result['stage_axis']} ({result['microbatches']} micro-batches, priced "
+             f"{result['schedule']}, executed gpipe)" if result["stage_axis"] else
+             f", {result['microbatches']} micro-batches" if result["microbatches"] > 1 else "")
+    out = [f"{result['model']} on {result['mesh']} ({result['devices']} {result['device_kind']} devices, "
+           f"{result['processes']} process{'es' if result['processes'] > 1 else ''}): layout "
+           f"{result['layout'] or 'replicated'}, remat {result['remat']}{sched}, {result['precision']} precision",
+           table(["step", "loss", "time", "tokens/s"], rows,
+                 title="training steps")]
+    p, here = result["predicted"], result["predicted_here"]
+    line = f"measured step {format_seconds(result['median_step_s'])} (median after the first), " \
+           f"{result['tokens_per_s']:,.0f} tokens/s; predicted {format_seconds(p['step_s'])} on {p['hardware']}"
+    if here is not None:
+        line += f", {format_seconds(here['step_s'])} on {here['hardware']} (these devices)"
+    if result["measured_over_predicted"] is not None:
+        line += f": measured/predicted {result['measured_over_predicted']:.2f}"
+    out.append(line)
+    out.append(f"loss {result['steps'][0]['loss']:.4f} -> {result['steps'][-1]['loss']:.4f}")
+    return out

@@ -1,0 +1,85 @@
+"""`layoutsearch run` and `layoutsearch export`: a plan file trained on the devices present and exported."""
+
+import json
+
+import pytest
+import yaml
+from clirun import run, run_json
+
+import layoutsearch as ls
+
+SIZES = ["--set", "layers=2", "--set", "d_model=64", "--set", "heads=4", "--set", "seq=16", "--set", "batch=8",
+         "--set", "vocab=128"]
+
+
+@pytest.fixture(scope="module")
+def plan_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "plan.json"
+    ls.search(ls.zoo.gpt(layers=2, d_model=64, heads=4, seq=16, batch=8, vocab=128), "data:2,model:4",
+              hardware="h100", remat="selective").save(path)
+    return path
+
+
+def test_run_a_plan_file(capsys, plan_file):
+    out = run_json(capsys, "run", plan_file, "--steps", "4", "--seed", "1")
+    assert out["devices"] == 8 and out["platform"] == "cpu" and out["hardware_here"] == "cpu-sim"
+    assert [s["step"] for s in out["steps"]] == [1, 2, 3, 4]
+    assert out["steps"][-1]["loss"] < out["steps"][0]["loss"]
+    assert out["remat"] == "selective" and out["predicted"]["hardware"] == "h100"
+    assert out["predicted_here"]["hardware"] == "cpu-sim" and out["measured_over_predicted"] > 0
+    assert out["tokens_per_step"] == 8 * 16 and out["tokens_per_s"] > 0
+    # the same plan from Python: identical losses
+    program = ls.Plan.load(plan_file).compile()
+    state = program.init(1)
+    for i, s in enumerate(out["steps"]):
+        state, m = program.train_step(state, program.random_batch(1 + i))
+        assert float(m["loss"]) == s["loss"]
+    code, text, _ = run(capsys, "run", plan_file, "--steps", "2")
+    assert code == 0 and "measured step" in text and "predicted" in text and "tokens/s" in text
+
+
+def test_run_a_model_searches_first(capsys):
+    out = run_json(capsys, "run", "gpt", *SIZES, "--mesh", "data:8", "--steps", "3")
+    assert out["mesh"] == "data:8" and len(out["steps"]) == 3 and out["predicted"]["hardware"] == "cpu-sim"
+    assert out["predicted_here"] is None and out["measured_over_predicted"] > 0
+
+
+def test_search_out_then_run_and_export(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    out = run_json(capsys, "search", "gpt", *SIZES, "--mesh", "data:2,model:4", "--out", path)
+    assert json.loads(path.read_text())["plan"]["layout"]["rules"] == out["layout"]["rules"]
+    ran = run_json(capsys, "run", path, "--steps", "20")
+    assert ran["steps"][-1]["loss"] < ran["steps"][0]["loss"]
+    specs = run_json(capsys, "export", path, "--format", "specs")
+    assert json.loads(specs["text"])["layer.0/wi"] is not None
+    code, text, _ = run(capsys, "export", path, "--format", "maxtext", "--out", tmp_path / "mt.yml")
+    assert code == 0 and yaml.safe_load(text) == yaml.safe_load((tmp_path / "mt.yml").read_text())
+    assert yaml.safe_load(text)["ici_tensor_parallelism"] == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "nomodel", "--mesh", "data:8"], "unknown model 'nomodel'"),
+    (["run", "gpt"], "needs --mesh"),
+    (["run", "gpt", "--mesh", "data:16"], "needs 16 devices"),
+    (["run", "gpt", "--mesh", "data:x"], "mesh"),
+    (["run", "gpt", "--mesh", "data:8", "--steps", "0"], "--steps must be a positive integer"),
+    (["run", "gpt", "--mesh", "data:8", "--coordinator", "localhost:1"], "needs --coordinator, --num-processes"),
+    (["export", "missing.json", "--format", "flax"], "cannot read plan file"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_mismatched_or_broken_plan_files(capsys, plan_file, tmp_path):
+    code, _, err = run(capsys, "run", plan_file, "--mesh", "data:4,model:2")
+    assert code == 2 and "is a plan for mesh data:2,model:4, not data:4,model:2" in err
+    code, _, err = run(capsys, "run", plan_file, "--set", "layers=4")
+    assert code == 2 and "drop --set" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "layoutsearch-plan", "version": 1, "model": {}}))
+    code, _, err = run(capsys, "run", bad)
+    assert code == 2 and err.count("bad.json") == 1 and "model: graph: missing field 'name'" in err
+    bad.write_bytes(b"\xff\xfe{")
+    code, _, err = run(capsys, "export", bad, "--format", "specs")
+    assert code == 2 and "cannot read plan file" in err
