@@ -112,10 +112,8 @@ def run(args: argparse.Namespace) -> Result:
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
                                     optimizer=plan.optimizer, precision=plan.precision, attention=plan.attention,
                                     overlap=plan.overlap).step_s
-    report = _progress("run")
-    measured = train(program, args.steps, seed=args.seed,
-                     on_step=lambda r: report(f"step {r.step}/{args.steps}: loss {r.loss:.4f}, "
-                                              f"{format_seconds(r.seconds)}"))
+    with _StepBar(args.steps) as bar:
+        measured = train(program, args.steps, seed=args.seed, on_step=bar.advance)
     import jax
 
     step = measured.median_step_s
@@ -131,6 +129,35 @@ def run(args: argparse.Namespace) -> Result:
         "predicted_here": ({"hardware": here, "step_s": predicted_here} if predicted_here is not None else None),
         "measured_over_predicted": step / reference if reference else None,
     }
+
+
+class _StepBar:
+    """A rich progress bar of the training steps on stderr when it is a terminal (stdout stays for the result)."""
+
+    def __init__(self, steps: int) -> None:
+        self.progress = None
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=Console(stderr=True), transient=True)
+            self.task = self.progress.add_task("compiling", total=steps)
+
+    def __enter__(self) -> _StepBar:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def advance(self, record: Any) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, advance=1, description=f"loss {record.loss:.4f}, "
+                                                                   f"{format_seconds(record.seconds)}/step")
 
 
 def _progress(what: str) -> Any:
