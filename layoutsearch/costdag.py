@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from layoutsearch.errors import CostDAGError
+from layoutsearch.ir.dims import short_repr
+from layoutsearch.ir.strictjson import check_tree, loads, read_text
+from layoutsearch.ir.tensor import is_label
 
 FORMAT = "layoutsearch.costdag"
 VERSION = 1
@@ -205,16 +208,10 @@ class CostDAG:
 
 
 def load_costdag(path: str | Path) -> CostDAG:
-    """Read a cost DAG JSON file (format: ``docs/costdag.md``)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise CostDAGError(f"cannot read cost DAG file {str(path)!r}: {e.strerror}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CostDAGError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
-    return _from_dict(doc, str(path))
+    """Read a cost DAG JSON file (format: ``docs/costdag.md``; UTF-8, at most 64 MiB; duplicate keys, ``NaN``,
+    ``Infinity`` and numbers out of range are refused)."""
+    text = read_text(path, "cost DAG file", CostDAGError)
+    return _from_dict(loads(text, str(path), CostDAGError), str(path))
 
 
 def save_costdag(dag: CostDAG, path: str | Path) -> None:
@@ -227,6 +224,8 @@ def save_costdag(dag: CostDAG, path: str | Path) -> None:
 # -- validation -----------------------------------------------------------------------------------------------------
 
 def _validate(dag: CostDAG) -> None:
+    if not isinstance(dag.name, str):
+        raise CostDAGError(f"a cost DAG's name must be a string, got {short_repr(dag.name)}")
     where = f"cost DAG {dag.name!r}"
     if not dag.nodes:
         raise CostDAGError(f"{where} has no nodes")
@@ -234,21 +233,27 @@ def _validate(dag: CostDAG) -> None:
     for n in dag.nodes:
         if not isinstance(n, Node):
             raise CostDAGError(f"{where}: nodes must be Node objects, got {type(n).__name__}")
-        if not isinstance(n.name, str) or not n.name:
-            raise CostDAGError(f"{where}: node names must be non-empty strings, got {n.name!r}")
+        if not is_label(n.name):
+            raise CostDAGError(f"{where}: node names must be non-empty strings of printable characters, got "
+                               f"{short_repr(n.name)}")
         if n.name in seen:
             raise CostDAGError(f"{where}: duplicate node name {n.name!r}")
         seen.add(n.name)
         _check_time(n.compute_s, f"{where}: node {n.name!r}: compute_s")
         for f in ("memory_bytes", "param_bytes", "activation_bytes"):
             _check_bytes(getattr(n, f), f"{where}: node {n.name!r}: {f}")
-        if n.layer is not None and (not isinstance(n.layer, int) or isinstance(n.layer, bool)):
-            raise CostDAGError(f"{where}: node {n.name!r}: layer must be an integer, got {n.layer!r}")
+        if n.layer is not None and (not isinstance(n.layer, int) or isinstance(n.layer, bool)
+                                    or abs(n.layer) > MAX_BYTES):
+            raise CostDAGError(f"{where}: node {n.name!r}: layer must be an integer, got {short_repr(n.layer)}")
     keys: set[tuple[str, str, str | None]] = set()
     tensors: dict[tuple[str, str | None], Edge] = {}
     for e in dag.edges:
         if not isinstance(e, Edge):
             raise CostDAGError(f"{where}: edges must be Edge objects, got {type(e).__name__}")
+        for end in (e.src, e.dst):
+            if not isinstance(end, str):
+                raise CostDAGError(f"{where}: an edge's src and dst must be node names (strings), got "
+                                   f"{short_repr(end)}")
         what = f"{where}: edge {e.src!r} -> {e.dst!r}"
         for end in (e.src, e.dst):
             if end not in seen:
@@ -257,8 +262,8 @@ def _validate(dag: CostDAG) -> None:
             raise CostDAGError(f"{what}: an edge from a node to itself")
         _check_time(e.transfer_s, f"{what}: transfer_s")
         _check_bytes(e.bytes, f"{what}: bytes")
-        if e.tensor is not None and (not isinstance(e.tensor, str) or not e.tensor):
-            raise CostDAGError(f"{what}: tensor must be a non-empty string, got {e.tensor!r}")
+        if e.tensor is not None and not is_label(e.tensor):
+            raise CostDAGError(f"{what}: tensor must be a non-empty string, got {short_repr(e.tensor)}")
         if (e.src, e.dst, e.tensor) in keys:
             raise CostDAGError(f"{what}: duplicate edge" + (f" for tensor {e.tensor!r}" if e.tensor else ""))
         keys.add((e.src, e.dst, e.tensor))
@@ -269,18 +274,43 @@ def _validate(dag: CostDAG) -> None:
                 f"{what}: {label} has transfer_s={e.transfer_s}, bytes={e.bytes} but its edge to {first.dst!r} "
                 f"has transfer_s={first.transfer_s}, bytes={first.bytes}; edges of one tensor must agree "
                 "(give different outputs different 'tensor' labels)")
+    for f in ("memory_bytes", "param_bytes", "activation_bytes"):
+        _check_total(sum(getattr(n, f) for n in dag.nodes), f"{where}: the nodes' {f}")
+    _check_total(sum(e.bytes for e in dag.edges), f"{where}: the edges' bytes")
     if _kahn(dag) is None:
         raise CostDAGError(f"{where} has a cycle: {' -> '.join(_find_cycle(dag))}")
 
 
+MAX_BYTES = 2**62
+"""The largest byte count of a cost DAG: each figure, and the sum of each byte field over the DAG (so the
+memory of any set of nodes is an exact ``int64``)."""
+
+MAX_SECONDS = 1e12
+"""The largest time of a node or an edge (about 30,000 years; every sum of them stays finite)."""
+
+
 def _check_time(v: Any, what: str) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-        raise CostDAGError(f"{what} must be a finite number of seconds >= 0, got {v!r}")
+    ok = not isinstance(v, bool) and isinstance(v, int | float)
+    try:
+        ok = ok and math.isfinite(v) and v >= 0
+    except OverflowError:  # an int beyond the float range
+        ok = False
+    if not ok:
+        raise CostDAGError(f"{what} must be a finite number of seconds >= 0, got {short_repr(v)}")
+    if v > MAX_SECONDS:
+        raise CostDAGError(f"{what} must be at most {MAX_SECONDS:g} seconds, got {short_repr(v)}")
 
 
 def _check_bytes(v: Any, what: str) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise CostDAGError(f"{what} must be an integer number of bytes >= 0, got {v!r}")
+        raise CostDAGError(f"{what} must be an integer number of bytes >= 0, got {short_repr(v)}")
+    if v > MAX_BYTES:
+        raise CostDAGError(f"{what} must be at most 2**62 ({MAX_BYTES:,}) bytes, got {short_repr(v)}")
+
+
+def _check_total(total: int, what: str) -> None:
+    if total > MAX_BYTES:
+        raise CostDAGError(f"{what} add up to {total:,} bytes, more than 2**62 ({MAX_BYTES:,})")
 
 
 def _kahn(dag: CostDAG) -> tuple[str, ...] | None:
@@ -339,18 +369,19 @@ def _from_dict(doc: Any, source: str) -> CostDAG:
     def fail(msg: str) -> CostDAGError:
         return CostDAGError(f"{source}: {msg}")
 
+    check_tree(doc, source, CostDAGError)
     if not isinstance(doc, dict):
         raise fail(f"expected a JSON object with 'nodes' and 'edges', got {type(doc).__name__}")
     unknown = set(doc) - _TOP_FIELDS
     if unknown:
         raise fail(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_TOP_FIELDS)}")
     if doc.get("format", FORMAT) != FORMAT:
-        raise fail(f"format is {doc['format']!r}, expected {FORMAT!r}")
-    if doc.get("version", VERSION) != VERSION:
-        raise fail(f"version {doc['version']!r} is not supported (this reader knows version {VERSION})")
+        raise fail(f"format is {short_repr(doc['format'])}, expected {FORMAT!r}")
+    if doc.get("version", VERSION) != VERSION or isinstance(doc.get("version"), bool):
+        raise fail(f"version {short_repr(doc['version'])} is not supported (this reader knows version {VERSION})")
     name = doc.get("name", "dag")
-    if not isinstance(name, str):
-        raise fail(f"'name' must be a string, got {name!r}")
+    if not isinstance(name, str) or not name.isprintable():
+        raise fail(f"'name' must be a string of printable characters, got {short_repr(name)}")
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise fail(f"'meta' must be an object, got {type(meta).__name__}")
@@ -383,4 +414,21 @@ def _read(cls: type, d: Any, allowed: set[str], required: set[str], where: str, 
         # JSON writers may print integral byte counts as 1e9 or 1024.0: accept those as integers.
         if isinstance(d.get(k), float) and d[k].is_integer():
             d[k] = int(d[k])
+    for k in ("name", "src", "dst"):
+        if k in d and not is_label(d[k]):
+            raise fail(f"{where}.{k}: expected a non-empty string of printable characters, got {short_repr(d[k])}")
+    try:
+        for k in ("compute_s", "transfer_s"):
+            if k in d:
+                _check_time(d[k], f"{where}.{k}")
+        for k in ("memory_bytes", "param_bytes", "activation_bytes", "bytes"):
+            if k in d:
+                _check_bytes(d[k], f"{where}.{k}")
+    except CostDAGError as e:
+        raise fail(str(e)) from None
+    if d.get("tensor") is not None and not is_label(d["tensor"]):
+        raise fail(f"{where}.tensor: expected a non-empty string or null, got {short_repr(d['tensor'])}")
+    if d.get("layer") is not None and (isinstance(d["layer"], bool) or not isinstance(d["layer"], int)
+                                       or abs(d["layer"]) > MAX_BYTES):
+        raise fail(f"{where}.layer: expected an integer or null, got {short_repr(d['layer'])}")
     return cls(**d)

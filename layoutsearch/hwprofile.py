@@ -36,7 +36,8 @@ import typing
 from typing import Any
 
 from layoutsearch.errors import HardwareError
-from layoutsearch.mesh import Hardware, Link
+from layoutsearch.ir.strictjson import check_tree, loads, read_text
+from layoutsearch.mesh import FIGURE_RANGE, Hardware, Link
 
 FORMAT = "layoutsearch-hardware-profile"
 VERSION = 1
@@ -86,7 +87,7 @@ class _Reader:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = [k for k in doc if k not in fields]
         if unknown:
-            raise self.fail(f"unknown field {where}.{unknown[0]} (known: {', '.join(fields)})")
+            raise self.fail(f"unknown field {where}.{_name(unknown[0])} (known: {', '.join(fields)})")
         hints = _hints(cls)
         out: dict[str, Any] = {}
         for name, f in fields.items():
@@ -104,11 +105,13 @@ class _Reader:
             return typ(**self.dataclass(typ, v, key))
         if typ is str:
             if not isinstance(v, str):
-                raise self.fail(f"{key} must be a string, got {_kind(v)} {v!r}")
+                raise self.fail(f"{key} must be a string, got {_kind(v)} {_repr(v)}")
+            if not v.isprintable():
+                raise self.fail(f"{key} must be a string of printable characters, got {_repr(v)}")
             return v
         if typ is bool:
             if not isinstance(v, bool):
-                raise self.fail(f"{key} must be true or false, got {_kind(v)} {v!r}")
+                raise self.fail(f"{key} must be true or false, got {_kind(v)} {_repr(v)}")
             return v
         if typ is int:
             return self.number(key, name, v, default, integer=True)
@@ -119,12 +122,12 @@ class _Reader:
                 raise self.fail(f"{key} must be an object mapping mesh axes to \"fast\" or \"slow\", got {_kind(v)}")
             for axis, kind in v.items():
                 if kind not in _LINK_KINDS:
-                    raise self.fail(f"{key}.{axis} must be \"fast\" or \"slow\", got {kind!r}")
+                    raise self.fail(f"{key}.{_name(axis)} must be \"fast\" or \"slow\", got {_repr(kind)}")
             return tuple(v.items())
         origin, args = typing.get_origin(typ), typing.get_args(typ)
         if origin is tuple and args and Ellipsis not in args:  # a fixed-size tuple, e.g. matmul_tile
             if not isinstance(v, list) or len(v) != len(args):
-                raise self.fail(f"{key} must be a list of {len(args)} numbers, got {v!r}")
+                raise self.fail(f"{key} must be a list of {len(args)} numbers, got {_repr(v)}")
             return tuple(self.value(f"{key}[{i}]", name, a, x, None) for i, (a, x) in enumerate(zip(args, v)))
         if origin is tuple:
             if not isinstance(v, list):
@@ -134,9 +137,14 @@ class _Reader:
 
     def number(self, key: str, name: str, v: Any, default: Any, integer: bool) -> float | int:
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise self.fail(f"{key} must be a number, got {_kind(v)} {v!r}")
+            raise self.fail(f"{key} must be a number, got {_kind(v)} {_repr(v)}")
+        if isinstance(v, int) and abs(v) > 10**40:
+            raise self.fail(f"{key}: an integer of {v.bit_length()} bits is out of range")
         if not math.isfinite(v):
             raise self.fail(f"{key} = {v!r} must be a finite number")
+        lo, hi = FIGURE_RANGE
+        if abs(v) > hi:
+            raise self.fail(f"{key} = {v!r} is out of range: at most {hi:g}")
         if integer:
             if v != int(v):
                 raise self.fail(f"{key} = {v!r} must be an integer")
@@ -148,9 +156,21 @@ class _Reader:
                 raise self.fail(f"{key} = {v!r} must be >= 0")
         elif v <= 0:
             raise self.fail(f"{key} = {v!r} must be positive")
+        if 0 < v < lo:
+            raise self.fail(f"{key} = {v!r} is out of range: a figure is 0 or at least {lo:g}")
         if name.endswith("efficiency") and v > 1:
             raise self.fail(f"{key} = {v!r}: an efficiency is at most 1")
         return v
+
+
+def _name(key: Any) -> str:
+    """A field name as messages write it: as is when it is an identifier, quoted otherwise (one line)."""
+    return key if isinstance(key, str) and key.isidentifier() else repr(key)
+
+
+def _repr(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def _kind(v: Any) -> str:
@@ -178,20 +198,14 @@ def read_profile(path: str | os.PathLike[str]) -> tuple[Hardware, dict[str, Any]
         raise r.fail("no such file")
     if not os.path.isfile(p):
         raise r.fail("not a file")
-    try:
-        with open(p, encoding="utf-8") as fh:
-            text = fh.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise r.fail(f"cannot read it: {getattr(e, 'strerror', None) or e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise r.fail(f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    source = f"hardware profile {p}"
+    doc = loads(read_text(p, "hardware profile", HardwareError, source), source, HardwareError)
+    check_tree(doc, source, HardwareError)
     if not isinstance(doc, dict):
         raise r.fail(f"must be a JSON object with a \"hardware\" object, got {_kind(doc)}")
     unknown = [k for k in doc if k not in _TOP]
     if unknown:
-        raise r.fail(f"unknown field {unknown[0]} (known: {', '.join(_TOP)})")
+        raise r.fail(f"unknown field {_name(unknown[0])} (known: {', '.join(_TOP)})")
     if "format" in doc and doc["format"] != FORMAT:
         raise r.fail(f"format is {doc['format']!r}, expected {FORMAT!r}")
     if "version" in doc and doc["version"] != VERSION:

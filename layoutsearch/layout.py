@@ -180,6 +180,21 @@ class Layout:
         used = {a for axes in self.dim_layout(tensor).values() for a in axes}
         return self.mesh.group_size([a for a in self.mesh.names if a not in used])
 
+    def tensor_table(self, graph: Graph) -> list[dict[str, Any]]:
+        """JSON-ready, per tensor of ``graph``: role, dtype, shape, PartitionSpec, per-device shape and bytes,
+        and replication."""
+        return [{"name": t.name, "role": t.role, "dtype": t.dtype, "shape": {d.name: d.size for d in t.dims},
+                 "spec": [list(s) if isinstance(s, tuple) else s for s in self.spec(t)],
+                 "local_shape": list(self.local_shape(t)), "local_bytes": self.local_bytes(t),
+                 "replication": self.replication(t)} for t in graph.tensors.values()]
+
+    def local_bytes_by_role(self, graph: Graph) -> dict[str, int]:
+        """Per-device bytes of ``graph``'s tensors summed by role (slices, not peak memory)."""
+        out: dict[str, int] = {}
+        for t in graph.tensors.values():
+            out[t.role] = out.get(t.role, 0) + self.local_bytes(t)
+        return out
+
     def check(self, graph: Graph) -> Layout:
         """Raise LayoutError if the layout does not fit ``graph``; return self."""
         for dim, axes in self.rules:

@@ -26,7 +26,19 @@ from typing import Any
 
 from layoutsearch.errors import HardwareError, MeshError
 
-_AXIS = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:=]\s*([0-9]+)\s*$")
+_AXIS = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*[:=]\s*([0-9]+)\s*")
+_AXIS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+MAX_MESH_DEVICES = 2**20
+"""The most devices a mesh has (1,048,576): with dims of at most ``2**40``
+(:data:`layoutsearch.ir.dims.MAX_DIM_SIZE`), a dim times a mesh stays below ``2**60``."""
+
+MAX_TILE = 2**20
+"""The largest matmul tile size (``Hardware.matmul_tile``)."""
+
+FIGURE_RANGE = (1e-30, 1e30)
+"""The magnitudes a positive hardware figure may take: a finite number, so that every time the cost model
+divides by one (bytes / bandwidth, FLOPs / peak) stays finite."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,25 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.axes, tuple | list) or not all(
+                isinstance(a, tuple | list) and len(a) == 2 for a in self.axes):
+            raise MeshError(f"mesh axes must be (name, size) pairs, got {_short(self.axes)}")
+        object.__setattr__(self, "axes", tuple((a, s) for a, s in self.axes))
+        for a, _ in self.axes:
+            if not isinstance(a, str) or not _AXIS_NAME.fullmatch(a):
+                raise MeshError(f"invalid mesh axis name {_short(a)}: use letters, digits and '_'")
         names = [a for a, _ in self.axes]
         if len(set(names)) != len(names):
             raise MeshError(f"mesh repeats an axis: {names}")
         for a, s in self.axes:
             if not isinstance(s, int) or isinstance(s, bool) or s < 1:
-                raise MeshError(f"mesh axis {a!r} has invalid size {s!r}: must be a positive integer")
+                raise MeshError(f"mesh axis {a!r} has invalid size {_short(s)}: must be a positive integer")
+            if s > MAX_MESH_DEVICES:
+                raise MeshError(f"mesh axis {a!r} has invalid size {_short(s)}: a mesh has at most 2**20 "
+                                f"({MAX_MESH_DEVICES:,}) devices")
+        if math.prod(s for _, s in self.axes) > MAX_MESH_DEVICES:
+            raise MeshError(f"mesh {self} has {math.prod(s for _, s in self.axes):,} devices: a mesh has at most "
+                            f"2**20 ({MAX_MESH_DEVICES:,})")
 
     @classmethod
     def parse(cls, text: str) -> Mesh:
@@ -50,10 +75,15 @@ class Mesh:
             raise MeshError("empty mesh: write axes like 'data:2,model:4'")
         axes = []
         for part in text.split(","):
-            m = _AXIS.match(part)
+            m = _AXIS.fullmatch(part)
             if not m:
-                raise MeshError(f"bad mesh axis {part.strip()!r} in {text!r}: write axes like 'data:2,model:4'")
-            axes.append((m.group(1), int(m.group(2))))
+                raise MeshError(f"bad mesh axis {_short(part.strip())} in {_short(text)}: write axes like "
+                                "'data:2,model:4'")
+            digits = m.group(2).lstrip("0") or "0"
+            if len(digits) > 7:  # more than MAX_MESH_DEVICES (7 digits)
+                raise MeshError(f"mesh axis {m.group(1)!r} has invalid size {_short(m.group(2))}: a mesh has at "
+                                f"most 2**20 ({MAX_MESH_DEVICES:,}) devices")
+            axes.append((m.group(1), int(digits)))
         return cls(tuple(axes))
 
     @classmethod
@@ -107,6 +137,10 @@ class Link:
     bandwidth: float
     latency: float
     efficiency: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in ("bandwidth", "latency", "efficiency"):
+            _check_finite(f"link {f}", getattr(self, f))
 
     @property
     def effective_bandwidth(self) -> float:
@@ -191,10 +225,15 @@ class Hardware:
         return self.hbm_bytes - self.memory_reserved
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                _check_finite(f.name, v)
         if not self.peak_flops_fp32:
             object.__setattr__(self, "peak_flops_fp32", self.peak_flops)
         tile = tuple(self.matmul_tile)
-        if len(tile) != 3 or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in tile):
+        if len(tile) != 3 or not all(isinstance(t, int) and not isinstance(t, bool) and 1 <= t <= MAX_TILE
+                                     for t in tile):
             raise HardwareError(f"matmul_tile must be three positive integers (m, n, k), got {self.matmul_tile!r}")
         object.__setattr__(self, "matmul_tile", tile)
 
@@ -213,10 +252,18 @@ class Hardware:
                     raise HardwareError(f"unknown hardware figure {key!r}")
                 links[link] = dataclasses.replace(links[link], **{sub: _figure(key, value, float)})
             elif key == "axis_links":
-                for kind in dict(value).values():
-                    if kind not in ("fast", "slow"):
-                        raise HardwareError(f"axis link kind must be 'fast' or 'slow', got {kind!r}")
-                direct[key] = tuple(dict(value).items())
+                try:
+                    pins = dict(value)
+                except (TypeError, ValueError):
+                    raise HardwareError(f"axis_links must map mesh axes to 'fast' or 'slow', got {_short(value)}") \
+                        from None
+                for axis, kind in pins.items():
+                    if not isinstance(axis, str):
+                        raise HardwareError(f"axis_links must map mesh axes (names) to 'fast' or 'slow', got "
+                                            f"{_short(axis)}")
+                    if not isinstance(kind, str) or kind not in ("fast", "slow"):
+                        raise HardwareError(f"axis link kind must be 'fast' or 'slow', got {_short(kind)}")
+                direct[key] = tuple(pins.items())
             elif key == "matmul_tile":
                 direct[key] = _tile(value)
             elif key in {f.name for f in dataclasses.fields(self)} and key not in ("source", "name"):
@@ -251,27 +298,41 @@ class Hardware:
 
 
 def _figure(key: str, value: Any, typ: type) -> Any:
-    """Convert an overridden figure to its type; HardwareError if it is not one."""
+    """Convert an overridden figure to its type; HardwareError if it is not one, or not a finite number
+    within :data:`FIGURE_RANGE` (latencies and ``memory_reserved`` may also be 0)."""
     try:
         if typ is bool:
             if str(value).lower() not in ("1", "0", "true", "false"):
                 raise ValueError
             return str(value).lower() in ("1", "true")
+        if isinstance(value, bool):
+            raise ValueError
         v = float(value)
+        if not math.isfinite(v):
+            raise HardwareError(f"hardware figure {key}={_short(value)} must be a finite number")
         if typ is int:
             if v != int(v):
                 raise ValueError
             v = int(v)
-    except (TypeError, ValueError):
-        raise HardwareError(f"hardware figure {key}={value!r} is not a valid {typ.__name__}") from None
+    except (TypeError, ValueError, OverflowError):
+        raise HardwareError(f"hardware figure {key}={_short(value)} is not a valid {typ.__name__}") from None
     if key.endswith("latency") or key == "memory_reserved":
         if not v >= 0:
-            raise HardwareError(f"hardware figure {key}={value!r} must be >= 0")
-    elif typ is not bool and not v > 0:
-        raise HardwareError(f"hardware figure {key}={value!r} must be positive")
+            raise HardwareError(f"hardware figure {key}={_short(value)} must be >= 0")
+    elif not v > 0:
+        raise HardwareError(f"hardware figure {key}={_short(value)} must be positive")
     if key.endswith("efficiency") and v > 1:
-        raise HardwareError(f"hardware figure {key}={value!r}: an efficiency is at most 1")
+        raise HardwareError(f"hardware figure {key}={_short(value)}: an efficiency is at most 1")
+    lo, hi = FIGURE_RANGE
+    if v > hi or 0 < v < lo:
+        raise HardwareError(f"hardware figure {key}={_short(value)} is out of range: a figure is 0 or between "
+                            f"{lo:g} and {hi:g}")
     return v
+
+
+def _short(v: Any) -> str:
+    text = repr(v) if not (isinstance(v, int) and v.bit_length() > 200) else f"(an integer of {v.bit_length()} bits)"
+    return text if len(text) <= 80 else text[:60] + f"... ({len(text)} characters)"
 
 
 def _tile(value: Any) -> tuple[int, int, int]:
@@ -279,11 +340,21 @@ def _tile(value: Any) -> tuple[int, int, int]:
     items = value.replace("x", ",").split(",") if isinstance(value, str) else value
     try:
         tile = tuple(int(v) for v in items)
-    except (TypeError, ValueError):
-        raise HardwareError(f"matmul_tile must be three positive integers m,n,k, got {value!r}") from None
-    if len(tile) != 3 or min(tile) < 1:
-        raise HardwareError(f"matmul_tile must be three positive integers m,n,k, got {value!r}")
+    except (TypeError, ValueError, OverflowError):
+        raise HardwareError(f"matmul_tile must be three positive integers m,n,k, got {_short(value)}") from None
+    if len(tile) != 3 or min(tile) < 1 or max(tile) > MAX_TILE:
+        raise HardwareError(f"matmul_tile must be three positive integers m,n,k (at most {MAX_TILE:,}), "
+                            f"got {_short(value)}")
     return tile  # type: ignore[return-value]
+
+
+def _check_finite(name: str, v: float) -> None:
+    try:
+        ok = math.isfinite(v)
+    except OverflowError:  # an int beyond the float range
+        ok = False
+    if not ok:
+        raise HardwareError(f"hardware figure {name}={_short(v)} must be a finite number")
 
 
 def _figure_names() -> list[str]:

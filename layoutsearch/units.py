@@ -11,19 +11,33 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+MAX_BYTES = 2**62
+"""The largest byte count :func:`parse_bytes` returns (4 EiB): any memory figure fits an ``int64``."""
+
+
 def parse_bytes(text: str | float) -> int:
-    """A byte count from ``16GiB``, ``1.5 GB``, ``512MiB``, ``2e9`` or a number (rounded down to bytes)."""
+    """A byte count from ``16GiB``, ``1.5 GB``, ``512MiB``, ``2e9`` or a number (rounded down to bytes), at
+    most :data:`MAX_BYTES`."""
+    shown = repr(text) if not isinstance(text, int) or abs(text) < 10**40 else "(a very large integer)"
+    shown = shown if len(shown) <= 80 else shown[:60] + "..."
     if isinstance(text, int | float) and not isinstance(text, bool):
-        value, unit = float(text), ""
+        try:
+            value, unit = float(text), ""
+        except OverflowError:
+            value, unit = math.inf, ""
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text) \
+            if isinstance(text, str) else None
         if not m or m.group(2).lower() not in _UNITS:
-            raise LayoutSearchError(f"bad byte size {text!r}: expected a number with an optional unit "
+            raise LayoutSearchError(f"bad byte size {shown}: expected a number with an optional unit "
                                     f"(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 16GiB")
         value, unit = float(m.group(1)), m.group(2).lower()
-    if not math.isfinite(value) or value < 0:
-        raise LayoutSearchError(f"bad byte size {text!r}: must be a finite number >= 0")
-    return int(value * _UNITS[unit])
+    if math.isnan(value) or value < 0 or (isinstance(text, int) and text < 0):
+        raise LayoutSearchError(f"bad byte size {shown}: must be a finite number >= 0")
+    n = text if isinstance(text, int) and not isinstance(text, bool) else value * _UNITS[unit]
+    if not n <= MAX_BYTES:  # infinity included
+        raise LayoutSearchError(f"bad byte size {shown}: must be at most 2**62 bytes (4 EiB)")
+    return int(n)
 
 
 def format_bytes(n: float) -> str:

@@ -367,16 +367,22 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
     one op cost per op of ``g``; ``combined_gradient_all_reduce``: the backend
     defers the gradient all-reduces (see the module docstring); ``on_chip``:
     tensors that never reach HBM (fused, or flash-attention scores; see
-    :mod:`layoutsearch.costmodel.fusion`) and take no memory."""
+    :mod:`layoutsearch.costmodel.fusion`) and take no memory.
+
+    Byte counts are exact integers at any size: the curves are summed in numpy ``int64`` when a bound on
+    every partial sum (:func:`_magnitude_bound`) is below ``2**63``, else in Python integers (numpy object
+    arrays), so no count wraps around."""
     n = len(g.ops)
     if n == 0:
         raise CostModelError(f"graph {g.name!r} has no ops: nothing to simulate")
     life = lifetimes(g, plan)
     local_bytes = local_bytes_fn(layout)
-    nbytes = np.array([0 if t.name in on_chip else local_bytes(t) for t in life.tensors], dtype=np.int64)
-    local = {t.name: int(b) for t, b in zip(life.tensors, nbytes, strict=True)}
+    sizes = [0 if t.name in on_chip else int(local_bytes(t)) for t in life.tensors]
+    local = {t.name: b for t, b in zip(life.tensors, sizes, strict=True)}
+    dtype: Any = np.int64 if _magnitude_bound(sizes, life, op_costs) < 2**63 else object
+    nbytes = np.array(sizes, dtype=dtype)
     # deltas[c, i]: bytes of category c becoming live at op i (negative: freed after op i-1)
-    deltas = np.zeros((len(CATEGORIES), n + 1), dtype=np.int64)
+    deltas = np.zeros((len(CATEGORIES), n + 1), dtype=dtype)
     b = nbytes[life.tensor]
     np.add.at(deltas, (life.cat, life.start), b)
     np.add.at(deltas, (life.cat, life.end + 1), -b)
@@ -391,7 +397,7 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
         gc, last = _CAT["gradients"], life.last_backward
         for t_name, row in life.deferrable.items():
             i = int(life.start[row])
-            payload = max((c.bytes for c in op_costs[i].comms if c.tensor == t_name and c.kind == "all-reduce"),
+            payload = max((int(c.bytes) for c in op_costs[i].comms if c.tensor == t_name and c.kind == "all-reduce"),
                           default=0)
             if not payload:
                 continue
@@ -403,19 +409,19 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
             deltas[gc, last] += payload
             deltas[gc, last + 1] += stored - 2 * payload
 
-    transient = np.zeros(n, dtype=np.int64)
+    transient = np.zeros(n, dtype=dtype)
     shared: dict[Any, tuple[int, int, int]] = {}  # key -> (first op, last op, bytes)
     for i, (op, cost) in enumerate(zip(g.ops, op_costs, strict=True)):
         if cost.comms:
             own, buffers = _transient(op, cost, local.get(op.output, 0), op.output in deferred)
             transient[i] = own
-            for key, nbytes in buffers.items():
+            for key, size in buffers.items():
                 first = shared.get(key, (i, i, 0))[0]
-                shared[key] = (first, i, nbytes)
+                shared[key] = (first, i, size)
     t = _CAT["transient"]
-    for first, last, nbytes in shared.values():
-        deltas[t, first] += nbytes
-        deltas[t, last + 1] -= nbytes
+    for first, last, size in shared.values():
+        deltas[t, first] += size
+        deltas[t, last + 1] -= size
     if plan.recomputed:
         index = {op.name: i for i, op in enumerate(g.ops)}
         for name in plan.recomputed:
@@ -429,7 +435,18 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
     peak = int(np.argmax(total))
     breakdown = {c: int(curves[_CAT[c], peak]) for c in CATEGORIES}
     return MemoryReport(int(total[peak]), g.ops[peak].name, g.ops[peak].phase, breakdown, resident, plan.policy,
-                        len(plan.recomputed), tuple(total.tolist()))
+                        len(plan.recomputed), tuple(int(x) for x in total.tolist()))
+
+
+def _magnitude_bound(sizes: Sequence[int], life: _Lifetimes, op_costs: Sequence[OpCost]) -> int:
+    """An upper bound on the magnitude of every number :func:`simulate` forms (each entry of ``deltas``,
+    every partial sum of a curve, every total): the sum of the magnitudes of all it adds. A tensor's row
+    adds its bytes and subtracts them (``2 *``), a deferred gradient's stored bytes move twice more (``4 *``
+    in all); a collective's payload is counted at most 8 times (the deferred all-reduce 4, a shared buffer
+    2, the op's own transient 1, a recomputation's 1)."""
+    rows = sum(sizes[k] for k in life.tensor.tolist())
+    comms = sum(int(c.bytes) for cost in op_costs for c in cost.comms)
+    return 4 * rows + 8 * comms
 
 
 __all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "lifetimes", "local_bytes_fn",

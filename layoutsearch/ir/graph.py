@@ -10,7 +10,7 @@ from typing import Any
 import networkx as nx
 
 from layoutsearch.errors import GraphError
-from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.dims import MAX_GRAPH_ELEMENTS, Dim, short_repr
 from layoutsearch.ir.ops import Op
 from layoutsearch.ir.tensor import SOURCE_ROLES, Tensor
 
@@ -32,9 +32,17 @@ class Graph:
 
     def __init__(self, name: str, tensors: Iterable[Tensor], ops: Iterable[Op],
                  loss: str | None = None, meta: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(name, str) or not name.isprintable():
+            raise GraphError(f"a graph's name must be a string of printable characters, got {short_repr(name)}")
+        if loss is not None and not isinstance(loss, str):
+            raise GraphError(f"graph {name!r}: loss must be a tensor name or None, got {short_repr(loss)}")
+        if meta is not None and not isinstance(meta, Mapping):
+            raise GraphError(f"graph {name!r}: meta must be a mapping, got {type(meta).__name__}")
         self.name = name
         self.tensors: dict[str, Tensor] = {}
         for t in tensors:
+            if not isinstance(t, Tensor):
+                raise GraphError(f"graph {name!r}: tensors must be Tensor objects, got {short_repr(t)}")
             if t.name in self.tensors:
                 raise GraphError(f"tensor {t.name!r} is defined twice")
             self.tensors[t.name] = t
@@ -45,6 +53,8 @@ class Graph:
         self._producer: dict[str, Op] = {}
         names: set[str] = set()
         for op in op_list:
+            if not isinstance(op, Op):
+                raise GraphError(f"graph {name!r}: ops must be Op objects, got {short_repr(op)}")
             if op.name in names:
                 raise GraphError(f"op name {op.name!r} is used twice")
             names.add(op.name)
@@ -79,6 +89,60 @@ class Graph:
                 raise GraphError(f"loss tensor {loss!r} must be a scalar, has dims {list(self.tensors[loss].dim_names)}")
         self.ops: tuple[Op, ...] = tuple(self._topological(op_list))
         self._op_by_name = {op.name: op for op in self.ops}
+        if all(op.phase == "forward" for op in self.ops):
+            self.check_size()
+        self._check_training_meta()
+
+    def _check_training_meta(self) -> None:
+        """``meta["training"]``, read by the cost model and the backend: an object with an optional
+        ``optimizer`` object of a known ``kind``, a ``precision`` string (or null) and ``master_weights``
+        mapping parameters to their optimizer-state copies (see :mod:`layoutsearch.ir.training`)."""
+        if "training" not in self.meta:
+            return
+        from layoutsearch.ir.training import OPTIMIZERS  # training imports this module
+
+        where = f"graph {self.name!r}: meta.training"
+        training = self.meta["training"]
+        if not isinstance(training, Mapping):
+            raise GraphError(f"{where} must be an object, got {short_repr(training)}")
+        opt = training.get("optimizer", {})
+        if not isinstance(opt, Mapping) or opt.get("kind", "adam") not in OPTIMIZERS:
+            raise GraphError(f"{where}.optimizer must be an object whose kind is one of {', '.join(OPTIMIZERS)}, "
+                             f"got {short_repr(opt)}")
+        precision = training.get("precision")
+        if precision is not None and not isinstance(precision, str):
+            raise GraphError(f"{where}.precision must be a string or null, got {short_repr(precision)}")
+        masters = training.get("master_weights") or {}
+        if not isinstance(masters, Mapping):
+            raise GraphError(f"{where}.master_weights must be an object, got {short_repr(masters)}")
+        for p, m in masters.items():
+            param, master = self.tensors.get(p), self.tensors.get(m) if isinstance(m, str) else None
+            if param is None or param.role != "parameter" or p in self._producer:
+                raise GraphError(f"{where}.master_weights: {short_repr(p)} is not a parameter of the graph")
+            if master is None or master.role != "optimizer_state" or master.dims != param.dims \
+                    or m in self._producer:
+                raise GraphError(f"{where}.master_weights: the master copy of {p!r} must be a fed optimizer_state "
+                                 f"tensor with its dims, got {short_repr(m)}")
+
+    def weighted_elements(self) -> int:
+        """The sum over the tensors of their elements times one plus the number of times ops read them (an
+        op reading a tensor twice counts twice): the elements the graph's ops read, plus those of its tensors.
+        Bounded by :data:`~layoutsearch.ir.dims.MAX_GRAPH_ELEMENTS` (see :meth:`check_size`)."""
+        readers = dict.fromkeys(self.tensors, 1)
+        for op in self.ops:
+            for t in op.inputs:
+                readers[t] += 1
+        return sum(t.num_elements * readers[t.name] for t in self.tensors.values())
+
+    def check_size(self) -> None:
+        """Raise GraphError if :meth:`weighted_elements` exceeds ``MAX_GRAPH_ELEMENTS`` (``2**56``). Checked
+        on construction for forward graphs (every op of phase ``forward``) and by the graph file reader for
+        every graph; the training step derived from a graph within the bound is not checked again (it holds
+        at most 15 times as many elements: see ``docs/graph-format.md``, "Validation rules")."""
+        n = self.weighted_elements()
+        if n > MAX_GRAPH_ELEMENTS:
+            raise GraphError(f"graph {self.name!r} is too large: its tensors hold {n:,} elements, counted once "
+                             f"plus once per read by an op, more than the limit of 2**56 ({MAX_GRAPH_ELEMENTS:,})")
 
     # -- construction helpers
     def _check_dims(self) -> dict[str, int]:
@@ -171,6 +235,23 @@ class Graph:
     @property
     def inputs(self) -> list[Tensor]:
         return self.tensors_with_role("input")
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready: dims, tensor and op counts (ops by kind), inputs, loss, parameters with their shapes and
+        bytes, and their totals."""
+        ops: dict[str, int] = {}
+        for op in self.ops:
+            ops[op.kind] = ops.get(op.kind, 0) + 1
+        params = [{"name": t.name, "shape": {d.name: d.size for d in t.dims}, "dtype": t.dtype,
+                   "elements": t.num_elements, "bytes": t.nbytes} for t in self.parameters]
+        return {
+            "model": self.name, "dims": dict(self.dims), "tensors": len(self.tensors), "ops": len(self.ops),
+            "ops_by_kind": ops, "inputs": [{"name": t.name, "shape": {d.name: d.size for d in t.dims},
+                                            "dtype": t.dtype} for t in self.inputs],
+            "loss": self.loss, "parameters": params,
+            "parameter_count": sum(p["elements"] for p in params), "parameter_bytes": sum(p["bytes"] for p in params),
+            "meta": self.meta,
+        }
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self.tensors)} tensors, {len(self.ops)} ops)"

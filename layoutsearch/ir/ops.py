@@ -10,14 +10,31 @@ in the training graph derived by :mod:`layoutsearch.ir.training`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from layoutsearch.errors import GraphError
-from layoutsearch.ir.tensor import Tensor
+from layoutsearch.ir.dims import short_repr
+from layoutsearch.ir.tensor import Tensor, is_label
 
 PHASES = ("forward", "backward", "optimizer")
+
+
+def number(v: Any, fail: Any) -> float:
+    """``v`` as a finite float; ``fail(message)`` (an exception) to raise otherwise: not a number (a bool is
+    not one), or out of the float range, or infinite or NaN."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise fail(f"expected a number, got {short_repr(v)}")
+    try:
+        f = float(v)
+    except OverflowError:
+        f = math.inf
+    if not math.isfinite(f):
+        raise fail(f"expected a finite number, got {short_repr(v)}")
+    return f
 
 
 @dataclass(frozen=True)
@@ -95,9 +112,25 @@ class Op:
     block: str | None = None
 
     def __post_init__(self) -> None:
+        if not is_label(self.name):
+            raise GraphError(f"{self.kind} op names must be non-empty strings of printable characters, "
+                             f"got {short_repr(self.name)}")
+        if isinstance(self.inputs, str) or not isinstance(self.inputs, list | tuple) or not all(
+                is_label(t) for t in self.inputs):
+            raise self._fail(f"inputs must be a list of tensor names, got {short_repr(self.inputs)}")
         object.__setattr__(self, "inputs", tuple(self.inputs))
-        if self.phase not in PHASES:
-            raise GraphError(f"op {self.name!r}: unknown phase {self.phase!r} (known: {', '.join(PHASES)})")
+        if not is_label(self.output):
+            raise self._fail(f"output must be a tensor name, got {short_repr(self.output)}")
+        if not isinstance(self.phase, str) or self.phase not in PHASES:
+            raise GraphError(f"op {self.name!r}: unknown phase {short_repr(self.phase)} (known: {', '.join(PHASES)})")
+        if self.block is not None and not is_label(self.block):
+            raise self._fail(f"block must be a block name (a non-empty string) or null, got {short_repr(self.block)}")
+
+    def _expect_str(self, field: str) -> None:
+        """Raise GraphError unless attribute ``field`` is a string."""
+        v = getattr(self, field)
+        if not isinstance(v, str):
+            raise self._fail(f"{field} must be a string, got {short_repr(v)}")
 
     # -- shape helpers shared by every consumer (cost model, backend, solvers)
     def iteration_dims(self, tensors: Mapping[str, Tensor]) -> tuple[str, ...]:
@@ -183,8 +216,24 @@ class Elementwise(Op):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._expect_str("fn")
         params = self.params.items() if isinstance(self.params, Mapping) else self.params
-        object.__setattr__(self, "params", tuple(sorted((str(k), float(v)) for k, v in params)))
+        def bad() -> GraphError:
+            return self._fail(f"params must map attribute names to numbers, got {short_repr(self.params)}")
+
+        if isinstance(params, str | bytes) or not hasattr(params, "__iter__"):
+            raise bad()
+        pairs = []
+        for kv in params:
+            if isinstance(kv, str | bytes) or not isinstance(kv, tuple | list) or len(kv) != 2 or not isinstance(
+                    kv[0], str):
+                raise bad()
+            where = f"params.{kv[0]}" if kv[0].isidentifier() else f"params[{kv[0]!r}]"
+            pairs.append((kv[0], number(kv[1], lambda msg, w=where: self._fail(f"{w}: {msg}"))))
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise self._fail(f"params names an attribute twice: {sorted(keys)}")
+        object.__setattr__(self, "params", tuple(sorted(pairs)))
 
     @property
     def param(self) -> dict[str, float]:
@@ -232,6 +281,10 @@ class Reduce(Op):
     kind: ClassVar[str] = "reduce"
     fn: str = "sum"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("fn")
+
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(1)
         if self.fn not in ("sum", "mean", "max"):
@@ -248,6 +301,10 @@ class _OverDim(Op):
 
     dim: str
     arity: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("dim")
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(self.arity)
@@ -283,6 +340,13 @@ class _Norm(_OverDim):
     eps: float = 1e-5
     center: bool = True
     defaulted_attrs: ClassVar[frozenset[str]] = frozenset({"center"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        eps = number(self.eps, lambda msg: self._fail(f"eps: {msg}"))
+        if eps < 0:
+            raise self._fail(f"eps must be >= 0, got {self.eps!r}")
+        object.__setattr__(self, "eps", eps)
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         super().check(tensors)
@@ -321,7 +385,23 @@ class Reshape(Op):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        object.__setattr__(self, "groups", tuple((tuple(a), tuple(b)) for a, b in self.groups))
+        def bad() -> GraphError:
+            return self._fail("groups must be a list of [input dims, output dims] pairs of dim-name lists, "
+                              f"got {short_repr(self.groups)}")
+
+        def names(v: Any) -> tuple[str, ...]:
+            if isinstance(v, str) or not isinstance(v, list | tuple) or not all(isinstance(n, str) for n in v):
+                raise bad()
+            return tuple(v)
+
+        if isinstance(self.groups, str) or not isinstance(self.groups, list | tuple):
+            raise bad()
+        groups = []
+        for g in self.groups:
+            if isinstance(g, str) or not isinstance(g, list | tuple) or len(g) != 2:
+                raise bad()
+            groups.append((names(g[0]), names(g[1])))
+        object.__setattr__(self, "groups", tuple(groups))
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(1)
@@ -362,6 +442,10 @@ class Gather(Op):
     kind: ClassVar[str] = "gather"
     dim: str
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("dim")
+
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         table, ids = tensors[self.inputs[0]], tensors[self.inputs[1]]
@@ -380,6 +464,10 @@ class ScatterAdd(Op):
 
     kind: ClassVar[str] = "scatter_add"
     dim: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("dim")
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
@@ -404,6 +492,10 @@ class CrossEntropy(Op):
     kind: ClassVar[str] = "cross_entropy"
     dim: str
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("dim")
+
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         logits, labels = tensors[self.inputs[0]], tensors[self.inputs[1]]
@@ -424,6 +516,10 @@ class CrossEntropyGrad(Op):
 
     kind: ClassVar[str] = "cross_entropy_grad"
     dim: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("dim")
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(3)

@@ -884,3 +884,12 @@ def equal_split(dag: CostDAG, stages: int, *, objective: str = "throughput", mic
     bounds = np.cumsum([base + (s < extra) for s in range(stages)])
     sigma = [int(np.searchsorted(bounds, u, side="right")) for u in key]
     return _make(ctx, sigma, stages, objective, microbatches, f"equal {by}", False, None, {}, None)
+
+
+def against_equal_split(dag: CostDAG, part: Partition) -> dict[str, Any]:
+    """``part`` against :func:`equal_split` into as many stages under the same objective: the split's method,
+    objective and largest stage memory, and ``optimal_over_baseline`` (``part``'s objective / the split's;
+    None when the split's is 0)."""
+    base = equal_split(dag, part.num_stages, objective=part.kind, microbatches=part.microbatches)
+    return {"method": base.method, "objective": base.objective, "max_memory": max(base.memory),
+            "optimal_over_baseline": part.objective / base.objective if base.objective else None}

@@ -26,6 +26,8 @@ from typing import Any
 
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import Graph, load_graph
+from layoutsearch.ir.dims import MAX_DIM_SIZE, short_repr
+from layoutsearch.zoo._blocks import MAX_LAYERS
 from layoutsearch.zoo.gpt import DEFAULTS as _GPT_DEFAULTS
 from layoutsearch.zoo.gpt import GPT_PRESETS, gpt
 from layoutsearch.zoo.mlp import mlp
@@ -42,6 +44,7 @@ STR_PARAMS = frozenset({"preset", "dtype", "mlp", "norm", "position"})
 
 FLOAT_PARAMS = frozenset({"dropout"})
 """Parameters whose values are numbers (floats; an integer is taken as a float)."""
+
 
 
 @dataclass(frozen=True)
@@ -93,26 +96,47 @@ def _coerce(model: str, key: str, value: Any) -> Any:
     if key in FLOAT_PARAMS:
         if isinstance(value, str):
             try:
-                return float(value)
+                value = float(value)
             except ValueError:
-                raise GraphError(f"model {model!r}: {key} must be a number, got {value!r}") from None
+                raise GraphError(f"model {model!r}: {key} must be a number, got {short_repr(value)}") from None
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise GraphError(f"model {model!r}: {key} must be a number, got {value!r}")
+            raise GraphError(f"model {model!r}: {key} must be a number, got {short_repr(value)}")
         return value
     if key in STR_PARAMS:
         if value is not None and not isinstance(value, str):
-            raise GraphError(f"model {model!r}: {key} must be a string, got {value!r}")
+            raise GraphError(f"model {model!r}: {key} must be a string, got {short_repr(value)}")
         return value
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, str):
-        try:
-            return int(value)
-        except ValueError:
-            raise GraphError(f"model {model!r}: {key} must be an integer, got {value!r}") from None
+        text = value
+        value = _parse_int(text, lambda: GraphError(f"model {model!r}: {key} must be an integer, got {short_repr(text)}"),
+                           f"model {model!r}: {key}")
     if value is not None and not isinstance(value, int):
-        raise GraphError(f"model {model!r}: {key} must be an integer, got {value!r}")
+        raise GraphError(f"model {model!r}: {key} must be an integer, got {short_repr(value)}")
+    if value is not None:
+        _check_bound(key, value, f"model {model!r}: ")
     return value
+
+
+def _parse_int(text: str, fail: Callable[[], Exception], what: str) -> int:
+    """``int(text)``; ``fail()`` for anything else; GraphError naming ``what`` for too many digits."""
+    digits = text.strip().lstrip("+-")
+    if len(digits) > 40 and digits.isdigit():
+        raise GraphError(f"{what}: an integer of {len(digits):,} digits is out of range: integer parameters are "
+                         f"at most 2**40 ({MAX_DIM_SIZE:,})")
+    try:
+        return int(text)
+    except ValueError:
+        raise fail() from None
+
+
+def _check_bound(key: str, value: int, prefix: str) -> None:
+    """Integer parameters are sizes (or 0/1 switches): at most :data:`~layoutsearch.ir.dims.MAX_DIM_SIZE`
+    in magnitude; ``layers`` at most :data:`MAX_LAYERS`."""
+    limit, text = (MAX_LAYERS, f"{MAX_LAYERS:,}") if key == "layers" else (MAX_DIM_SIZE, f"2**40 ({MAX_DIM_SIZE:,})")
+    if abs(value) > limit:
+        raise GraphError(f"{prefix}{key} must be at most {text}, got {short_repr(value)}")
 
 
 def build(name: str, /, **overrides: Any) -> Graph:
@@ -139,25 +163,28 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for item in items:
+        if not isinstance(item, str):
+            raise GraphError(f"malformed override {short_repr(item)}: expected a string NAME=VALUE, e.g. batch=32")
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not key.isidentifier() or not value:
-            raise GraphError(f"malformed override {item!r}: expected NAME=VALUE, e.g. batch=32")
+            raise GraphError(f"malformed override {short_repr(item)}: expected NAME=VALUE, e.g. batch=32")
         if key in out:
-            raise GraphError(f"override {item!r}: {key} is given twice")
+            raise GraphError(f"override {short_repr(item)}: {key} is given twice")
         if key in STR_PARAMS:
             out[key] = value
             continue
         if key in FLOAT_PARAMS:
             try:
-                out[key] = float(value)
+                number = float(value)
             except ValueError:
-                raise GraphError(f"override {item!r}: {key} must be a number, got {value!r}") from None
+                raise GraphError(f"override {short_repr(item)}: {key} must be a number, got {short_repr(value)}") from None
+            out[key] = number
             continue
-        try:
-            out[key] = int(value)
-        except ValueError:
-            raise GraphError(f"override {item!r}: {key} must be an integer, got {value!r}") from None
+        out[key] = _parse_int(
+            value, lambda: GraphError(f"override {short_repr(item)}: {key} must be an integer, got {short_repr(value)}"),
+            f"override {key}=...")
+        _check_bound(key, out[key], f"override {short_repr(item)}: ")
     return out
 
 
@@ -178,6 +205,6 @@ def load(spec: str, overrides: dict[str, Any] | None = None) -> Graph:
 
 
 __all__ = [
-    "FLOAT_PARAMS", "GPT_PRESETS", "JSON_DIR", "MODELS", "STR_PARAMS", "ModelSpec", "build", "gpt", "list_models", "load",
+    "FLOAT_PARAMS", "GPT_PRESETS", "JSON_DIR", "MAX_LAYERS", "MODELS", "STR_PARAMS", "ModelSpec", "build", "gpt", "list_models", "load",
     "mlp", "moe", "mtf_ffn", "mtf_transformer", "parse_overrides",
 ]

@@ -18,15 +18,22 @@ from dataclasses import dataclass
 
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import GraphBuilder, Ref
-from layoutsearch.ir.dims import Dim
+from layoutsearch.ir.dims import MAX_DIM_SIZE, Dim, short_repr
 from layoutsearch.ir.tensor import FLOAT_DTYPES
+
+MAX_LAYERS = 10_000
+"""The most layers a zoo model is built with (its graph grows with them)."""
 
 
 def check_sizes(model: str, **sizes: int) -> None:
-    """Raise GraphError unless every size is a positive integer."""
+    """Raise GraphError unless every size is a positive integer of at most
+    :data:`~layoutsearch.ir.dims.MAX_DIM_SIZE` (``2**40``; ``layers``: at most 10,000)."""
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise GraphError(f"model {model!r}: {name} must be a positive integer, got {value!r}")
+            raise GraphError(f"model {model!r}: {name} must be a positive integer, got {short_repr(value)}")
+        limit, text = (MAX_LAYERS, f"{MAX_LAYERS:,}") if name == "layers" else (MAX_DIM_SIZE, f"2**40 ({MAX_DIM_SIZE:,})")
+        if value > limit:
+            raise GraphError(f"model {model!r}: {name} must be at most {text}, got {short_repr(value)}")
 
 
 def check_flag(model: str, name: str, value: int) -> None:
@@ -168,7 +175,7 @@ def dropout(b: GraphBuilder, x: Ref, rate: float, layer: int, site: str) -> Ref:
 def check_dropout(model: str, rate: float) -> None:
     """Raise GraphError unless ``rate`` is a number in [0, 1)."""
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
-        raise GraphError(f"model {model!r}: dropout must be a number in [0, 1), got {rate!r}")
+        raise GraphError(f"model {model!r}: dropout must be a number in [0, 1), got {short_repr(rate)}")
 
 
 def rotary_tables(b: GraphBuilder, d: Dims) -> Rotary:

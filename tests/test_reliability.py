@@ -1,0 +1,569 @@
+"""Bad input is one clear error of the library's own class (the CLI: one line, exit 2), never an internal error
+nor a silent wrong answer: the cases of the reliability issue, each with the error class and the field it names.
+Size bounds keep every count exact (memory figures compared with hand-computed values near the bounds)."""
+
+import copy
+import json
+
+import pytest
+from clirun import run
+
+import layoutsearch as ls
+from layoutsearch import zoo
+from layoutsearch.costdag import CostDAG, Edge, Node, load_costdag
+from layoutsearch.costmodel import memory
+from layoutsearch.errors import (
+    CostDAGError,
+    GraphError,
+    GraphFormatError,
+    HardwareError,
+    LayoutSearchError,
+    MeshError,
+)
+from layoutsearch.hwprofile import hardware_to_json
+from layoutsearch.ir import (
+    Dim,
+    Einsum,
+    Elementwise,
+    GraphBuilder,
+    LayerNorm,
+    Reshape,
+    Tensor,
+    graph_from_json,
+    load_graph,
+)
+from layoutsearch.ir.dims import MAX_DIM_SIZE, MAX_GRAPH_ELEMENTS, MAX_TENSOR_ELEMENTS
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Mesh, hardware
+from layoutsearch.units import parse_bytes
+
+BASE = json.loads((zoo.JSON_DIR / "mtf-ffn.json").read_text())
+
+
+def mutated(change):
+    d = copy.deepcopy(BASE)
+    change(d)
+    return json.dumps(d)
+
+
+def op(d, name):
+    return next(o for o in d["ops"] if o["name"] == name)
+
+
+def fails(text, cls, *fragments):
+    """Reading ``text`` as a graph raises ``cls`` whose message names the file and every fragment."""
+    with pytest.raises(cls) as e:
+        graph_from_json(text, "bad.json")
+    msg = str(e.value)
+    assert msg.startswith("bad.json: "), msg
+    for f in fragments:
+        assert f in msg, msg
+    assert "\n" not in msg
+    return msg
+
+
+# -- graph files: bytes, JSON, nesting, numbers ---------------------------------------------------------------------
+
+def test_non_utf8_bytes_name_the_file_and_the_offset(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_bytes(b'{"name": "caf\xe9"}')
+    with pytest.raises(GraphFormatError, match=r"bad.json: not UTF-8 text: byte 0xe9 at offset 13"):
+        load_graph(p)
+    fails(b'{"name": "\xff"}', GraphFormatError, "not UTF-8 text", "offset 10")
+
+
+def test_a_utf8_bom_is_dropped(tmp_path):
+    p = tmp_path / "bom.json"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(BASE).encode())
+    assert load_graph(p).name == "mtf-ffn"
+
+
+def test_deep_nesting_is_one_error():
+    fails("[" * 100_000 + "]" * 100_000, GraphFormatError, "nested deeper than 64 levels")
+    deep = mutated(lambda d: d.__setitem__("meta", {"a": json.loads("[" * 100 + "]" * 100)}))
+    fails(deep, GraphFormatError, "graph.meta.a[0][0]", "nested deeper than 64 levels")
+
+
+def test_a_50_megabyte_number_is_out_of_range_not_a_crash():
+    text = json.dumps(BASE).replace('"batch": 16', '"batch": ' + "9" * 50_000_000, 1)
+    fails(text, GraphFormatError, "graph.dims.batch", "an integer of 50,000,000 digits is out of range")
+
+
+def test_files_over_64_mib_are_refused(tmp_path):
+    p = tmp_path / "huge.json"
+    p.write_bytes(b" " * (64 * 2**20 + 1))
+    with pytest.raises(GraphFormatError, match="huge.json: larger than 64 MiB"):
+        load_graph(p)
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ('{"name": "a", "name": "b"}', "top level: duplicate key 'name'"),
+    (json.dumps(BASE).replace('"dims": {', '"dims": {"batch": 3, ', 1), "graph.dims: duplicate key 'batch'"),
+    (json.dumps(BASE).replace('"role": "input"', '"role": "input", "role": "parameter"', 1),
+     "tensors[0]: duplicate key 'role'"),
+])
+def test_duplicate_keys_are_refused_with_their_path(text, fragment):
+    fails(text, GraphFormatError, fragment)
+
+
+@pytest.mark.parametrize("literal, fragment", [
+    ("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity is not a JSON number"),
+    ("-Infinity", "-Infinity is not a JSON number"), ("1e999", "beyond the range of a float"),
+])
+def test_non_json_numbers_are_refused_anywhere(literal, fragment):
+    text = json.dumps({**BASE, "meta": {"x": 1}}).replace('"x": 1', f'"x": {literal}')
+    fails(text, GraphFormatError, "graph.meta.x", fragment)
+
+
+# -- graph files: types of fields -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, fragments", [
+    (lambda d: d["tensors"][0].__setitem__("name", {"a": 1}), ["tensors[0].name", "expected str, got dict"]),
+    (lambda d: d["tensors"][0].__setitem__("name", ["x"]), ["tensors[0].name", "expected str, got list"]),
+    (lambda d: d["tensors"][0].__setitem__("dims", [["batch"], "io"]), ["tensors[0].dims", "dim names"]),
+    (lambda d: d["tensors"][0].__setitem__("dims", "batch"), ["tensors[0].dims", "expected list, got str"]),
+    (lambda d: d["tensors"][0].__setitem__("dtype", ["float32"]), ["tensors[0].dtype", "expected str"]),
+    (lambda d: d["tensors"][0].__setitem__("updates", ["w"]), ["tensors[0].updates", "expected str"]),
+    (lambda d: d.__setitem__("loss", ["loss"]), ["graph.loss", "expected str/NoneType, got list"]),
+    (lambda d: d.__setitem__("name", 3), ["graph.name", "expected str, got int"]),
+    (lambda d: d["ops"][0].__setitem__("output", ["h"]), ["ops[0].output", "expected str, got list"]),
+    (lambda d: d["ops"][0].__setitem__("inputs", [["x"], "w"]), ["ops[0].inputs", "list of tensor names"]),
+    (lambda d: d["ops"][0].__setitem__("phase", {"p": 1}), ["ops[0].phase", "expected str, got dict"]),
+    (lambda d: d["ops"][0].__setitem__("kind", ["einsum"]), ["ops[0].kind", "expected str, got list"]),
+])
+def test_a_list_or_dict_where_a_name_is_expected_names_the_field(change, fragments):
+    fails(mutated(change), GraphFormatError, *fragments)
+
+
+def test_inputs_given_as_a_string_are_refused_not_split_into_letters():
+    d = copy.deepcopy(BASE)
+    d["tensors"] += [{"name": "a", "dims": ["batch", "io"], "role": "input"}]
+    op(d, "h")["inputs"] = "xw"
+    fails(json.dumps(d), GraphFormatError, "ops[0].inputs: expected a list of tensor names, got 'xw'")
+    with pytest.raises(GraphError, match="einsum op 'h': inputs must be a list of tensor names, got 'xw'"):
+        Einsum(name="h", inputs="xw", output="h")
+
+
+def scale_op(d, params):
+    o = op(d, "h_relu")
+    o.update(fn="scale", params=params)
+
+
+@pytest.mark.parametrize("params, fragments", [
+    ({"factor": "x"}, ["ops[1].params.factor", "expected a number, got 'x'"]),
+    ({"factor": True}, ["ops[1].params.factor", "expected a number, got True"]),
+    ({"factor": None}, ["ops[1].params.factor", "expected a number, got None"]),
+    ({"factor": [1]}, ["ops[1].params.factor", "expected a number"]),
+    ([1, 2], ["ops[1].params[0]", "expected a pair [name, number], got 1"]),
+    ([["factor"]], ["ops[1].params[0]", "expected a pair"]),
+    ([["factor", "x"]], ["ops[1].params[0][1]", "expected a number, got 'x'"]),
+    ([[3, 1.0]], ["ops[1].params[0]", "expected a pair"]),
+    ([["factor", 1.0], ["factor", 2.0]], ["params names an attribute twice"]),
+    ("abc", ["ops[1].params", "expected an object of numbers"]),
+    (3, ["ops[1].params", "expected an object of numbers"]),
+])
+def test_elementwise_params_of_the_wrong_shape_or_type(params, fragments):
+    d = copy.deepcopy(BASE)
+    scale_op(d, params)
+    fails(json.dumps(d), GraphError, *fragments)
+
+
+def test_elementwise_params_in_python_are_checked_too():
+    with pytest.raises(GraphError, match=r"elementwise op 's': params.factor: expected a number, got 'x'"):
+        Elementwise(name="s", inputs=("x",), output="s", fn="scale", params={"factor": "x"})
+    with pytest.raises(GraphError, match=r"params.factor: expected a finite number"):
+        Elementwise(name="s", inputs=("x",), output="s", fn="scale", params={"factor": float("inf")})
+    with pytest.raises(GraphError, match=r"params.factor: expected a finite number"):
+        Elementwise(name="s", inputs=("x",), output="s", fn="scale", params={"factor": 10**400})
+    with pytest.raises(GraphError, match=r"fn must be a string"):
+        Elementwise(name="s", inputs=("x",), output="s", fn=["scale"])
+
+
+def reshape_doc(groups):
+    d = copy.deepcopy(BASE)
+    d["dims"]["io2"] = 32
+    d["tensors"].append({"name": "xr", "dims": ["batch", "io2"]})
+    d["ops"].append({"kind": "reshape", "name": "xr", "inputs": ["x"], "output": "xr", "groups": groups})
+    d["tensors"].append({"name": "xr_sum", "dims": []})
+    d["ops"].append({"kind": "reduce", "name": "xr_sum", "inputs": ["xr"], "output": "xr_sum"})
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("groups, fragment", [
+    ([["io"]], "ops[6].groups[0]"),
+    ([["io", "io2"]], "ops[6].groups[0]"),
+    ([[1, 2]], "ops[6].groups[0]"),
+    ([[["io"], ["io2"], ["x"]]], "ops[6].groups[0]"),
+    ([[["io"], [3]]], "ops[6].groups[0]"),
+    ("io", "ops[6].groups: expected a list"),
+    ({"io": "io2"}, "ops[6].groups: expected a list"),
+])
+def test_malformed_reshape_groups(groups, fragment):
+    assert graph_from_json(reshape_doc([[["io"], ["io2"]]])).op("xr").groups == ((("io",), ("io2",)),)
+    fails(reshape_doc(groups), GraphFormatError, fragment)
+    with pytest.raises(GraphError, match="groups must be a list of"):
+        Reshape(name="r", inputs=("x",), output="r", groups=groups)
+
+
+def test_an_op_block_that_is_a_list_is_refused_on_load_not_in_estimate():
+    fails(mutated(lambda d: op(d, "h").__setitem__("block", ["layer.0"])), GraphFormatError,
+          "ops[0].block", "or null, got ['layer.0']")
+    fails(mutated(lambda d: op(d, "h").__setitem__("block", "")), GraphFormatError, "ops[0].block")
+    with pytest.raises(GraphError, match="block must be a block name"):
+        Einsum(name="h", inputs=("x", "w"), output="h", block={"b": 1})
+
+
+def layer_norm_doc(**fields):
+    d = copy.deepcopy(BASE)
+    d["tensors"].append({"name": "xn", "dims": ["batch", "io"]})
+    d["ops"].append({"kind": "layer_norm", "name": "xn", "inputs": ["x"], "output": "xn", "dim": "io", **fields})
+    d["tensors"].append({"name": "xn_sum", "dims": []})
+    d["ops"].append({"kind": "reduce", "name": "xn_sum", "inputs": ["xn"], "output": "xn_sum"})
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("eps, fragment", [
+    ("x", "expected a number, got 'x'"), (True, "expected a number, got True"), ([1e-5], "expected a number"),
+    (None, "expected a number, got None"),
+])
+def test_eps_is_type_checked(eps, fragment):
+    assert graph_from_json(layer_norm_doc(eps=1e-6)).op("xn").eps == 1e-6
+    fails(layer_norm_doc(eps=eps), GraphFormatError, "ops[6].eps", fragment)
+    fails(layer_norm_doc(eps=-1.0), GraphError, "eps must be >= 0")
+    with pytest.raises(GraphError, match="eps: expected a"):
+        LayerNorm(name="n", inputs=("x",), output="n", dim="io", eps=eps)
+
+
+@pytest.mark.parametrize("name, fragment", [
+    (3, "expected str, got int"), (["h"], "expected str, got list"), ("", "non-empty string of printable"),
+    ("a\nb", "non-empty string of printable"), ("\ud800", "non-empty string of printable"),
+])
+def test_op_and_tensor_names_are_type_checked(name, fragment):
+    fails(mutated(lambda d: op(d, "h").__setitem__("name", name)), GraphFormatError, "ops[0].name", fragment)
+    fails(mutated(lambda d: d["tensors"][0].__setitem__("name", name)), GraphFormatError, "tensors[0].name",
+          fragment)
+
+
+def test_unknown_top_level_and_tensor_fields_are_refused_like_op_fields():
+    fails(mutated(lambda d: d.__setitem__("extra", 1)), GraphFormatError,
+          "top level: unknown field 'extra' (known: format, version, name, dims, tensors, ops, loss, meta)")
+    fails(mutated(lambda d: d["tensors"][1].__setitem__("shape", [1])), GraphFormatError,
+          "tensors[1]: unknown field 'shape' (known: name, dims, dtype, role, updates)")
+    fails(mutated(lambda d: op(d, "h").__setitem__("foo", 1)), GraphFormatError,
+          "ops[0]: bad fields for einsum op", "unexpected keyword argument 'foo'")
+
+
+def test_updates_null_means_no_update():
+    g = graph_from_json(mutated(lambda d: d["tensors"][0].__setitem__("updates", None)))
+    assert g.tensors["x"].updates is None
+
+
+def test_version_true_is_not_version_1():
+    fails(mutated(lambda d: d.__setitem__("version", True)), GraphFormatError, "version: unsupported version True")
+
+
+# -- sizes ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size, fragment", [
+    (2**63, "must be at most 2**40"), (10**30, "must be at most 2**40"), (MAX_DIM_SIZE + 1, "must be at most 2**40"),
+    (0, "must be a positive integer"), (-3, "must be a positive integer"), (8.0, "must be a positive integer"),
+])
+def test_dim_sizes_beyond_the_bound_are_refused(size, fragment):
+    fails(mutated(lambda d: d["dims"].__setitem__("batch", size)), GraphError, "dim 'batch'", fragment)
+    with pytest.raises(GraphError, match=f"dim 'batch' has invalid size .*{fragment.replace('*', '.')}"):
+        Dim("batch", size)
+
+
+def test_tensor_and_graph_element_bounds():
+    d = copy.deepcopy(BASE)
+    d["dims"].update(batch=2**25, io=2**25, hidden=2**26)  # w[io, hidden]: 2**51 elements
+    fails(json.dumps(d), GraphError, "tensor 'w' has", "more than the limit of 2**50")
+    assert Tensor("t", (Dim("a", 2**25), Dim("b", 2**25))).num_elements == MAX_TENSOR_ELEMENTS
+    with pytest.raises(GraphError, match="tensor 't' has 2,251,799,813,685,248 elements"):
+        Tensor("t", (Dim("a", 2**25), Dim("b", 2**26)))
+
+
+def inputs_graph(count, elements_each=2**50, name="wide"):
+    """``count`` unused inputs of ``elements_each`` elements and a tiny loss: weighted elements count*each + 2."""
+    b = GraphBuilder(name)
+    a, c = b.dim("a", elements_each // 2**20), b.dim("c", 2**20)
+    one = b.dim("one", 1)
+    for k in range(count):
+        b.input(f"z{k}", [a, c])
+    p = b.parameter("p", [one])
+    return b.build(b.reduce(b.square(p), [], fn="sum", name="loss"))
+
+
+def test_the_graph_bound_is_inclusive_and_counts_reads():
+    g = inputs_graph(63)
+    assert g.weighted_elements() == 63 * 2**50 + 1 + 2 + 1 + 1  # p read once, square read once, loss
+    with pytest.raises(GraphError, match=r"graph 'wide' is too large: its tensors hold .* elements, counted once "
+                                         r"plus once per read by an op, more than the limit of 2\*\*56"):
+        inputs_graph(64)
+    assert MAX_GRAPH_ELEMENTS == 2**56
+
+
+def test_zoo_sizes_are_bounded_like_graph_dims():
+    with pytest.raises(GraphError, match=r"override 'batch=99999999999999999999': batch must be at most 2\*\*40"):
+        zoo.parse_overrides(["batch=99999999999999999999"])
+    with pytest.raises(GraphError, match=r"override batch=...: an integer of 5,000 digits is out of range"):
+        zoo.parse_overrides(["batch=" + "9" * 5000])
+    with pytest.raises(GraphError, match=r"model 'mtf-ffn': batch must be at most 2\*\*40"):
+        zoo.build("mtf-ffn", batch=10**20)
+    with pytest.raises(GraphError, match=r"model 'gpt': batch must be at most 2\*\*40"):
+        zoo.build("gpt", batch="99999999999999999999")
+    with pytest.raises(GraphError, match=r"override 'layers=100000': layers must be at most 10,000"):
+        zoo.parse_overrides(["layers=100000"])
+    from layoutsearch.zoo.mtf_ffn import mtf_ffn
+    with pytest.raises(GraphError, match=r"model 'mtf-ffn': io must be at most 2\*\*40"):
+        mtf_ffn(io=2**41)
+    with pytest.raises(GraphError, match=r"tensor 'w' has 1,000,000,000,000,000,000 elements"):
+        zoo.build("mtf-ffn", io=10**9, hidden=10**9)
+
+
+# -- exact counts near the bounds -----------------------------------------------------------------------------------
+
+def big_graph(extra_inputs=8):
+    """x[a, b] (just under 2**50 elements), ``extra_inputs`` more of its size (fed, unused), w[b], y = x.w, loss."""
+    a, b = 2**30 - 2, 2**20 - 1
+    B = GraphBuilder("big")
+    da, db = B.dim("a", a), B.dim("b", b)
+    x = B.input("x", [da, db])
+    for k in range(extra_inputs):
+        B.input(f"z{k}", [da, db])
+    w = B.parameter("w", [db])
+    return B.build(B.reduce(B.einsum([x, w], [da], name="y"), [], fn="sum", name="loss")), a, b
+
+
+def test_a_layout_near_the_bounds_gets_an_exact_positive_memory_figure():
+    g, a, b = big_graph()
+    r = ls.estimate(g, Layout.from_rules(Mesh.parse("data:2"), ""), "cpu-sim", optimizer="sgd", precision="fp32")
+    # fp32, SGD, nothing split: the peak is at grad/w = einsum(grad/y, x): the 9 inputs, w, the loss (kept to the
+    # end), grad/y[a] and grad/w[b] (y died after the loss; grad/loss after grad/y)
+    expected = 9 * 4 * a * b + 4 * b + 4 + 4 * a + 4 * b
+    assert r.memory.peak_op == "grad/w"
+    assert r.memory.peak_bytes == expected == r.to_dict()["memory_bytes"]
+    assert isinstance(r.memory.peak_bytes, int) and 2**55 < expected < 2**63
+    assert int(float(expected)) != expected  # beyond float64's precision: exact only as an integer
+    assert all(isinstance(v, int) and 0 <= v < 2**63 for v in r.memory.timeline)
+
+
+def test_the_mtf_ffn_of_the_report_near_the_bound_is_priced_positively():
+    g = zoo.build("mtf-ffn", io=2**25, hidden=2**25, batch=1024)
+    r = ls.estimate(g, Layout.from_rules(Mesh.parse("data:2"), "io:data,hidden:data"), "tpu-v4", remat="selective")
+    # parameters w[io, hidden], v[hidden, io] split in two over io, mixed precision Adam: 2 (bf16) + 2 (gradient)
+    # + 4 + 4 + 4 (master, m, v) bytes per element, 2**49 elements each per device
+    params = 2 * 16 * 2**49
+    assert params < r.memory.peak_bytes < params + 2**40 and not r.fits
+    d = r.to_dict()
+    assert 0 < d["memory_bytes"] < 2**63
+
+
+def test_the_largest_allowed_graph_keeps_every_count_below_2_63():
+    g = inputs_graph(63)
+    r = ls.estimate(g, Layout.from_rules(Mesh.parse("data:8"), "a:data"), "h100")
+    assert r.memory.breakdown["inputs"] == 63 * 2**50 * 2 // 8  # bfloat16 under mixed precision, split in 8
+    assert r.memory.peak_bytes == sum(r.memory.breakdown.values())
+
+    def walk(v):
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            assert abs(v) < 2**63 and v == v and abs(v) != float("inf"), v
+    walk(r.to_dict())
+    json.dumps(r.to_dict(), allow_nan=False)
+
+
+def test_the_python_integer_path_of_the_memory_simulation_agrees(monkeypatch):
+    g, _, _ = big_graph(extra_inputs=3)
+    layout = Layout.from_rules(Mesh.parse("data:2"), "a:data")
+    fast = ls.estimate(g, layout, "cpu-sim", optimizer="sgd", precision="fp32").memory
+    monkeypatch.setattr(memory, "_magnitude_bound", lambda *args: 2**63)
+    exact = ls.estimate(g, layout, "cpu-sim", optimizer="sgd", precision="fp32").memory
+    assert exact == fast and exact.timeline == fast.timeline
+    assert all(type(v) is int for v in (exact.peak_bytes, *exact.breakdown.values(), *exact.timeline))
+
+
+# -- cost DAGs ------------------------------------------------------------------------------------------------------
+
+def dag_file(tmp_path, nodes, edges=()):
+    p = tmp_path / "dag.json"
+    p.write_text(json.dumps({"nodes": nodes, "edges": list(edges)}))
+    return p
+
+
+@pytest.mark.parametrize("node, fragment", [
+    ({"name": "a", "compute_s": 1, "memory_bytes": 10**30}, "nodes[0].memory_bytes must be at most 2**62"),
+    ({"name": "a", "compute_s": 1, "memory_bytes": 10**40}, "nodes[0].memory_bytes: an integer of 41 digits is out"),
+    ({"name": "a", "compute_s": 1, "memory_bytes": 1e300}, "nodes[0].memory_bytes must be at most 2**62"),
+    ({"name": "a", "compute_s": 1, "activation_bytes": -1}, "nodes[0].activation_bytes must be an integer"),
+    ({"name": "a", "compute_s": 1e300}, "nodes[0].compute_s must be at most 1e+12 seconds"),
+    ({"name": "a", "compute_s": "1"}, "nodes[0].compute_s must be a finite number"),
+    ({"name": ["a"], "compute_s": 1}, "nodes[0].name: expected a non-empty string"),
+    ({"name": "a", "compute_s": 1, "layer": [0]}, "nodes[0].layer: expected an integer or null"),
+])
+def test_cost_dag_fields_are_checked_and_named(tmp_path, node, fragment):
+    with pytest.raises(CostDAGError) as e:
+        load_costdag(dag_file(tmp_path, [node]))
+    assert str(e.value).startswith(str(tmp_path / "dag.json")) and fragment in str(e.value), str(e.value)
+
+
+def test_cost_dag_edges_with_a_list_as_src(tmp_path):
+    nodes = [{"name": "a", "compute_s": 1}, {"name": "b", "compute_s": 1}]
+    with pytest.raises(CostDAGError, match=r"edges\[0\].src: expected a non-empty string"):
+        load_costdag(dag_file(tmp_path, nodes, [{"src": ["a"], "dst": "b", "transfer_s": 0}]))
+    with pytest.raises(CostDAGError, match=r"edges\[0\].tensor: expected a non-empty string or null"):
+        load_costdag(dag_file(tmp_path, nodes, [{"src": "a", "dst": "b", "transfer_s": 0, "tensor": [1]}]))
+    with pytest.raises(CostDAGError, match="src and dst must be node names"):
+        CostDAG((Node("a", 1), Node("b", 1)), (Edge(["a"], "b"),))
+
+
+def test_cost_dag_totals_stay_in_int64(tmp_path):
+    nodes = [{"name": n, "compute_s": 1, "memory_bytes": 2**61 + 1} for n in "ab"]
+    with pytest.raises(CostDAGError, match=r"the nodes' memory_bytes add up to .* more than 2\*\*62"):
+        load_costdag(dag_file(tmp_path, nodes))
+
+
+def test_cost_dag_json_is_read_strictly(tmp_path):
+    p = tmp_path / "dag.json"
+    p.write_text('{"nodes": [{"name": "a", "compute_s": 1, "compute_s": 2}]}')
+    with pytest.raises(CostDAGError, match=r"nodes\[0\]: duplicate key 'compute_s'"):
+        load_costdag(p)
+    p.write_text('{"nodes": [{"name": "a", "compute_s": NaN}]}')
+    with pytest.raises(CostDAGError, match=r"nodes\[0\].compute_s: NaN is not a JSON number"):
+        load_costdag(p)
+    p.write_bytes(b'{"nodes": [{"name": "\xfe"}]}')
+    with pytest.raises(CostDAGError, match="not UTF-8 text: byte 0xfe at offset 21"):
+        load_costdag(p)
+    p.write_text('{"nodes": [{"name": "a", "compute_s": 1, "memory_bytes": ' + "1" * 5000 + "}]}")
+    with pytest.raises(CostDAGError, match=r"nodes\[0\].memory_bytes: an integer of 5,000 digits is out of range"):
+        load_costdag(p)
+
+
+# -- hardware figures, meshes, byte sizes ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, value, fragment", [
+    ("peak_flops", float("inf"), "peak_flops=inf must be a finite number"),
+    ("peak_flops", "inf", "peak_flops='inf' must be a finite number"),
+    ("peak_flops", float("nan"), "peak_flops=nan must be a finite number"),
+    ("hbm_bytes", 10**400, "hbm_bytes=(an integer of 1329 bits) is not a valid float"),
+    ("fast_link_bandwidth", 1e-300, "fast_link_bandwidth=1e-300 is out of range"),
+    ("matmul_efficiency", 1e-300, "matmul_efficiency=1e-300 is out of range"),
+    ("devices_per_node", 10**400, "devices_per_node=(an integer of 1329 bits) is not a valid int"),
+    ("memory_reserved", float("-inf"), "memory_reserved=-inf must be a finite number"),
+    ("peak_flops", 1e31, "peak_flops=1e+31 is out of range"),
+])
+def test_hardware_overrides_must_be_finite(key, value, fragment):
+    with pytest.raises(HardwareError) as e:
+        hardware("h100", **{key: value})
+    assert fragment in str(e.value), str(e.value)
+
+
+def test_hardware_overrides_on_the_command_line_are_one_line_exit_2(capsys):
+    for hw in ("peak_flops=inf", "peak_flops=nan", "fast_link.bandwidth=1e-300", "hbm_bytes=1" + "0" * 400):
+        code, out, err = run(capsys, "cost", "mtf-ffn", "--mesh", "data:2", "--hardware", "h100", "--hw", hw,
+                             "--json")
+        assert code == 2 and out == "" and err.count("\n") == 1 and "hardware figure" in err, err
+
+
+def test_hardware_profiles_with_infinity_or_duplicates_are_refused(tmp_path):
+    doc = {"hardware": hardware_to_json(hardware("h100"))}
+    p = tmp_path / "hw.json"
+    p.write_text(json.dumps(doc).replace('"peak_flops": 989000000000000.0', '"peak_flops": Infinity'))
+    with pytest.raises(HardwareError, match=r"hardware profile .*hw.json: hardware.peak_flops: Infinity is not a "
+                                            r"JSON number"):
+        hardware(str(p))
+    p.write_text(json.dumps(doc).replace('"peak_flops": 989000000000000.0', '"peak_flops": 1, "peak_flops": 2'))
+    with pytest.raises(HardwareError, match=r"hardware: duplicate key 'peak_flops'"):
+        hardware(str(p))
+    p.write_text(json.dumps(doc).replace('"peak_flops": 989000000000000.0', '"peak_flops": 1e-300'))
+    with pytest.raises(HardwareError, match=r"hardware.peak_flops = 1e-300 is out of range"):
+        hardware(str(p))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("data:" + "9" * 5000, "a mesh has at most 2**20"),
+    ("data:99999999999999999999", "a mesh has at most 2**20"),
+    ("data:1024,model:2048", "has 2,097,152 devices"),
+    ("data:2\n", None),
+    ("data:2,model:٣", "bad mesh axis"),
+])
+def test_mesh_sizes_are_bounded(text, fragment):
+    if fragment is None:
+        assert Mesh.parse(text).size == 2
+        return
+    with pytest.raises(MeshError) as e:
+        Mesh.parse(text)
+    assert fragment in str(e.value)
+
+
+def test_mesh_axes_are_type_checked():
+    with pytest.raises(MeshError, match="invalid mesh axis name"):
+        Mesh(((["data"], 2),))
+    with pytest.raises(MeshError, match="mesh axes must be"):
+        Mesh(("data", 2))
+
+
+@pytest.mark.parametrize("text", ["1e308TiB", "9" * 5000, pytest.param(10**5000, id="huge-int"), 2**62 + 1, "5e18",
+                                  float("inf")])
+def test_byte_sizes_are_bounded(text):
+    with pytest.raises(LayoutSearchError, match="bad byte size"):
+        parse_bytes(text)
+    assert parse_bytes("4611686018427387904") == 2**62
+
+
+# -- the command line: exit 2, one line -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, argv, fragment", [
+    (lambda p: p.write_bytes(b'{"name": "\x80"}'), [], "not UTF-8 text"),
+    (lambda p: p.write_text("[" * 100_000), [], "nested deeper"),
+    (lambda p: p.write_text(mutated(lambda d: op(d, "h").__setitem__("block", ["b"]))), [], "ops[0].block"),
+    (lambda p: p.write_text(mutated(lambda d: d["dims"].__setitem__("batch", 2**64))), [], "must be at most 2**40"),
+    (lambda p: p.write_text(mutated(lambda d: op(d, "h").__setitem__("inputs", "xw"))), [], "ops[0].inputs"),
+    (lambda p: p.write_text(json.dumps(BASE).replace('"dims": {', '"dims": {"batch": 3, ', 1)), [],
+     "duplicate key 'batch'"),
+])
+def test_bad_graph_files_exit_2_with_one_line(capsys, tmp_path, make, argv, fragment):
+    p = tmp_path / "bad.json"
+    make(p)
+    code, out, err = run(capsys, "cost", p, "--mesh", "data:2", *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and fragment in err, err
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--set", "batch=99999999999999999999"], "batch must be at most 2**40"),
+    (["--set", "io=1000000000", "--set", "hidden=1000000000", "--layout", "io:data,hidden:data",
+      "--hardware", "tpu-v4", "--remat", "selective"], "tensor 'w' has"),
+])
+def test_huge_sizes_on_the_command_line_exit_2(capsys, argv, fragment):
+    code, out, err = run(capsys, "cost", "mtf-ffn", "--mesh", "data:2", *argv, "--json")
+    assert code == 2 and out == "" and err.count("\n") == 1 and fragment in err, err
+
+
+# -- found outside the readers (reported to their owners): strict xfails, so a fix shows up ------------------------
+
+@pytest.mark.xfail(raises=StopIteration, strict=True,
+                   reason="costmodel/report.py: flash attention in a block that reaches no loss has no backward op")
+def test_a_block_cut_off_from_the_loss_is_priced():
+    d = json.loads((zoo.JSON_DIR / "gpt.json").read_text())
+    final = op(d, "final_ln_scaled")
+    final["inputs"][0] = "embedded"  # the last layers now reach no loss: they have no backward ops
+    g = graph_from_json(json.dumps(d))
+    ls.estimate(g, Layout.from_rules(Mesh.parse("data:2"), "batch:data"), "h100")
+
+
+@pytest.mark.xfail(raises=AssertionError, strict=True,
+                   reason="solvers/partition.py: int64 stage memory (memory_bytes + microbatches * activation_bytes) "
+                          "wraps around")
+def test_partition_memory_does_not_wrap_around():
+    from layoutsearch.errors import PartitionError
+    from layoutsearch.solvers.partition import partition
+
+    dag = CostDAG(tuple(Node(n, 1.0, activation_bytes=2**59) for n in "abc"), (Edge("a", "b"), Edge("b", "c")))
+    # every 2-stage split has a stage of two nodes: 2 * 8 * 2**59 = 2**63 bytes > the limit
+    with pytest.raises(PartitionError, match="no partition"):
+        partition(dag, 2, microbatches=8, memory_limit=2**62, solver="dp")
