@@ -82,4 +82,4 @@ def test_mismatched_or_broken_plan_files(capsys, plan_file, tmp_path):
     assert code == 2 and err.count("bad.json") == 1 and "model: graph: missing field 'name'" in err
     bad.write_bytes(b"\xff\xfe{")
     code, _, err = run(capsys, "export", bad, "--format", "specs")
-    assert code == 2 and "cannot read plan file" in err
+    assert code == 2 and "bad.json: not UTF-8 text: byte 0xff at offset 0" in err

@@ -61,8 +61,10 @@ def test_saved_plan_reloads_and_runs_identically(tmp_path):
 def test_plan_file_errors(tmp_path):
     plan = ls.search(small(), "data:2,model:4")
     doc = json.loads(plan.to_json())
-    with pytest.raises(LayoutSearchError, match="not a JSON plan file"):
+    with pytest.raises(LayoutSearchError, match="p.json: not valid JSON"):
         ls.Plan.from_json("{", "p.json")
+    with pytest.raises(LayoutSearchError, match="p.json: top level: duplicate key 'version'"):
+        ls.Plan.from_json(plan.to_json().replace('"version": 1,', '"version": 1, "version": 1,'), "p.json")
     with pytest.raises(LayoutSearchError, match="not a layoutsearch plan"):
         ls.Plan.from_json(json.dumps({"model": {}}), "p.json")
     with pytest.raises(LayoutSearchError, match="version 99"):

@@ -12,6 +12,7 @@ from typing import Any
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.hwprofile import hardware_from_json, hardware_to_json
+from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION
 from layoutsearch.ir.serialize import graph_from_dict, graph_to_dict
@@ -214,10 +215,8 @@ class Plan:
         ``source`` for a document that is not a plan."""
         from layoutsearch.solvers.search import price_plan
 
-        try:
-            doc = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise LayoutSearchError(f"{source}: not a JSON plan file ({e})") from None
+        doc = strictjson.loads(text, source, LayoutSearchError)
+        strictjson.check_tree(doc, source, LayoutSearchError)
         if not isinstance(doc, dict) or doc.get("format") != PLAN_FORMAT:
             raise LayoutSearchError(f"{source}: not a layoutsearch plan (no \"format\": \"{PLAN_FORMAT}\")")
         if doc.get("version") != PLAN_VERSION:
@@ -257,11 +256,7 @@ class Plan:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """A plan file written by :meth:`save` (LayoutSearchError if unreadable or not a plan)."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise LayoutSearchError(f"cannot read plan file {str(path)!r}: {e}") from None
-        return cls.from_json(text, str(path))
+        return cls.from_json(strictjson.read_text(path, "plan file", LayoutSearchError), str(path))
 
     def to_dict(self, ops: bool = False) -> dict[str, Any]:
         """JSON-ready: layout (rules and every tensor's PartitionSpec), cost (the cost report's JSON, or the
