@@ -556,9 +556,6 @@ def test_a_block_cut_off_from_the_loss_is_priced():
     ls.estimate(g, Layout.from_rules(Mesh.parse("data:2"), "batch:data"), "h100")
 
 
-@pytest.mark.xfail(raises=AssertionError, strict=True,
-                   reason="solvers/partition.py: int64 stage memory (memory_bytes + microbatches * activation_bytes) "
-                          "wraps around")
 def test_partition_memory_does_not_wrap_around():
     from layoutsearch.errors import PartitionError
     from layoutsearch.solvers.partition import partition

@@ -376,7 +376,10 @@ class _DP:
     def __init__(self, ideals: _Ideals, k: int, kind: str, microbatches: int, limit: int | None,
                  subset: np.ndarray | None = None) -> None:
         self.I, self.k, self.kind, self.mb, self.limit = ideals, k, kind, microbatches, limit
-        self.memw = ideals.mem + microbatches * ideals.act
+        # int64 unless the largest ideal's memory could reach 2^62 (then exact Python integers)
+        wide = int(ideals.mem.max(initial=0)) + microbatches * int(ideals.act.max(initial=0)) >= 2**62
+        mem, act = (ideals.mem.astype(object), ideals.act.astype(object)) if wide else (ideals.mem, ideals.act)
+        self.memw = mem + microbatches * act
         self.key = self.memw.astype(np.float64) if kind == "memory" else ideals.comp
         idx = np.arange(ideals.m) if subset is None else np.asarray(subset)
         self.order = idx[np.lexsort((ideals.size[idx], self.key[idx]))]
