@@ -1,6 +1,8 @@
 """The command line: outputs, JSON, exit codes and one-line errors."""
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,7 @@ import pytest
 from clirun import run, run_json
 
 from layoutsearch import cli, zoo
+from layoutsearch.costmodel.report import estimate
 from layoutsearch.export import python_snippet
 from layoutsearch.ir import graph_to_dict, load_graph
 from layoutsearch.layout import Layout
@@ -67,7 +70,15 @@ def test_layout_shows_specs_and_per_device_shapes(capsys):
     assert tensors["w"]["local_shape"] == [32, 16]
     assert tensors["x"]["spec"] == ["data", None] and tensors["x"]["replication"] == 4
     assert doc["export"]["flax_logical_axis_rules"] == [["batch", "data"], ["hidden", "model"]]
-    assert doc["export"]["maxtext"]["logical_axis_rules"] == [["batch", ["data"]], ["hidden", ["model"]]]
+    # MaxText's logical names for batch, the graph's own for a dim MaxText has no name for; model -> tensor
+    assert doc["export"]["maxtext"]["logical_axis_rules"] == [
+        ["activation_batch", ["data"]], ["activation_batch_no_exp", ["data"]],
+        ["activation_embed_and_logits_batch", ["data"]], ["activation_kv_batch", ["data"]], ["hidden", ["tensor"]]]
+    assert doc["export"]["maxtext"]["ici_data_parallelism"] * doc["export"]["maxtext"]["ici_tensor_parallelism"] == 8
+    odd = run_json(capsys, "layout", "mtf-ffn", "--mesh", "rows:2,cols:4", "--layout", "batch:rows")
+    assert "rows" in odd["export"]["maxtext"]["error"]
+    code, _, err = run(capsys, "layout", "mtf-ffn", "--mesh", "rows:2,cols:4", "--export", "maxtext")
+    assert code == 2 and "rows" in err
 
 
 def test_layout_table_includes_the_exports(capsys):
@@ -160,7 +171,7 @@ def test_unexpected_errors_exit_1_with_a_hint(capsys, monkeypatch):
     def boom(args):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(cli, "_cmd_models", boom)
+    monkeypatch.setattr(cli.models, "run", boom)
     code, out, err = run(capsys, "models")
     assert code == 1 and out == ""
     assert len(err.strip().splitlines()) == 1
@@ -186,3 +197,60 @@ def test_root_shim_runs_the_cli():
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [bad.stderr.strip()] and "data:x" in bad.stderr
+
+
+TINY = ["--set", "layers=1", "--set", "d_model=32", "--set", "batch=8", "--set", "seq=16", "--set", "vocab=64",
+        "--set", "heads=4"]
+
+
+def test_search_echoes_the_limit_fills_the_chosen_row_and_folds_identical_baselines(capsys):
+    code, out, err = run(capsys, "search", "gpt", *TINY, "--mesh", "data:2,model:4", "--hardware", "h100",
+                         "--memory-limit", "80GB")
+    assert code == 0, err
+    assert "against a limit of 80GB (74.51 GiB)" in out  # as written, and its size
+    assert "layout (for --layout): replicated" in out  # this tiny model runs fastest unsplit
+    assert re.search(r"^chosen\s+replicated\s+remat none", out, re.M)  # the row's rules were blank
+    # on a 2-axis mesh Megatron and the Mesh-TF 2-D layout are the same layout: one row naming both
+    assert len(re.findall(r"^megatron = mesh-tf-2d\s+batch:data,", out, re.M)) == 1
+    assert not re.search(r"^mesh-tf-2d\s", out, re.M)
+    assert out.splitlines()[-1] == ("next: layoutsearch cost gpt " + " ".join(TINY) + " --mesh data:2,model:4 "
+                                    "--hardware h100 --layout replicated --remat none")
+
+
+def test_search_next_command_costs_the_chosen_plan(capsys):
+    mesh = "data:2,model:4"
+    graph = zoo.build("gpt", layers=1, d_model=32, batch=8, seq=16, vocab=64, heads=4)
+    replicated = estimate(graph, Layout.replicated(mesh), "h100").memory_bytes
+    limit = str(int(0.6 * replicated))  # replicated does not fit: the plan splits
+    doc = run_json(capsys, "search", "gpt", *TINY, "--mesh", mesh, "--hardware", "h100", "--memory-limit", limit,
+                   "--microbatches", "1")
+    assert {"model", "mesh", "devices", "hardware", "space", "solver", "optimal", "gap", "memory_limit", "remat",
+            "microbatches", "stage_axis", "schedule", "search_s", "step_s", "compute_s", "comm_s", "memory_bytes",
+            "fits", "layout", "cost", "runner_ups", "baselines", "decisions", "problem"} <= set(doc)
+    text = doc["layout"]["rules_text"]
+    assert text not in (None, "replicated") and Layout.from_rules(mesh, text).rules == \
+        tuple((d, tuple(a)) for d, a in doc["layout"]["rules"])
+    argv = shlex.split(doc["next"])
+    assert argv[:3] == ["layoutsearch", "cost", "gpt"] and argv[argv.index("--layout") + 1] == text
+    cost = run_json(capsys, *argv[1:])
+    assert cost["step_s"] == pytest.approx(doc["step_s"], rel=1e-9)
+    assert cost["memory_bytes"] == doc["memory_bytes"] <= int(limit)
+
+
+def test_search_per_op_plans_say_no_rule_string_expresses_them(capsys):
+    code, out, err = run(capsys, "search", "gpt", *TINY, "--mesh", "data:2,model:4", "--hardware", "h100",
+                         "--space", "ops", "--remat", "none", "--microbatches", "1", "--top", "1")
+    assert code == 0, err
+    assert "which one --layout rule string cannot express: the per-tensor PartitionSpecs below are the plan" in out
+    assert re.search(r"^embed\s+P\(", out, re.M)  # the per-tensor specs
+    assert re.search(r"^chosen\s+\(per-op: PartitionSpecs above\)", out, re.M)
+    assert out.splitlines()[-1] == ("next: layoutsearch search gpt " + " ".join(TINY) + " --mesh data:2,model:4 "
+                                    "--hardware h100 --remat none --microbatches 1 --space rules  # the best plan "
+                                    "of one rule string, which `cost` takes")
+
+
+def test_infeasible_search_names_the_pipeline_flag(capsys):
+    code, out, err = run(capsys, "search", "gpt", *TINY, "--mesh", "data:2,model:2", "--hardware", "h100",
+                         "--memory-limit", "1KiB")
+    assert code == 2 and out == ""
+    assert "a pipeline (pipeline='auto')" in err and "(on the command line: --pipeline auto)" in err

@@ -1,18 +1,41 @@
-"""Exports of layouts: PartitionSpecs, Flax logical_axis_rules, MaxText overrides, Python snippet."""
+"""Exports of layouts: PartitionSpecs, Flax Linen and NNX rules, MaxText overrides, Python snippet, `export`."""
 
 import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layoutsearch import zoo
-from layoutsearch.errors import LayoutError
-from layoutsearch.export import flax_logical_axis_rules, maxtext_overrides, partition_specs, python_snippet
+from layoutsearch.errors import LayoutError, LayoutSearchError
+from layoutsearch.export import (
+    FORMATS,
+    MAXTEXT_DIM_NAMES,
+    MAXTEXT_MESH_AXES,
+    MAXTEXT_REMAT_POLICY,
+    export,
+    flax_logical_axis_rules,
+    maxtext_keys,
+    maxtext_overrides,
+    maxtext_parallelism_key,
+    maxtext_yaml,
+    nnx_logical_axis_rules,
+    partition_specs,
+    python_snippet,
+)
+from layoutsearch.ir import GraphBuilder
 from layoutsearch.layout import Layout
 
 GPT = zoo.build("gpt")
+GQA = zoo.build("gpt", heads=4, kv_heads=2, mlp="swiglu", position="rotary", norm="rmsnorm", bias=0)
 MESH = "data:2,model:4"
+KEYS_FILE = Path(__file__).resolve().parent.parent / "layoutsearch" / "data" / "maxtext_keys.txt"
 
 
 def flax_logical_to_mesh_axes(dim_names, rules):
@@ -31,6 +54,14 @@ def flax_logical_to_mesh_axes(dim_names, rules):
             result[pos] = mesh_axes
     return tuple(None if r is unassigned else r for r in result)
 
+
+def _exec(code):
+    namespace: dict = {}
+    exec(compile(code, "<export>", "exec"), namespace)  # noqa: S102 -- the exported code is ours; running it is the test
+    return namespace
+
+
+# -- PartitionSpecs --------------------------------------------------------------------------------------------------
 
 def test_partition_specs_give_every_tensor_its_layout_spec():
     layout = Layout.from_rules(MESH, "batch:data,d_ff:model,heads:model")
@@ -51,6 +82,18 @@ def test_partition_specs_include_per_tensor_entries():
     assert partition_specs(layout, GPT)["embed"] == (None, "model")
 
 
+def test_specs_export_is_json_of_every_tensor():
+    layout = Layout.from_rules(MESH, "batch:data+model,d_ff:model,heads:model")
+    doc = json.loads(export(layout, GPT, "specs"))
+    assert set(doc) == set(GPT.tensors)
+    assert doc["ids"] == [["data", "model"], None]
+    assert doc["layer.0/wi"] == [None, "model"]
+    for t in GPT.tensors.values():
+        assert tuple(tuple(e) if isinstance(e, list) else e for e in doc[t.name]) == layout.spec(t)
+
+
+# -- Flax Linen ------------------------------------------------------------------------------------------------------
+
 def test_flax_rules_use_one_axis_a_tuple_of_axes_or_none():
     layout = Layout.from_rules(MESH, "batch:data+model,d_ff:model,d_model:-")
     assert flax_logical_axis_rules(layout) == [("batch", ("data", "model")), ("d_ff", "model"), ("d_model", None)]
@@ -70,6 +113,8 @@ def test_rules_cannot_express_per_tensor_entries():
         flax_logical_axis_rules(layout)
     with pytest.raises(LayoutError, match="per-tensor"):
         maxtext_overrides(layout)
+    with pytest.raises(LayoutError, match="per-tensor"):
+        export(layout, GPT, "flax")
 
 
 _DIMS = sorted(GPT.dims)
@@ -85,29 +130,237 @@ def test_flax_applies_exported_rules_like_layoutsearch(rules):
         assert flax_logical_to_mesh_axes(list(t.dim_names), exported) == layout.spec(t), t.name
 
 
-def test_maxtext_overrides_are_plain_yaml_able_lists():
-    layout = Layout.from_rules("data:2,fsdp:2,model:2", "batch:data+fsdp,d_ff:model,d_model:-")
-    cfg = maxtext_overrides(layout)
-    assert cfg == {
-        "mesh_axes": ["data", "fsdp", "model"],
-        "logical_axis_rules": [["batch", ["data", "fsdp"]], ["d_ff", ["model"]], ["d_model", []]],
-        "ici_data_parallelism": 2, "ici_fsdp_parallelism": 2,
-    }
+def test_flax_export_is_python_that_defines_the_rules():
+    layout = Layout.from_rules(MESH, "batch:data+model,d_ff:model,d_model:-,heads:model")
+    text = export(layout, GPT, "flax", remat="selective")
+    assert _exec(text)["logical_axis_rules"] == flax_logical_axis_rules(layout)
+    assert "checkpoint_dots_with_no_batch_dims" in text
+    assert _exec(export(Layout.replicated(MESH), GPT, "flax"))["logical_axis_rules"] == []
+
+
+def test_flax_export_of_a_pipeline_leaves_out_the_stage_axis_rules():
+    layout = Layout.from_rules("stage:2,data:4", "batch:data,d_model:stage")
+    text = export(layout, GPT, "flax", stage_axis="stage", microbatches=4, schedule="gpipe")
+    assert _exec(text)["logical_axis_rules"] == [("batch", "data")]
+    assert "pipeline over mesh axis 'stage'" in text
+
+
+# -- Flax NNX --------------------------------------------------------------------------------------------------------
+
+def test_nnx_rules_give_every_dim_one_value():
+    layout = Layout.from_rules(MESH, "batch:data,d_ff:model,heads:model,d_model:-")
+    rules = nnx_logical_axis_rules(layout, GPT)
+    assert [d for d, _ in rules][:4] == ["batch", "d_ff", "heads", "d_model"]
+    assert sorted(d for d, _ in rules) == sorted(GPT.dims)
+    values = dict(rules)
+    assert values["batch"] == "data" and values["d_ff"] == "model" and values["d_model"] is None
+    assert values["vocab"] is None
+    assert _exec(export(layout, GPT, "nnx"))["logical_axis_rules"] == rules
+
+
+def _nnx_spec(dim_names, rules):
+    """What flax.nnx does (flax/core/spmd.py ``from_sharding_rules``): a dict lookup per name, no precedence."""
+    table = dict(rules)
+    return tuple(table.get(d, d) for d in dim_names)
+
+
+@pytest.mark.parametrize("rules", ["batch:data,d_ff:model,heads:model", "batch:data,d_model:data",
+                                   "batch:data+model,d_ff:model", "d_model:model,batch:data,d_model:data"])
+def test_nnx_rules_are_exact_for_every_parameter(rules):
+    layout = Layout.from_rules(MESH, rules)
+    nnx_rules = nnx_logical_axis_rules(layout, GPT)
+    for t in GPT.tensors.values():
+        if t.role == "parameter":
+            assert _nnx_spec(t.dim_names, nnx_rules) == layout.spec(t), t.name
+
+
+def test_nnx_export_names_activations_it_cannot_follow():
+    layout = Layout.from_rules(MESH, "batch:data,d_model:data")  # d_model split in weights, not in activations
+    text = export(layout, GPT, "nnx")
+    assert dict(_exec(text)["logical_axis_rules"])["d_model"] == "data"
+    assert "Activations where the layout splits a dim otherwise" in text and "d_model:" in text
+
+
+def test_nnx_refuses_a_dim_two_parameters_split_differently():
+    mlp = zoo.build("mlp")
+    layout = Layout.from_rules("data:2,model:4", "hidden:model,hidden2:model")  # [hidden, hidden2] weights
+    with pytest.raises(LayoutError, match="one mesh-axes value"):
+        nnx_logical_axis_rules(layout, mlp)
+
+
+# -- MaxText ---------------------------------------------------------------------------------------------------------
+
+def test_maxtext_key_list_says_where_it_comes_from():
+    text = KEYS_FILE.read_text()
+    header = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "MaxText 0.2.x" in header and "MaxText/configs/base.yml" in header
+    assert "no internet" in header and "knowledge" in header
+    keys = maxtext_keys()
+    assert "ici_pipeline_parallelism" in keys and "mesh_axes" in keys and "data_sharding" in keys
+    assert "ici_stage_parallelism" not in keys and "ici_tensor_transpose_parallelism" not in keys
+    for axis in MAXTEXT_MESH_AXES:
+        assert maxtext_parallelism_key(axis, "ici") in keys and maxtext_parallelism_key(axis, "dcn") in keys
+
+
+_MESHES = [
+    ("data:2,model:4", {}, 1),
+    ("stage:2,fsdp:4", {"microbatches": 4}, 1),
+    ("data:2,fsdp:2,model:2", {}, 1),
+    ("seq:2,tensor:4", {}, 1),
+    ("expert:4,data:2", {}, 1),
+    ("fsdp:8", {"remat": "full"}, 1),
+    ("data:4,fsdp:4,tensor:2", {}, 2),
+    ("dp:2,tp:4", {"microbatches": 2, "remat": "selective"}, 1),
+    ("model:4,data:2", {}, 1),
+]
+
+
+@pytest.mark.parametrize(("mesh", "kw", "slices"), _MESHES)
+def test_maxtext_writes_only_known_keys_and_sizes_every_axis(mesh, kw, slices):
+    graph = zoo.build("gpt", layers=4, batch=32)
+    layout = Layout.from_rules(mesh, "")
+    kw = {"remat": "none", **kw}
+    cfg = maxtext_overrides(layout, graph=graph, slices=slices, **kw)
+    assert set(cfg) <= maxtext_keys()
+    assert cfg["mesh_axes"] == list(MAXTEXT_MESH_AXES)
+    ici = [cfg[maxtext_parallelism_key(a, "ici")] for a in MAXTEXT_MESH_AXES]
+    dcn = [cfg[maxtext_parallelism_key(a, "dcn")] for a in MAXTEXT_MESH_AXES]
+    assert math.prod(ici) * math.prod(dcn) == layout.mesh.size
+    assert math.prod(dcn) == slices and math.prod(ici) == layout.mesh.size // slices
+    text = export(layout, graph, "maxtext", slices=slices, **kw)
+    written = [line.split(":")[0] for line in text.splitlines() if line and not line.startswith((" ", "#", "]"))]
+    assert set(written) == set(cfg) and set(written) <= maxtext_keys()
+
+
+def test_maxtext_keeps_every_mesh_axis():
+    cfg = maxtext_overrides(Layout.from_rules(MESH, "batch:data,d_ff:model"), graph=GPT)
+    assert cfg["ici_data_parallelism"] == 2 and cfg["ici_tensor_parallelism"] == 4
+    assert all(cfg[f"dcn_{a}_parallelism"] == 1 for a in ("data", "fsdp", "tensor", "pipeline"))
+    assert cfg["data_sharding"] == [["data"]]
+    assert cfg["per_device_batch_size"] == 1
+
+
+def test_maxtext_sizes_the_stage_axis_with_the_pipeline_key():
+    graph = zoo.build("gpt", layers=4, batch=16)
+    cfg = maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", "batch:fsdp,d_model:fsdp"), graph=graph,
+                            microbatches=4)
+    assert cfg["ici_pipeline_parallelism"] == 2 and cfg["ici_fsdp_parallelism"] == 4
+    assert "ici_stage_parallelism" not in cfg
+    assert cfg["num_pipeline_microbatches"] == 4 and cfg["num_pipeline_repeats"] == 1
+    assert cfg["num_layers_per_pipeline_stage"] == 2
+    assert ["layers", ["stage"]] in cfg["logical_axis_rules"]
+    cfg = maxtext_overrides(Layout.from_rules("pipe:2,fsdp:4", "batch:fsdp"), graph=graph, stage_axis="pipe",
+                            microbatches=4, schedule="interleaved:2")
+    assert cfg["ici_pipeline_parallelism"] == 2 and cfg["num_pipeline_repeats"] == 2
+    assert cfg["num_layers_per_pipeline_stage"] == 1
+    with pytest.raises(LayoutError, match="multiple of the pipeline stages"):
+        maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=3)
+    with pytest.raises(LayoutError, match="do not split"):
+        maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=4,
+                          schedule="interleaved:4")
+
+
+def test_maxtext_gradient_accumulation_and_remat():
+    cfg = maxtext_overrides(Layout.from_rules(MESH, "batch:data"), graph=GPT, microbatches=2, remat="none")
+    assert cfg["gradient_accumulation_steps"] == 2 and "num_pipeline_microbatches" not in cfg
+    assert cfg["per_device_batch_size"] == 0.5  # 8 sequences / 8 devices / 2 steps
+    assert cfg["remat_policy"] == "minimal"
+    assert MAXTEXT_REMAT_POLICY == {"none": "minimal", "selective": "minimal", "full": "full"}
+    assert "remat_policy" not in maxtext_overrides(Layout.from_rules(MESH, "batch:data"))
+
+
+def test_maxtext_multi_slice_splits_the_major_axis_over_dcn():
+    cfg = maxtext_overrides(Layout.from_rules("data:4,fsdp:4,tensor:2", "batch:data+fsdp"), slices=2)
+    assert cfg["dcn_data_parallelism"] == 2 and cfg["ici_data_parallelism"] == 2
+    assert cfg["ici_fsdp_parallelism"] == 4 and cfg["ici_tensor_parallelism"] == 2
+    cfg = maxtext_overrides(Layout.from_rules("data:4,fsdp:4,tensor:2", ""), slices=4, dcn_axis="fsdp")
+    assert cfg["dcn_fsdp_parallelism"] == 4 and cfg["ici_fsdp_parallelism"] == 1
+    with pytest.raises(LayoutError, match="not divisible"):
+        maxtext_overrides(Layout.from_rules("data:4,fsdp:4,tensor:2", ""), slices=4, dcn_axis="tensor")
+
+
+def test_maxtext_maps_mesh_axes_by_name_or_axis_map():
+    layout = Layout.from_rules("rows:2,cols:4", "batch:rows,d_ff:cols")
+    with pytest.raises(LayoutError, match="no MaxText counterpart.*axis_map"):
+        maxtext_overrides(layout)
+    cfg = maxtext_overrides(layout, axis_map={"rows": "data", "cols": "tensor"})
+    assert cfg["ici_data_parallelism"] == 2 and cfg["ici_tensor_parallelism"] == 4
+    assert ["mlp", ["tensor"]] in cfg["logical_axis_rules"]
+    with pytest.raises(LayoutError, match="both map to MaxText's 'data'"):
+        maxtext_overrides(Layout.from_rules("data:2,dp:4", ""))
+    with pytest.raises(LayoutError, match="not a MaxText mesh axis"):
+        maxtext_overrides(layout, axis_map={"rows": "tensor_transpose", "cols": "tensor"})
+
+
+def test_maxtext_logical_names_are_maxtext_names():
+    layout = Layout.from_rules(MESH, "batch:data,d_ff:model,heads:model,vocab:model")
+    rules = maxtext_overrides(layout, graph=GPT)["logical_axis_rules"]
+    assert ["activation_batch", ["data"]] in rules and ["mlp", ["tensor"]] in rules
+    assert ["activation_mlp", ["tensor"]] in rules and ["heads", ["tensor"]] in rules
+    assert ["vocab", ["tensor"]] in rules and ["activation_vocab", ["tensor"]] in rules
+    names = {r[0] for r in rules}
+    assert not names & {"batch", "d_ff", "d_model"}
+    custom = maxtext_overrides(layout, {"batch": ["activation_batch"], "d_ff": "mlp"}, graph=GPT)
+    assert custom["logical_axis_rules"][:2] == [["activation_batch", ["data"]], ["mlp", ["tensor"]]]
+
+
+def test_maxtext_refuses_a_split_with_no_maxtext_name():
+    with pytest.raises(LayoutError, match="q_per_kv.*kv_heads"):
+        maxtext_overrides(Layout.from_rules(MESH, "q_per_kv:data"), graph=GQA)
+    cfg = maxtext_overrides(Layout.from_rules(MESH, "kv_heads:data,q_per_kv:-"), graph=GQA)
+    assert ["q_heads", ["data"]] in cfg["logical_axis_rules"]
+
+
+def test_maxtext_dims_without_a_known_name_keep_theirs():
+    mtf = zoo.build("mtf-ffn")
+    cfg = maxtext_overrides(Layout.from_rules(MESH, "batch:data,hidden:model"), graph=mtf)
+    assert ["hidden", ["tensor"]] in cfg["logical_axis_rules"]
+
+
+@pytest.mark.parametrize("rules", ["batch:data,d_ff:model,heads:model", "batch:data,d_model:data",
+                                   "batch:data+model,d_ff:model,d_model:-", "heads:model,seq:model,batch:data"])
+def test_maxtext_rules_keep_the_layout_under_maxtext_names(rules):
+    """Rename each tensor's dims to a MaxText name of the dim; Flax precedence on the MaxText rules must give
+    the layout's spec, with the mesh axes renamed."""
+    layout = Layout.from_rules(MESH, rules)
+    cfg = maxtext_overrides(layout, graph=GPT)
+    mt_rules = [(n, None if not a else a[0] if len(a) == 1 else tuple(a)) for n, a in cfg["logical_axis_rules"]]
+    rename = {"data": "data", "model": "tensor"}
+    for t in GPT.tensors.values():
+        for pick in (0, -1):  # e.g. the parameter name ("embed") and the activation name ("activation_embed")
+            names = [MAXTEXT_DIM_NAMES[d][pick] for d in t.dim_names]
+            if len(set(names)) < len(names):
+                continue
+            expected = tuple(None if s is None else rename[s] if isinstance(s, str) else tuple(rename[a] for a in s)
+                             for s in layout.spec(t))
+            assert flax_logical_to_mesh_axes(names, mt_rules) == expected, (t.name, names)
+
+
+def test_maxtext_yaml_reads_back_as_the_overrides():
+    yaml = pytest.importorskip("yaml")
+    graph = zoo.build("gpt", layers=4, batch=16)
+    layout = Layout.from_rules("stage:2,data:2,model:2", "batch:data,d_ff:model,d_model:-")
+    kw = {"remat": "full", "microbatches": 4, "schedule": "1f1b"}
+    text = maxtext_yaml(layout, graph, **kw)
+    assert yaml.safe_load(text) == maxtext_overrides(layout, graph=graph, **kw)
+    assert text == export(layout, graph, "maxtext", **kw)
+    assert "GPipe-style" in text and "model -> tensor" in text
+
+
+def test_maxtext_overrides_are_plain_json_able_lists():
+    cfg = maxtext_overrides(Layout.from_rules("data:2,fsdp:2,model:2", "batch:data+fsdp,d_ff:model,d_model:-"))
     assert json.loads(json.dumps(cfg)) == cfg
+    assert cfg["data_sharding"] == [["data", "fsdp"]]
+    assert cfg["logical_axis_rules"][:2] == [["activation_batch", ["data", "fsdp"]],
+                                             ["activation_batch_no_exp", ["data", "fsdp"]]]
+    assert ["embed", []] in cfg["logical_axis_rules"]
 
 
-def test_maxtext_overrides_rename_dims_to_maxtext_logical_axes():
-    layout = Layout.from_rules(MESH, "batch:data,d_ff:model")
-    cfg = maxtext_overrides(layout, {"batch": ["activation_batch"], "d_ff": ["mlp", "activation_mlp"]})
-    assert cfg["logical_axis_rules"] == [["activation_batch", ["data"]], ["mlp", ["model"]],
-                                         ["activation_mlp", ["model"]]]
-
+# -- Python snippet and the front door -------------------------------------------------------------------------------
 
 def test_python_snippet_runs_and_rebuilds_every_partition_spec():
     layout = Layout.from_rules(MESH, "batch:data+model,d_ff:model,heads:model")
-    code = python_snippet(layout, GPT)
-    namespace: dict = {}
-    exec(compile(code, "<snippet>", "exec"), namespace)  # noqa: S102 -- the snippet is ours; running it is the test
+    namespace = _exec(python_snippet(layout, GPT))
     assert dict(namespace["mesh"].shape) == {"data": 2, "model": 4}
     assert namespace["partition_specs"] == {t.name: layout.partition_spec(t) for t in GPT.tensors.values()}
     assert set(namespace["shardings"]) == set(GPT.tensors)
@@ -119,3 +372,58 @@ def test_python_snippet_of_a_per_tensor_layout_has_no_rules():
     code = python_snippet(layout, GPT)
     assert "'embed': P(None, 'model')" in code
     assert "logical_axis_rules" not in code
+
+
+def _ffn_graph():
+    b = GraphBuilder("ffn")
+    batch, d_model, d_ff = b.dim("batch", 8), b.dim("d_model", 16), b.dim("d_ff", 32)
+    x = b.input("x", [batch, d_model])
+    wi, wo = b.parameter("wi", [d_model, d_ff]), b.parameter("wo", [d_ff, d_model])
+    h = b.einsum([x, wi], [batch, d_ff], name="h")
+    y = b.einsum([b.relu(h, name="h_relu"), wo], [batch, d_model], name="y")
+    return b.build(b.reduce(y, [], fn="mean", name="loss"))
+
+
+_FFN = textwrap.dedent("""
+    import numpy as np
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    x, wi, wo = (rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 32), (32, 16)])
+
+    def ffn(x, wi, wo):
+        return jnp.einsum("bf,fd->bd", jax.nn.relu(jnp.einsum("bd,df->bf", x, wi)), wo)
+
+    args = [jax.device_put(a, shardings[n]) for a, n in [(x, "x"), (wi, "wi"), (wo, "wo")]]
+    assert args[1].sharding.spec == P(None, "model") and args[2].sharding.spec == P("model", None)
+    y = jax.jit(ffn)(*args)
+    np.testing.assert_allclose(np.asarray(y), ffn(x, wi, wo), rtol=1e-4, atol=1e-4)
+    grads = jax.jit(jax.grad(lambda *a: ffn(*a).sum(), argnums=(1, 2)))(*args)
+    np.testing.assert_allclose(np.asarray(grads[0]), jax.grad(lambda *a: ffn(*a).sum(), argnums=1)(x, wi, wo),
+                               rtol=1e-4, atol=1e-4)
+    print("ffn ok", y.sharding.spec)
+""")
+
+
+def test_python_snippet_runs_a_megatron_ffn_as_printed():
+    """The snippet, pasted as is, places a plain JAX FFN under the Megatron layout and jit runs it (Explicit mesh
+    axes, jax.make_mesh's default in JAX 0.10, reject the split contraction)."""
+    layout = Layout.from_rules(MESH, "batch:data,d_ff:model")
+    code = python_snippet(layout, _ffn_graph()) + _FFN
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ffn ok" in proc.stdout
+
+
+def test_export_front_door():
+    layout = Layout.from_rules(MESH, "batch:data,d_ff:model")
+    for fmt in FORMATS:
+        assert export(layout, GPT, fmt).endswith("\n")
+    assert export(layout, GPT, "python") == python_snippet(layout, GPT)
+    with pytest.raises(LayoutSearchError, match="unknown export format"):
+        export(layout, GPT, "toml")
+    with pytest.raises(LayoutError, match="unknown remat"):
+        export(layout, GPT, "flax", remat="some")
+    with pytest.raises(LayoutError, match="not divisible"):
+        export(Layout.from_rules("data:3", "batch:data"), GPT, "maxtext")

@@ -1,6 +1,7 @@
 """search(): plans that fit memory limits, the impossible-limit message, baselines never better, JSON."""
 
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -186,3 +187,40 @@ def test_decisions_say_what_each_option_costs(gpt, free):
     assert chosen[0].step_s == pytest.approx(free.step_s)
     assert all(d.step_s >= free.step_s * (1 - 1e-9) for d in free.decisions if d.fits)
     assert free.memory_limit == pytest.approx(80e9 - 2**30)  # h100: 80 GB HBM less the documented 1 GiB reserve
+
+
+def test_an_impossible_limit_names_a_pipeline_only_where_one_could_help(gpt):
+    with pytest.raises(InfeasibleError, match=r"a pipeline \(pipeline='auto'\)") as e:
+        search(gpt, MESH, memory_limit="1KiB", hardware="h100")  # 4 pipeline units: axes of 2 and 4 can carry them
+    assert e.value.options == {"pipeline": "auto"}  # remat full and accumulation were searched
+    with pytest.raises(InfeasibleError) as e:
+        search(gpt, MESH, memory_limit="1KiB", hardware="h100", pipeline="auto", remat="none", microbatches=1)
+    assert "pipeline" not in e.value.options and "pipelines: no pipelined plan" in str(e.value)  # tried
+    assert e.value.options == {"remat": "full", "microbatches": "auto"}
+    with pytest.raises(InfeasibleError) as e:
+        search(gpt, "data:8", memory_limit="1KiB", hardware="h100")  # 8 stages > 4 units
+    assert "pipeline" not in str(e.value) and not e.value.options
+
+
+def test_auto_solves_the_ops_space_with_cbc_reporting_every_phase(gpt):
+    said = []
+    plan = search(gpt, MESH, hardware="h100", space="ops", remat="none", microbatches=1, top=1, progress=said.append)
+    assert plan.solver == "ilp-pulp" and plan.problem["nodes"] > 1
+    for phase in ("rules space: enumerating rule sets", "rules space: priced", "ops space: building",
+                  "ops space: solving for the best plan with ilp-pulp", "pricing the baselines"):
+        assert any(m.startswith(phase) for m in said), phase
+
+
+def test_phases_without_steps_report_until_they_end():
+    import importlib
+    import time
+
+    s = importlib.import_module("layoutsearch.solvers.search")
+    said = []
+    with s._reporting(said.append, "solving", every=0.02):
+        time.sleep(0.3)
+    assert said[0] == "solving" and len(said) >= 4
+    assert all(re.fullmatch(r"solving, \d+ s so far", m) for m in said[1:])
+    n = len(said)
+    time.sleep(0.1)
+    assert len(said) == n

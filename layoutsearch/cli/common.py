@@ -1,0 +1,279 @@
+"""What the commands share: argument helpers and their readers, registration, output (JSON, tables, plain
+text) and error handling with exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from layoutsearch.errors import HardwareError, LayoutSearchError
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
+
+PROG = "layoutsearch"
+
+Result = dict[str, Any]
+"""What a command returns: JSON-ready, printed as is by ``--json``."""
+
+Renderer = Callable[[Result, argparse.Namespace], Iterable[Any]]
+"""Turns a command's result into things to print: strings (printed verbatim) or rich renderables."""
+
+
+# -- registration ---------------------------------------------------------------------------------------------------
+
+def command(sub: Any, name: str, run: Callable[[argparse.Namespace], Result], help: str,
+            render: Renderer | None = None) -> argparse.ArgumentParser:
+    """Register subcommand ``name``: ``run(args)`` computes the result, ``render`` shows it (default: a table)."""
+    p = sub.add_parser(name, help=help, description=help, parents=[common_flags(argparse.SUPPRESS)])
+    p.set_defaults(run=run, render=render or render_generic)
+    return p
+
+
+def common_flags(default: Any) -> argparse.ArgumentParser:
+    """``--json`` and ``--debug``, accepted before and after the subcommand (the subcommand's copies default to
+    SUPPRESS so that they do not overwrite a flag given before it)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--json", action="store_true", default=default, help="print the result as JSON on stdout")
+    p.add_argument("--debug", action="store_true", default=default, help="show tracebacks of errors")
+    return p
+
+
+# -- shared arguments -----------------------------------------------------------------------------------------------
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``MODEL`` (zoo name or JSON graph file) and repeatable ``--set KEY=VALUE``."""
+    p.add_argument("model", metavar="MODEL", help="zoo model name (see `layoutsearch models`) or a JSON graph file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model size, e.g. --set batch=32 --set layers=4 (repeatable)")
+
+
+def add_mesh_arg(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--mesh", required=required, metavar="AXES",
+                   help="device mesh, named axes major first, e.g. data:2,model:4")
+
+
+def add_layout_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", default=None, metavar="RULES",
+                   help="layout rules dim:axis, e.g. batch:data,d_ff:model; several axes batch:data+fsdp; "
+                        "'' or 'replicated' for none (default: the conventional layout for the mesh's axis names: "
+                        "data/fsdp axes split batch, fsdp also d_model, model/tensor axes heads, d_ff, vocab and "
+                        "seq (sequence parallelism), seq/context axes seq, expert axes experts)")
+
+
+def add_hardware_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--hardware", default=default, metavar="PRESET",
+                   help=f"hardware preset ({', '.join(PRESETS)}) or a hardware profile JSON file written by "
+                        "`layoutsearch calibrate`" + (f"; default {default}" if default else ""))
+    p.add_argument("--hw", dest="hw_overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a hardware figure, e.g. --hw peak_flops=300e12 --hw fast_link.bandwidth=100e9 "
+                        "--hw axis_links.data=slow (repeatable)")
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """``--optimizer`` and ``--precision``: how the training step is run."""
+    from layoutsearch.ir.precision import DEFAULT_PRECISION, PRECISIONS
+    from layoutsearch.ir.training import OPTIMIZERS
+
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam", help="optimizer of the step (default adam)")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
+                   help="mixed: bf16 parameters, activations, gradients and collectives with fp32 master weights "
+                        "and optimizer state (Megatron, MaxText); bf16: everything bf16; fp32: everything fp32 "
+                        f"(default {DEFAULT_PRECISION})")
+
+
+def add_case_args(p: argparse.ArgumentParser) -> None:
+    """MODEL with --set, --mesh, --layout and --hardware (default cpu-sim) with --hw: one model under one layout."""
+    add_model_args(p)
+    add_mesh_arg(p)
+    add_layout_arg(p)
+    add_hardware_args(p, default="cpu-sim")
+
+
+def overlap_arg(text: str) -> str | float:
+    """``--overlap``: ``auto`` or a fraction in [0, 1]."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}")
+    return value
+
+
+def load_graph(args: argparse.Namespace) -> Graph:
+    """The graph named by ``MODEL`` with the ``--set`` overrides."""
+    from layoutsearch import zoo
+    from layoutsearch.zoo import parse_overrides
+
+    return zoo.load(args.model, parse_overrides(args.overrides) or None)
+
+
+def mesh_of(args: argparse.Namespace) -> Mesh:
+    """The ``--mesh``."""
+    return Mesh.parse(args.mesh)
+
+
+def layout_of(args: argparse.Namespace, graph: Graph) -> Layout:
+    """The ``--layout`` rules on the ``--mesh`` (default: the conventional rules for the mesh's axis names,
+    :func:`~layoutsearch.layout.conventional_rules`), checked against ``graph``."""
+    from layoutsearch.layout import conventional_rules
+
+    mesh = mesh_of(args)
+    rules = args.layout
+    if rules is None:
+        rules = conventional_rules(graph, mesh, getattr(args, "stage_axis", None))
+    elif rules.strip() in ("replicated", "-"):
+        rules = ""
+    return Layout.from_rules(mesh, rules).check(graph)
+
+
+def hardware_of(args: argparse.Namespace) -> Hardware | None:
+    """The ``--hardware`` preset with the ``--hw`` overrides (None if no preset and no override)."""
+    if args.hardware is None and not args.hw_overrides:
+        return None
+    if args.hardware is None:
+        raise HardwareError("--hw overrides need a preset to apply to: add --hardware NAME")
+    changes: dict[str, Any] = {}
+    links: dict[str, str] = {}
+    for item in args.hw_overrides:
+        key, value = _split_kv(item, "hardware override", "peak_flops=300e12")
+        if key.startswith("axis_links."):
+            links[key.split(".", 1)[1]] = value
+        else:
+            changes[key.replace(".", "_")] = value if key == "name" else _number(value)
+    if links:
+        changes["axis_links"] = links
+    hw = hardware(args.hardware)
+    try:
+        return hw.replace(**changes) if changes else hw
+    except (TypeError, ValueError) as e:
+        raise HardwareError(f"bad hardware override among {', '.join(args.hw_overrides)}: {e}") from None
+
+
+def _split_kv(item: str, what: str, example: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key or not value:
+        raise LayoutSearchError(f"malformed {what} {item!r}: expected KEY=VALUE, e.g. {example}")
+    return key, value
+
+
+def _number(value: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            pass
+    return value
+
+
+# -- output ---------------------------------------------------------------------------------------------------------
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Any:
+    """A rich table whose cells are plain text (no markup: names may contain brackets)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    numeric = set()
+    rows = [list(r) for r in rows]
+    for i, _ in enumerate(columns):
+        if rows and all(isinstance(r[i], int | float) and not isinstance(r[i], bool) for r in rows):
+            numeric.add(i)
+    t = Table(*columns, title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, col in enumerate(t.columns):
+        if i in numeric:
+            col.justify = "right"
+    for r in rows:
+        t.add_row(*(Text(_cell(c)) for c in r))
+    return t
+
+
+def _cell(value: Any) -> str:
+    if value == {}:
+        return "scalar"
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_cell(v) if not isinstance(v, str) else v for v in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
+    return str(value)
+
+
+def render_generic(result: Result, args: argparse.Namespace) -> list[Any]:
+    """A result without a renderer of its own: a key/value table."""
+    return [table(["key", "value"], ([k, json.dumps(v) if isinstance(v, dict | list) else v]
+                                     for k, v in result.items()))]
+
+
+def spec_text(spec: Sequence[Any]) -> str:
+    """A PartitionSpec as text: ``P('data', None)``, ``P(('data', 'fsdp'), 'model')``."""
+    parts = ("None" if s is None else repr(s) if isinstance(s, str) else repr(tuple(s)) for s in spec)
+    return "P(" + ", ".join(parts) + ")"
+
+
+def emit(result: Result, args: argparse.Namespace) -> None:
+    """Print ``result``: JSON, rich output on a terminal, or plain text (no control codes, no wrapping, no
+    trailing blanks) elsewhere."""
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    tty = sys.stdout.isatty()
+    buf = io.StringIO()
+    console = Console(file=sys.stdout if tty else buf, width=None if tty else 100_000, force_terminal=tty or None,
+                      highlight=False, emoji=False, markup=False)
+    for item in args.render(result, args):
+        if isinstance(item, str):
+            console.print(Text(item), soft_wrap=True)
+        else:
+            console.print(item)
+    if not tty:
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in buf.getvalue().splitlines()))
+
+
+# -- running a command ----------------------------------------------------------------------------------------------
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the parsed command and print its result; the exit status: 0 ok, 1 internal error, 2 input error
+    (one line on stderr; ``--debug`` adds the traceback), 130 interrupted."""
+    try:
+        emit(args.run(args), args)
+        return 0
+    except LayoutSearchError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): not an error; keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as e:  # noqa: BLE001 -- the last resort: one line instead of a traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"{PROG}: internal error: {type(e).__name__}: {_one_line(str(e))} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())

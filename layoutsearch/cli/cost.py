@@ -1,0 +1,120 @@
+"""``layoutsearch cost``: the predicted time, communication, FLOPs and memory per device of one training step
+under a layout, or of a micro-batched step (gradient accumulation or a pipeline)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from layoutsearch.cli.common import (
+    Result,
+    add_case_args,
+    add_training_args,
+    command,
+    hardware_of,
+    layout_of,
+    load_graph,
+    overlap_arg,
+    table,
+)
+from layoutsearch.errors import LayoutSearchError
+from layoutsearch.mesh import hardware
+from layoutsearch.units import format_bytes, format_seconds
+
+
+def add(sub: Any) -> None:
+    from layoutsearch.costmodel.memory import REMAT_POLICIES
+
+    p = command(sub, "cost", run, "predict the time, communication, FLOPs and memory per device of one "
+                "training step under a layout, broken down by op and by cause", render=render)
+    add_case_args(p)
+    add_training_args(p)
+    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
+                   help="activation rematerialization: none, selective (recompute all but projections' outputs) "
+                        "or full (keep only block boundaries); default none")
+    p.add_argument("--overlap", type=overlap_arg, default="auto", metavar="auto|F",
+                   help="auto (default): weight gathers prefetched, gradient reductions behind the backward pass, the "
+                        "rest on the critical path, from the step's schedule; or F, the fraction of the shorter of "
+                        "compute and communication hidden behind the other")
+    p.add_argument("--top", type=int, default=15, metavar="N", help="ops listed in the table of top ops (default 15)")
+    p.add_argument("--attention", choices=("auto", "standard", "flash"), default="auto",
+                   help="attention core: standard (scores in HBM), flash (a flash-attention kernel) or auto (flash "
+                        "on GPU/TPU presets, standard on cpu-sim; default)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="micro-batches per step: pipeline micro-batches with --stage-axis, else gradient "
+                        "accumulation (default 1)")
+    p.add_argument("--stage-axis", metavar="AXIS",
+                   help="pipeline stages over this mesh axis (the layout's rules apply inside each stage)")
+    p.add_argument("--schedule", default="1f1b", metavar="S",
+                   help="pipeline schedule: gpipe, 1f1b (default) or interleaved:V (V virtual stages per device)")
+
+
+def run(args: argparse.Namespace) -> Result:
+    from layoutsearch.costmodel.pipeline import Schedule, estimate_pipeline
+    from layoutsearch.costmodel.report import estimate
+
+    graph = load_graph(args)
+    layout = layout_of(args, graph)
+    hw = hardware_of(args) or hardware("cpu-sim")
+    if args.top < 0:
+        raise LayoutSearchError(f"--top must be at least 0, got {args.top}")
+    if args.microbatches < 1:
+        raise LayoutSearchError(f"--microbatches must be a positive integer, got {args.microbatches}")
+    schedule = Schedule.parse(args.schedule)
+    if args.stage_axis is not None:
+        layout.mesh.axis_size(args.stage_axis)  # a clear error for an axis the mesh lacks
+    if args.stage_axis is None and args.microbatches == 1:
+        return estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
+                        attention=args.attention, overlap=args.overlap).to_dict()
+    if args.overlap != "auto":
+        raise LayoutSearchError("--overlap takes only 'auto' with --microbatches or --stage-axis (the schedule "
+                                "decides what overlaps)")
+    rep = estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
+                            schedule=schedule, remat=args.remat, optimizer=args.optimizer, precision=args.precision,
+                            attention=args.attention)
+    return {**rep.to_dict(), "gantt": rep.gantt() if args.stage_axis is not None else None}
+
+
+def render(result: Result, args: argparse.Namespace) -> list[Any]:
+    from layoutsearch.costmodel.report import render_report
+
+    if "stage_costs" in result:
+        return render_microbatched(result)
+    return render_report(result, top=args.top)
+
+
+def render_microbatched(r: Result) -> list[Any]:
+    """A micro-batched step (pipeline or gradient accumulation) as text (also shown by ``search``)."""
+    mb = r["microbatch"]
+    if r["stage_axis"] is None:
+        head = (f"{r['model']} on mesh {r['mesh']} ({r['hardware']}), layout {r['inner_layout'] or 'replicated'}: "
+                f"{r['microbatches']} micro-batches of gradient accumulation")
+    else:
+        head = (f"{r['model']} on mesh {r['mesh']} ({r['hardware']}): {r['stages']} pipeline stages over "
+                f"'{r['stage_axis']}', schedule {r['schedule']}, {r['microbatches']} micro-batches, layout inside "
+                f"a stage {r['inner_layout'] or 'replicated'}")
+    head += f"; precision {r['precision']}, attention {r['attention']}, remat {r['remat']}"
+    fits = "fits" if r["fits"] else "DOES NOT FIT"
+    once = max(s["once_s"] for s in r["stage_costs"])
+    rows = [["step", format_seconds(r["step_s"]),
+             f"micro-batch loop {format_seconds(r['pipeline_s'])} + once per step {format_seconds(once)}"
+             + (f" + tied-weight all-reduce {format_seconds(r['tied_s'])}" if r["tied_s"] else "")],
+            ["bubble", f"{r['bubble_fraction']:.1%}", "idle fraction of the loop with equal stages"],
+            ["peak memory", format_bytes(r["memory_bytes"]), f"{fits} in {format_bytes(r['usable_bytes'])} usable of "
+             f"{format_bytes(r['hbm_bytes'])} HBM (the largest stage)"],
+            ["micro-batch compute", format_seconds(mb["compute_s"]),
+             f"all stages together; communication {format_seconds(mb['comm_s'])}, of which "
+             f"{format_seconds(mb['comm_exposed_s'])} exposed (the unpipelined micro-batch step)"]]
+    out: list[Any] = [head, table(["total", "value", "breakdown"], rows, "step (per device)")]
+    srows = []
+    for k, s in enumerate(r["stage_costs"]):
+        m = s["memory"]
+        srows.append([k, " + ".join(f"{c[0]}..{c[-1]}" for c in s["chunks"]), format_seconds(s["microbatch_s"]),
+                      format_seconds(s["transfer_s"]), format_seconds(s["once_s"]), f"{s['in_flight']:g}",
+                      format_bytes(s["memory_bytes"]),
+                      ", ".join(f"{key} {format_bytes(v)}" for key, v in m.items() if v)])
+    out.append(table(["stage", "units", "per micro-batch", "transfers", "once per step", "in flight", "memory",
+                      "memory breakdown"], srows, "stages (time and memory per device)"))
+    if r.get("gantt"):
+        out.append(r["gantt"])
+    return out
