@@ -18,6 +18,7 @@ from layoutsearch.cli.common import (
     mesh_of,
     table,
 )
+from layoutsearch.cli.search import SearchProgress
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.units import format_seconds
 
@@ -103,7 +104,11 @@ def run(args: argparse.Namespace) -> Result:
     if plan is None:
         hw = hardware_of(args) or hardware(here or "cpu-sim")
         graph = load_graph(argparse.Namespace(model=args.target, overrides=args.overrides))
-        plan = search(graph, mesh, hardware=hw, baselines=False, progress=_progress("search"))
+        progress = SearchProgress()
+        try:
+            plan = search(graph, mesh, hardware=hw, baselines=False, progress=progress)
+        finally:
+            progress.close()
     program = plan.compile(devices)
     c = plan.chosen
     predicted_here = None
@@ -160,17 +165,7 @@ class _StepBar:
                                                                    f"{format_seconds(record.seconds)}/step")
 
 
-def _progress(what: str) -> Any:
-    """Progress on stderr when it is a terminal (stdout stays for the result)."""
-    def show(msg: str) -> None:
-        if sys.stderr.isatty():
-            print(f"{what}: {msg}"[:100].ljust(100), end="\r", file=sys.stderr, flush=True)
-    return show
-
-
 def render(result: Result, args: argparse.Namespace) -> list[Any]:
-    if sys.stderr.isatty():
-        print(" " * 100, end="\r", file=sys.stderr)
     rows = [[s["step"], f"{s['loss']:.4f}", format_seconds(s["seconds"]), f"{s['tokens_per_s']:,.0f}"]
             for s in result["steps"]]
     sched = (f", pipeline over {result['stage_axis']} ({result['microbatches']} micro-batches, priced "

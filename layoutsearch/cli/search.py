@@ -7,7 +7,6 @@ import argparse
 import re
 import shlex
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from layoutsearch.cli.common import (
@@ -90,19 +89,19 @@ def run(args: argparse.Namespace) -> Result:
     mesh = mesh_of(args)
     pipeline = _pipeline_arg(args.pipeline)
     microbatches = "auto" if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
+    progress = SearchProgress()
     try:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
                       optimizer=args.optimizer, precision=args.precision, attention=args.attention,
                       overlap=args.overlap, remat=args.remat, microbatches=microbatches, pipeline=pipeline,
-                      schedule=args.schedule, top=args.top, time_limit=args.time_limit, progress=_progress())
+                      schedule=args.schedule, top=args.top, time_limit=args.time_limit, progress=progress)
     except InfeasibleError as e:
         if not e.options:
             raise
         flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in e.options.items())
         raise InfeasibleError(f"{e} (on the command line: {flags})", e.min_memory, e.options) from e
     finally:
-        if sys.stderr.isatty():
-            print(" " * 100, end="\r", file=sys.stderr)
+        progress.close()
     if args.out:
         try:
             plan.save(args.out)
@@ -157,21 +156,34 @@ def _next_command(args: argparse.Namespace, result: Result) -> list[str]:
     return words
 
 
-def _progress() -> Callable[[str], None]:
-    """Progress lines on stderr, once a search has run for a second (stdout stays for the result)."""
-    import time
+class SearchProgress:
+    """What a search is doing, on stderr once it has run for a second (stdout stays for the result): a rich
+    spinner with the elapsed time and the current phase on a terminal, one line per report elsewhere."""
 
-    start = time.perf_counter()
-    tty = sys.stderr.isatty()
+    def __init__(self) -> None:
+        import time
 
-    def show(what: str) -> None:
-        elapsed = time.perf_counter() - start
-        if elapsed >= 1.0:
-            end = "\r" if tty else "\n"
-            print(f"{PROG} search: {elapsed:6.1f} s  {what}" + (" " * 10 if tty else ""), end=end, file=sys.stderr,
-                  flush=True)
+        self.clock = time.perf_counter
+        self.start = self.clock()
+        self.status: Any = None
 
-    return show
+    def __call__(self, what: str) -> None:
+        elapsed = self.clock() - self.start
+        if elapsed < 1.0:
+            return
+        if not sys.stderr.isatty():
+            print(f"{PROG} search: {elapsed:6.1f} s  {what}", file=sys.stderr, flush=True)
+            return
+        if self.status is None:
+            from rich.console import Console
+
+            self.status = Console(stderr=True).status("")
+            self.status.start()
+        self.status.update(f"search {elapsed:6.1f} s  {what}")
+
+    def close(self) -> None:
+        if self.status is not None:
+            self.status.stop()
 
 
 def _pipeline_arg(text: str) -> str | int:
