@@ -29,3 +29,8 @@ def test_fsdp_and_tensor_parallel():
 def test_no_communication():
     lines = _lines("data:1", "")
     assert lines[0] == "no communication: every op runs on local data."
+
+
+def test_without_overlap_nothing_is_hidden():
+    lines = explain(ls.estimate(G, ls.Layout.from_rules("data:8", "batch:data"), "h100", overlap=0), G)
+    assert lines[0].startswith("gradient all-reduce over data (batch)") and "hidden" not in lines[0]

@@ -64,8 +64,11 @@ def run(args: argparse.Namespace) -> Result:
     if args.stage_axis is not None:
         layout.mesh.axis_size(args.stage_axis)  # a clear error for an axis the mesh lacks
     if args.stage_axis is None and args.microbatches == 1:
-        return estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
-                        attention=args.attention, overlap=args.overlap).to_dict()
+        from layoutsearch.costmodel.explain import explain
+
+        report = estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
+                          attention=args.attention, overlap=args.overlap)
+        return {**report.to_dict(), "explain": explain(report, graph)}
     if args.overlap != "auto":
         raise LayoutSearchError("--overlap takes only 'auto' with --microbatches or --stage-axis (the schedule "
                                 "decides what overlaps)")
@@ -80,7 +83,7 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
 
     if "stage_costs" in result:
         return render_microbatched(result)
-    return render_report(result, top=args.top)
+    return [*render_report(result, top=args.top), "in words:", *(f"  - {line}" for line in result["explain"])]
 
 
 def render_microbatched(r: Result) -> list[Any]:

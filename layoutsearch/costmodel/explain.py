@@ -28,7 +28,7 @@ _WHY = {
     "decomposed": "a collective matmul: the transfer is split into steps that overlap the matmul",
     "critical": "dims split over {axes} are contracted or regathered inside a layer (tensor / sequence "
                 "parallelism): the next op waits for the result",
-    "loss": "the loss, combined over the {axes} shards of the batch",
+    "loss": "the loss, combined over the {axes} shards of the tokens it averages",
 }
 _WHAT = {"weight": "parameter", "gradient": "gradient", "decomposed": "overlapped", "critical": "critical-path",
          "loss": "loss"}
@@ -53,8 +53,9 @@ def explain(report: Any, graph: Graph) -> list[str]:
         cls = "loss" if c.tensor == trained.loss else classify(c, classes)
         groups[(cls, c.kind, c.axes)].append(c)
     lines = []
+    d = report.to_dict()
     exposed = {k: v["exposed_s"] / v["seconds"] if v["seconds"] else 0.0
-               for k, v in report.to_dict()["overlap_by_class"].items()}
+               for k, v in (d["overlap_by_class"] or {}).items()}  # None: no overlap asked for
     for (cls, kind, axes), cs in sorted(groups.items(), key=lambda kv: -sum(c.seconds for c in kv[1])):
         seconds = sum(c.seconds for c in cs)
         dims = _dims([c.cause for c in cs])
@@ -66,7 +67,6 @@ def explain(report: Any, graph: Graph) -> list[str]:
                      f"{f', {hidden:.0%} hidden' if hidden > 0.005 else ''} — {_WHY[cls].format(axes=ax)}.")
     if not groups:
         lines.append("no communication: every op runs on local data.")
-    d = report.to_dict()
     mfu = f", {d['mfu']:.0%} MFU" if d.get("mfu") else ""
     lines.append(f"compute {format_seconds(report.compute_s)}{mfu}; communication {format_seconds(report.comm_s)}, "
                  f"{format_seconds(d['comm_exposed_s'])} of it exposed; step {format_seconds(report.step_s)}.")
