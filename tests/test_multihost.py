@@ -206,3 +206,31 @@ def test_invalid_options_and_a_started_jax():
     assert distributed.is_coordinator()
     assert distributed.parse_coordinator("[::1]:8476") == ("::1", 8476)
     assert distributed.parse_coordinator("10.0.0.1:1234") == ("10.0.0.1", 1234)
+
+
+def test_cli_run_on_two_processes_matches_one(tmp_path):
+    """``layoutsearch run PLAN --coordinator ... --num-processes 2 --process-id I`` on two processes (4 CPU
+    devices each) prints the losses of the same plan run in one process."""
+    plan = ls.search(ls.zoo.gpt(**SMALL), "data:2,model:4", precision="fp32", remat="none", microbatches=1,
+                     baselines=False)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    coordinator = f"127.0.0.1:{_free_port()}"
+    argv = [sys.executable, str(ROOT / "cli.py"), "run", str(path), "--steps", str(STEPS), "--json",
+            "--coordinator", coordinator, "--num-processes", "2", "--local-devices", "4", "--timeout", "30"]
+    procs = [subprocess.Popen([*argv, "--process-id", str(pid)], cwd=ROOT, env=_env(4), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+    try:
+        program = plan.compile()
+        state = program.init(seed=0)
+        single = []
+        for i in range(STEPS):
+            state, metrics = program.train_step(state, program.random_batch(seed=i))
+            single.append(float(metrics["loss"]))
+    finally:
+        outs = _wait(procs, 150)
+    for status, stdout, stderr in outs:
+        assert status == 0, stderr[-3000:]
+        doc = json.loads(stdout[stdout.index("{\n"):])  # gloo prints its own lines on stdout first
+        assert doc["processes"] == 2 and doc["devices"] == 8
+        np.testing.assert_allclose([s["loss"] for s in doc["steps"]], single, rtol=2e-5, atol=0)
