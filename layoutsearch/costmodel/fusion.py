@@ -79,11 +79,24 @@ def fusible(op: O.Op, g: Graph) -> bool:
 @dataclass(frozen=True)
 class AttentionCore:
     """One flash-attention core: the score tensors it keeps on chip and the forward
-    ops (``q·k`` through the softmax, and the attention dropout) its backward pass recomputes."""
+    ops (``q·k`` through the softmax, and the attention dropout) its backward pass recomputes.
 
-    scores: frozenset[str]
+    ``scores`` = ``forward`` (its forward score tensors and dropout masks) | ``backward`` (the backward
+    tensors of its block with the scores' dims: one frozenset shared by the cores of a block, so that a
+    graph without block tags, whose cores all have block None, holds it once, not once per core)."""
+
+    forward: frozenset[str]
     recompute: tuple[str, ...]
     block: str | None
+    backward: frozenset[str] = frozenset()
+
+    @property
+    def scores(self) -> frozenset[str]:
+        return self.forward | self.backward
+
+    def keeps(self, tensor: str) -> bool:
+        """Whether ``tensor`` is one of :attr:`scores` (without building that set)."""
+        return tensor in self.forward or tensor in self.backward
 
 
 @dataclass(frozen=True)
@@ -137,7 +150,7 @@ def fusion_plan(g: Graph, fused: bool, attention: str = "standard") -> FusionPla
 
 def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
     flash = attention_cores(g) if attention == "flash" else ()
-    scores = frozenset().union(*(c.scores for c in flash))
+    scores = frozenset().union(*(c.forward for c in flash), *{id(c.backward): c.backward for c in flash}.values())
     if not fused and not scores:
         return FusionPlan(False, frozenset(), {}, {}, ())
     on_chip: set[str] = set(scores)
@@ -208,6 +221,11 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
         return isinstance(op, O.Elementwise) and op.phase == "forward" and not O.is_dropout_mask(op) and sum(
             i not in side for i in op.inputs) == 1
 
+    by: dict[tuple[str | None, frozenset[str]], list[str]] = {}  # (block, dims) -> backward tensors
+    for t, p in producer.items():
+        if p.phase == "backward":
+            by.setdefault((p.block, frozenset(g.tensors[t].dim_names)), []).append(t)
+    backward_by = {key: frozenset(ts) for key, ts in by.items()}
     cores = []
     for s in g.ops:
         if not isinstance(s, O.Softmax) or s.phase != "forward":
@@ -234,11 +252,10 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
             # dropout masks of the scores' dims: FlashAttention draws them on chip, again in the backward pass
             drawn = [producer[i] for c in (*chain[:-1], *after) for i in c.inputs
                      if i in masks and frozenset(g.tensors[i].dim_names) == dims]
-            backward = {t for t, p in producer.items() if p.phase == "backward" and p.block == s.block
-                        and frozenset(g.tensors[t].dim_names) == dims}
             recompute = [*reversed(chain), *dict.fromkeys(drawn), *after]
-            cores.append(AttentionCore(frozenset(forward | {m.output for m in drawn} | backward),
-                                       tuple(c.name for c in recompute), s.block))
+            cores.append(AttentionCore(frozenset(forward | {m.output for m in drawn}),
+                                       tuple(c.name for c in recompute), s.block,
+                                       backward_by.get((s.block, dims), frozenset())))
     return tuple(cores)
 
 

@@ -379,9 +379,13 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     redo: dict[int, list[tuple[str, str]]] = defaultdict(list)  # schedule index -> ops recomputed just before it
     for name in plan.recomputed:
         redo[plan.points[g.op(name).block]].append((name, f"recompute ({remat} remat): "))  # type: ignore[index]
+    backward_ops: dict[str | None, list[int]] = defaultdict(list)  # block -> its backward ops (schedule order)
+    if fusion.flash:
+        for i, op in enumerate(g.ops):
+            if op.phase == "backward":
+                backward_ops[op.block].append(i)
     for core in fusion.flash:  # flash attention's backward recomputes q·k and the softmax
-        first = next(i for i, op in enumerate(g.ops) if op.phase == "backward" and op.block == core.block
-                     and op.output in core.scores)
+        first = next(i for i in backward_ops[core.block] if core.keeps(g.ops[i].output))
         redo[first] += [(name, "recompute (flash attention backward): ") for name in core.recompute]
     ops: list[OpReport] = []
     for i, (op, cost) in enumerate(zip(g.ops, costs, strict=True)):

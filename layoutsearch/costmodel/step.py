@@ -37,7 +37,9 @@ _CACHE_SIZE = 64
 
 def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
     """``compute()``, remembered for the graph object ``graph`` and ``key``
-    (a small LRU-free cache of layout-independent analyses)."""
+    (a small LRU-free cache of layout-independent analyses; an entry goes when
+    its graph is garbage-collected, so a large training graph derived from a
+    dropped forward graph is not kept alive by the cache)."""
     k = (id(graph), key)
     hit = _CACHE.get(k)
     if hit is not None and hit[0]() is graph:
@@ -45,8 +47,14 @@ def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
     value = compute()
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[k] = (weakref.ref(graph), value)
+    _CACHE[k] = (weakref.ref(graph, lambda ref: _drop(k, ref)), value)
     return value
+
+
+def _drop(k: tuple[int, Any], ref: weakref.ref[Graph]) -> None:
+    hit = _CACHE.get(k)
+    if hit is not None and hit[0] is ref:
+        del _CACHE[k]
 
 
 def is_training_graph(graph: Graph) -> bool:
@@ -85,17 +93,85 @@ def _maps(rep: O.Op, op: O.Op) -> bool:
     return all(b == a.replace(old, new) for a, b in zip(_names(rep), _names(op), strict=True))
 
 
+def _bordered(prefix: str) -> bool:
+    """Whether a proper prefix of ``prefix`` is also its suffix (``"a/a/"``: ``"a/"``), i.e. two occurrences
+    of ``prefix`` in a string can overlap."""
+    return any(prefix[:k] == prefix[-k:] for k in range(1, len(prefix)))
+
+
 def repeats(graph: Graph) -> tuple[int, ...]:
-    """For each op (schedule order), the index of the first op it repeats (itself if none)."""
+    """For each op (schedule order), the index of the first op it repeats (itself if none).
+
+    ``op`` repeats ``rep`` when both have the same :func:`_signature` and
+    :func:`_maps` holds; among several such earlier ops, the first. Found in
+    time linear in the number of ops (times the names' lengths), not by
+    comparing each op with every earlier one of its signature:
+
+    * an op without a block repeats nothing (``_maps`` needs both blocks), so
+      it is its own representative and no candidate for later ops;
+    * the *canonical key* of a tagged op with block ``B``: its signature and
+      each of its names split at ``B/``. When ``rep`` (block ``R``) and ``op``
+      have equal keys, ``op``'s names are ``rep``'s names with every ``R/``
+      replaced by ``B/``: ``_maps`` holds, and one dict finds such a ``rep``;
+    * ``_maps`` can also hold with different keys, but only when a name of
+      ``rep`` already contains ``B/`` (then ``op``'s name has ``B/`` where
+      ``rep``'s had no ``R/``), or when two occurrences of ``B/`` can overlap
+      (:func:`_bordered`, e.g. block ``a/a``). The first case is indexed
+      (per signature and block, the representatives with a name containing
+      the block's prefix, each checked with ``_maps``); in the second, rare
+      one the op is compared with every earlier representative of its
+      signature, as before.
+
+    The result is the same as comparing with every earlier representative
+    (``tests/test_scaling.py`` checks it against that reference)."""
     def compute() -> tuple[int, ...]:
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        out = []
-        for i, op in enumerate(graph.ops):
-            reps = groups.setdefault(_signature(op, graph), [])
-            j = next((r for r in reps if _maps(graph.ops[r], op)), None)
+        ops = graph.ops
+        tagged = {op.block for op in ops if op.block is not None}
+        # blocks whose prefix cannot overlap itself: their ops take the indexed path
+        fast = {b for b in tagged if b and not _bordered(b + "/")}
+        lengths = sorted({len(b) for b in fast})
+        canonical: dict[tuple[Any, ...], int] = {}  # canonical key -> its representative
+        containing: dict[tuple[Any, str], list[int]] = {}  # (signature, block) -> reps whose names contain block/
+        reps: dict[tuple[Any, ...], list[int]] = {}  # signature -> tagged representatives (for bordered blocks)
+        out: list[int] = []
+        for i, op in enumerate(ops):
+            block = op.block
+            if block is None:
+                out.append(i)
+                continue
+            sig = _signature(op, graph)
+            names = _names(op)
+            prefix = block + "/"
+            key = (sig, tuple(tuple(n.split(prefix)) for n in names))
+            j = None
+            if block in fast:
+                found = canonical.get(key)
+                for r in containing.get((sig, block), ()):
+                    if found is not None and r > found:
+                        break
+                    if _maps(ops[r], op):
+                        j = r
+                        break
+                if j is None:
+                    j = found
+            else:
+                j = next((r for r in reps.get(sig, ()) if _maps(ops[r], op)), None)
             if j is None:
-                reps.append(i)
                 j = i
+                canonical.setdefault(key, i)
+                reps.setdefault(sig, []).append(i)
+                seen: set[str] = set()
+                for n in names:
+                    p = n.find("/")
+                    while p >= 0:
+                        for n_len in lengths:
+                            if n_len > p:
+                                break
+                            b = n[p - n_len:p]
+                            if b in fast and b != block and b not in seen:
+                                seen.add(b)
+                                containing.setdefault((sig, b), []).append(i)
+                        p = n.find("/", p + 1)
             out.append(j)
         return tuple(out)
 
