@@ -1,6 +1,6 @@
 """Benchmark: ``estimate`` time against the number of ops, 1k to 250k, blocks tagged or not.
 
-    .venv/bin/python bench/bench_scaling.py            # 1k ... 250k ops (~20 min, ~6 GB at 250k ops)
+    .venv/bin/python bench/bench_scaling.py            # 1k ... 250k ops (~35 min on 2 cores, ~4 GB at 250k ops)
     .venv/bin/python bench/bench_scaling.py --quick    # 1k ... 32k ops (~3 min)
     .venv/bin/python bench/bench_scaling.py --max-ops 8000 --out /tmp/scaling.txt
 
