@@ -53,9 +53,8 @@ def explain(report: Any, graph: Graph) -> list[str]:
         cls = "loss" if c.tensor == trained.loss else classify(c, classes)
         groups[(cls, c.kind, c.axes)].append(c)
     lines = []
-    d = report.to_dict()
-    exposed = {k: v["exposed_s"] / v["seconds"] if v["seconds"] else 0.0
-               for k, v in (d["overlap_by_class"] or {}).items()}  # None: no overlap asked for
+    by_class = report.exposure.to_dict()["by_class"] if report.exposure else {}  # None: no overlap asked for
+    exposed = {k: v["exposed_s"] / v["seconds"] if v["seconds"] else 0.0 for k, v in by_class.items()}
     for (cls, kind, axes), cs in sorted(groups.items(), key=lambda kv: -sum(c.seconds for c in kv[1])):
         seconds = sum(c.seconds for c in cs)
         dims = _dims([c.cause for c in cs])
@@ -67,10 +66,10 @@ def explain(report: Any, graph: Graph) -> list[str]:
                      f"{f', {hidden:.0%} hidden' if hidden > 0.005 else ''} — {_WHY[cls].format(axes=ax)}.")
     if not groups:
         lines.append("no communication: every op runs on local data.")
-    mfu = f", {d['mfu']:.0%} MFU" if d.get("mfu") else ""
+    mfu = f", {report.mfu:.0%} MFU" if report.mfu else ""
     lines.append(f"compute {format_seconds(report.compute_s)}{mfu}; communication {format_seconds(report.comm_s)}, "
-                 f"{format_seconds(d['comm_exposed_s'])} of it exposed; step {format_seconds(report.step_s)}.")
-    mem = d["memory"]
+                 f"{format_seconds(report.comm_exposed_s)} of it exposed; step {format_seconds(report.step_s)}.")
+    mem = report.memory.to_dict()
     parts = sorted(((k.replace("_", " "), v) for k, v in mem["breakdown"].items() if v), key=lambda kv: -kv[1])
     lines.append(f"peak memory {format_bytes(mem['peak_bytes'])} at {mem['peak_op']} ({mem['peak_phase']}): "
                  + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts[:4]) + ".")

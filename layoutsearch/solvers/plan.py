@@ -232,11 +232,12 @@ class Plan:
                               for n, e in (lay.get("overrides") or {}).items())
             rules = tuple((r[0], tuple(r[1])) for r in lay["rules"]) if lay.get("rules") is not None else ()
             layout = Layout(mesh, rules, overrides).check(model)
-            chosen = price_plan(model, layout, hw, remat=d["remat"], microbatches=d["microbatches"],
-                                stage_axis=d["stage_axis"], schedule=d["schedule"], memory_limit=d["memory_limit"],
-                                **settings)
             if lay.get("rules") is None:  # per-op layouts: the saved figures
                 chosen = Costed.from_summary({**d, "name": "", "rules": None}, layout)
+            else:
+                chosen = price_plan(model, layout, hw, remat=d["remat"], microbatches=d["microbatches"],
+                                    stage_axis=d["stage_axis"], schedule=d["schedule"],
+                                    memory_limit=d["memory_limit"], **settings)
             plan = cls(training_step(model, settings["optimizer"], settings["precision"]), hw, d["space"],
                        d["solver"], chosen, d["optimal"], d["gap"], d["memory_limit"], d["search_s"],
                        tuple(Costed.from_summary(r, layout) for r in d["runner_ups"]),
