@@ -18,12 +18,12 @@ JAX is imported only when a plan is compiled (``Plan.compile``, :mod:`layoutsear
 
 from layoutsearch import zoo
 from layoutsearch.costmodel import CostReport, estimate
-from layoutsearch.costmodel.pipeline import estimate_pipeline
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import Graph, GraphBuilder, load_graph, training_graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh, hardware
 from layoutsearch.solvers import search
+from layoutsearch.solvers.pipeline_search import estimate_pipeline
 from layoutsearch.solvers.plan import Plan
 
 __all__ = [

@@ -162,10 +162,6 @@ class Layout:
 
         return PartitionSpec(*self.spec(tensor))
 
-    def shard_factor(self, tensor: Tensor, dim: str) -> int:
-        """How many pieces ``dim`` of ``tensor`` is split into."""
-        return self.mesh.group_size(self.dim_layout(tensor).get(dim, ()))
-
     def local_shape(self, tensor: Tensor) -> tuple[int, ...]:
         """Per-device shape of ``tensor`` (assumes :meth:`check` passed)."""
         lay = self.dim_layout(tensor)

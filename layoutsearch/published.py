@@ -121,10 +121,10 @@ def predict(run: PublishedRun) -> dict[str, Any]:
     """The cost model's prediction for ``run``: step time, its error against the published one, MFU and
     peak memory against the device's usable memory (HBM less the runtime's reserve)."""
     from layoutsearch import zoo
-    from layoutsearch.costmodel.pipeline import estimate_pipeline
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.layout import Layout
     from layoutsearch.mesh import hardware
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
     graph = zoo.build(run.model, **run.sizes)
     layout = Layout.from_rules(run.mesh, run.layout)

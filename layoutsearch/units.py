@@ -40,8 +40,14 @@ def parse_bytes(text: str | float) -> int:
     return int(n)
 
 
-def format_bytes(n: float) -> str:
-    """``512 B``, ``1.50 KiB``, ``16.00 GiB``."""
+_BINARY = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def format_bytes(n: float, unit: str | None = None) -> str:
+    """``512 B``, ``1.50 KiB``, ``16.00 GiB``; with ``unit`` (``B``, ``KiB``, ``MiB``, ``GiB``, ``TiB``), in
+    that unit with 3 significant digits (``0.000123 GiB``, ``74.5 GiB``)."""
+    if unit is not None:
+        return f"{n / _BINARY[unit]:.3g} {unit}"
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(size) < 1024 or unit == "TiB":

@@ -19,9 +19,18 @@ the host's cores: their wall time says nothing about the layout).
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import random
+import re
 import statistics
+import sys
+import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from layoutsearch.costmodel.report import estimate
@@ -34,27 +43,31 @@ from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
 from layoutsearch.mesh import hardware as _hardware
 
 
-def compiled_costs(graph: Graph, layout: Layout) -> dict[str, Any]:
-    """Collectives (by kind and axes), FLOPs and memory per device of the compiled training step."""
+def compiled_costs(graph: Graph, layout: Layout, *, memory: bool = True) -> dict[str, Any]:
+    """Collectives (by kind and axes), FLOPs and memory per device of the compiled training step
+    (``memory=False``: no memory, and one compilation instead of two). Both programs are compiled with
+    LLVM at -O0 (:data:`~layoutsearch.backend.sharding.FAST_COMPILE`: the same HLO, a faster compile)."""
     from layoutsearch.backend.hlo import summarize
     from layoutsearch.backend.program import jax_dtype
-    from layoutsearch.backend.sharding import UNFUSED, compile_step, feed_names
+    from layoutsearch.backend.sharding import FAST_COMPILE, UNFUSED, compile_step, feed_names
 
     jax_devices(layout.mesh.size)
     import jax
 
     feeds = {k: jax.ShapeDtypeStruct(tuple(d.size for d in graph.tensors[k].dims), jax_dtype(graph.tensors[k]))
              for k in feed_names(graph)}
-    program, mesh = compile_step(graph, layout, feeds, compiler_options=UNFUSED)
+    program, mesh = compile_step(graph, layout, feeds, compiler_options={**UNFUSED, **FAST_COMPILE})
     s = summarize(program, mesh)
     by: dict[tuple[str, tuple[str, ...] | None], int] = defaultdict(int)
     for (kind, axes), nbytes in s.bytes_by().items():
         by[(kind, tuple(axes) if axes is not None else None)] += nbytes
-    fused, mesh = compile_step(graph, layout, feeds, donate=True)
-    memory = summarize(fused, mesh).memory
+    total = None
+    if memory:
+        fused, mesh = compile_step(graph, layout, feeds, compiler_options=FAST_COMPILE, donate=True)
+        total = summarize(fused, mesh).memory.get("total_bytes")
     return {"collectives": [{"kind": k, "axes": list(a) if a is not None else None, "bytes": b}
                             for (k, a), b in sorted(by.items(), key=str)],
-            "comm_bytes": sum(by.values()), "flops": s.flops, "memory_bytes": memory.get("total_bytes"),
+            "comm_bytes": sum(by.values()), "flops": s.flops, "memory_bytes": total,
             "platform": next(iter(mesh.devices.flat)).platform}
 
 
@@ -85,14 +98,14 @@ def _measure(graph: Graph, layout: Layout, steps: int) -> float:
 
 
 def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, optimizer: str = "adam",
-             precision: Precision | str = DEFAULT_PRECISION, steps: int = 10) -> dict[str, Any]:
+             precision: Precision | str = DEFAULT_PRECISION, steps: int = 10, memory: bool = True) -> dict[str, Any]:
     """Predicted vs compiled collectives, FLOPs and memory per device (and measured
     vs predicted step time on an accelerator) for ``graph``'s training step under ``layout``
-    with the ``precision`` policy."""
+    with the ``precision`` policy (``memory=False``: no memory row, one compilation)."""
     g = training_step(graph, optimizer, precision)
     layout.check(g)
     hw = _hardware(hardware)
-    compiled = compiled_costs(g, layout)
+    compiled = compiled_costs(g, layout, memory=memory)
     platform = compiled["platform"]
     rep = estimate(g, layout, _backend_hardware(hw, platform))
     pred: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
@@ -103,8 +116,9 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     rows = [{"what": f"{kind} over {'+'.join(axes) if axes else '?'} (bytes)", "predicted": pred.get((kind, axes), 0),
              "compiled": comp.get((kind, axes), 0)} for kind, axes in sorted(set(pred) | set(comp), key=str)]
     rows.append({"what": "FLOPs per device", "predicted": rep.flops_per_device, "compiled": compiled["flops"]})
-    rows.append({"what": "memory per device (bytes)", "predicted": rep.memory_bytes,
-                 "compiled": compiled["memory_bytes"]})
+    if memory:
+        rows.append({"what": "memory per device (bytes)", "predicted": rep.memory_bytes,
+                     "compiled": compiled["memory_bytes"]})
     for r in rows:
         p, c = r["predicted"], r["compiled"]
         r["ratio"] = (p / c) if c else (1.0 if not p else None)
@@ -114,3 +128,247 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     if platform != "cpu":
         out["measured_step_s"] = _measure(g, layout, steps)
     return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The property check: random layouts of every zoo model against the compiled program
+
+PROPERTY_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mtf-ffn": ("mtf-ffn", {"batch": 16, "io": 32, "hidden": 64}),
+    "mlp": ("mlp", {"batch": 16, "features": 32, "hidden": 64, "classes": 16, "layers": 3}),
+    "mtf-transformer": ("mtf-transformer", {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8,
+                                            "d_kv": 8, "d_ff": 64, "layers": 1}),
+    "gpt": ("gpt", {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "layers": 1}),
+    "gpt-llama": ("gpt", {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "kv_heads": 2, "d_kv": 8,
+                          "d_ff": 64, "layers": 1, "mlp": "swiglu", "norm": "rmsnorm", "position": "rotary",
+                          "bias": 0, "tie_embeddings": 0}),
+    "gpt-palm": ("gpt", {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "layers": 1,
+                         "parallel_block": 1}),
+    "gpt-mqa": ("gpt", {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "kv_heads": 1, "layers": 1,
+                        "mlp": "relu", "position": "none"}),
+    "moe": ("moe", {"batch": 8, "seq": 16, "d_model": 32, "d_ff": 64, "experts": 8, "capacity": 4, "layers": 1}),
+}
+"""The models :func:`draw_layouts` lays out: every zoo model (and the ``gpt`` architecture options) at small
+sizes whose dims are powers of two, so that most splits over 2, 4 or 8 devices divide, and XLA:CPU compiles a
+training step in about a second."""
+
+PROPERTY_MESHES: dict[int, tuple[tuple[int, ...], ...]] = {
+    1: ((8,), (4,), (2,)),
+    2: ((2, 4), (4, 2), (2, 2), (8, 1)),
+    3: ((2, 2, 2), (2, 1, 4), (1, 2, 2)),
+}
+"""Mesh shapes by number of axes (at most 8 devices; a few with an axis of size 1)."""
+
+PROPERTY_AXES = ("a", "b", "c")
+"""Axis names of the drawn meshes (major first): names mean nothing to the cost model or to XLA."""
+
+BYTES_RTOL = 0.02
+"""Collective payload bytes per (kind, mesh axes) agree within 2% of the compiled program: the tolerance of the
+hand-picked agreement cases (``tests/test_xla_agreement.py``), where every case is exact."""
+
+FLOPS_RTOL = 0.02
+"""FLOPs per device agree within 2% of the program compiled without fusion (same tolerance and reason)."""
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """One drawn layout: a :data:`PROPERTY_MODELS` name, a mesh, global rules and an optimizer."""
+
+    model: str
+    mesh: str
+    rules: str
+    optimizer: str = "sgd"
+
+    def graph(self) -> Graph:
+        name, sizes = PROPERTY_MODELS[self.model]
+        return _zoo_graph(name, tuple(sorted(sizes.items())))
+
+    def layout(self) -> Layout:
+        return Layout.from_rules(self.mesh, self.rules)
+
+    def command(self) -> str:
+        """The ``layoutsearch validate`` command line that shows this comparison."""
+        name, sizes = PROPERTY_MODELS[self.model]
+        sets = " ".join(f"--set {k}={v}" for k, v in sizes.items())
+        return (f"layoutsearch validate {name} {sets} --mesh {self.mesh} --layout '{self.rules}' "
+                f"--precision fp32 --optimizer {self.optimizer}")
+
+    def __str__(self) -> str:
+        return f"{self.model} mesh={self.mesh} rules={self.rules or '(none)'} {self.optimizer}"
+
+
+@functools.cache
+def _zoo_graph(name: str, sizes: tuple[tuple[str, Any], ...]) -> Graph:
+    from layoutsearch import zoo
+
+    return zoo.build(name, **dict(sizes))
+
+
+def _draw_rules(rng: random.Random, dims: dict[str, int], axes: list[tuple[str, int]], disjoint: bool) -> str:
+    rules: list[str] = []
+    names = [a for a, _ in axes]
+    free = list(names)
+    for dim in rng.sample(sorted(dims), len(dims)):
+        r = rng.random()
+        if r < 0.45:
+            continue  # no rule: unsplit
+        if r < 0.5:
+            rules.append(f"{dim}:-")
+            continue
+        pool = free if disjoint else names
+        if not pool:
+            continue
+        k = 2 if len(pool) > 1 and rng.random() < 0.25 else 1
+        chosen = rng.sample(pool, k)
+        rules.append(f"{dim}:{'+'.join(chosen)}")
+        if disjoint:
+            free = [a for a in free if a not in chosen]
+        elif rng.random() < 0.15:  # a fallback rule over one axis
+            rules.append(f"{dim}:{rng.choice(names)}")
+    return ",".join(rules)
+
+
+LAYOUT_KINDS = ("disjoint", "free")
+"""What :func:`draw_layouts` draws: ``disjoint``: each mesh axis splits at most one dim (no fallback rules: every
+tensor splits each of its dims the same way); ``free``: any axis in any number of rules, fallback rules, so that
+Flax precedence splits a dim differently from tensor to tensor (FSDP-like layouts and stranger ones)."""
+
+
+def draw_layouts(n: int, seed: int = 0, models: Sequence[str] | None = None, kind: str = "free") -> list[Drawn]:
+    """``n`` random valid layouts (every split divides its dim), drawn with ``seed``: the models in turn
+    (:data:`PROPERTY_MODELS`, or ``models``), a mesh of 1 to 3 axes (:data:`PROPERTY_MESHES`), rules over the
+    model's dims in a random order (each dim: no rule, unsplit, or one or two axes; ``kind``: see
+    :data:`LAYOUT_KINDS`) and SGD or Adam."""
+    from layoutsearch.errors import LayoutSearchError
+
+    if kind not in LAYOUT_KINDS:
+        raise ValueError(f"kind must be one of {LAYOUT_KINDS}, got {kind!r}")
+    names = list(models or PROPERTY_MODELS)
+    rng = random.Random(seed)
+    out: list[Drawn] = []
+    for i in range(n):
+        model = names[i % len(names)]
+        g = Drawn(model, "a:1", "").graph()
+        for _ in range(200):
+            shape = rng.choice(PROPERTY_MESHES[rng.randint(1, 3)])
+            axes = list(zip(PROPERTY_AXES, shape, strict=False))
+            mesh = ",".join(f"{a}:{s}" for a, s in axes)
+            rules = _draw_rules(rng, dict(g.dims), axes, kind == "disjoint")
+            try:
+                Layout.from_rules(mesh, rules).check(g)
+            except LayoutSearchError:
+                continue
+            out.append(Drawn(model, mesh, rules, rng.choice(("sgd", "adam"))))
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """A row of :func:`validate` outside its tolerance for a drawn layout."""
+
+    drawn: Drawn
+    what: str
+    predicted: float
+    compiled: float
+    xla_warnings: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.drawn}: {self.what}: predicted {self.predicted:.0f}, compiled {self.compiled:.0f}"
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[list[str]]:
+    """The lines written to file descriptor 2 inside the block (XLA's C++ warnings), kept from the terminal."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            lines.extend(tmp.read().decode(errors="replace").splitlines())
+
+
+def check_layout(drawn: Drawn, *, bytes_rtol: float = BYTES_RTOL,
+                 flops_rtol: float = FLOPS_RTOL) -> tuple[dict[str, Any], list[Disagreement]]:
+    """:func:`validate` (float32, no memory row) of one drawn layout and its rows outside the tolerances: every
+    collective (kind, mesh axes) within ``bytes_rtol`` of the compiled bytes, FLOPs within ``flops_rtol``. The
+    disagreements carry XLA's warnings about the compilation (e.g. the SPMD partitioner's "involuntary full
+    rematerialization")."""
+    with _captured_stderr() as err:
+        result = validate(drawn.graph(), drawn.layout(), "cpu-sim", optimizer=drawn.optimizer, precision="fp32",
+                          memory=False)
+    warned = tuple(dict.fromkeys(re.sub(r"^.*\] ", "", line)[:160] for line in err if "] [SPMD]" in line))
+    bad = []
+    for row in result["rows"]:
+        p, c = row["predicted"], row["compiled"]
+        rtol = flops_rtol if row["what"].startswith("FLOPs") else bytes_rtol
+        if abs(p - c) > rtol * c:
+            bad.append(Disagreement(drawn, row["what"], p, c, warned))
+    return result, bad
+
+
+def nonuniform_splits(graph: Graph, layout: Layout) -> list[str]:
+    """Why ``layout`` does not split ``graph`` (a training graph) uniformly: each mesh axis that splits different
+    dims in different tensors or op computation layouts, and each dim split over different axes in different
+    places (axes of size 1 left out). With Flax rule precedence a rule applies only where its axes are still
+    free, so a dim may fall to a fallback rule, or stay unsplit, in some tensors: tensors then move axes between
+    dims (all-to-all), or split and gather a dim (all-gather). Empty when every dim has one split wherever it is
+    present (always so for :data:`LAYOUT_KINDS` ``disjoint``)."""
+    dims_of: dict[str, set[str]] = defaultdict(set)
+    splits: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    lays = [(t.dim_names, layout.dim_layout(t)) for t in graph.tensors.values()]
+    lays += [(dims, layout.rules_layout(dims)) for dims in (op.iteration_dims(graph.tensors) for op in graph.ops)]
+    for names, lay in lays:
+        for d in names:
+            axes = tuple(a for a in lay.get(d, ()) if layout.mesh.axis_size(a) > 1)
+            splits[d].add(axes)
+            for a in axes:
+                dims_of[a].add(d)
+    return ([f"axis {a} splits {', '.join(sorted(ds))}" for a, ds in sorted(dims_of.items()) if len(ds) > 1]
+            + [f"dim {d} split as {' / '.join(sorted('+'.join(x) or '-' for x in ways))}"
+               for d, ways in sorted(splits.items()) if len(ways) > 1])
+
+
+DISAGREEMENT_CLASSES: dict[str, str] = {
+    "xla-involuntary-remat": "XLA's SPMD partitioner cannot reshard a tensor between two layouts efficiently, warns "
+                             "'Involuntary full rematerialization' and replicates it then slices",
+    "xla-permute-reshard": "XLA reshards by reassigning shards between mesh axes of the same size (collective-"
+                           "permute), alone or after an all-to-all, where the rules all-gather or all-to-all",
+    "xla-unaligned-groups": "XLA runs a collective over device groups that are no set of mesh axes (an "
+                            "intermediate layout of its resharding)",
+    "xla-computation-layout": "XLA partitions some op's work otherwise than the rules' computation layout (FLOPs "
+                              "per device differ), with other collectives",
+    "xla-reshard-order": "XLA reshards with the collectives the rules predict, in another order or over other "
+                         "axes (e.g. slicing before an all-to-all, gathering a dim's whole axis group), so payloads "
+                         "differ",
+    "uniform-layout": "a disagreement in a layout that splits every dim one way everywhere (no resharding "
+                      "between tensors): not explained by XLA's resharding; a cost-model error",
+}
+"""Every class :func:`classify` gives, with what it means (``docs/cost-model.md``, "The property check")."""
+
+
+def classify(drawn: Drawn, bad: Sequence[Disagreement]) -> str:
+    """The class of a drawn layout's disagreements (:data:`DISAGREEMENT_CLASSES`), from the evidence, in order:
+    a uniform layout (:func:`nonuniform_splits` empty: nothing of XLA's resharding explains it), XLA's warning,
+    collective-permutes, groups that are no mesh axes, FLOPs, else the resharding order."""
+    from layoutsearch.costmodel.step import training_step
+
+    g = training_step(drawn.graph(), drawn.optimizer, "fp32")
+    if not nonuniform_splits(g, drawn.layout()):
+        return "uniform-layout"
+    if any("Involuntary full rematerialization" in w for x in bad for w in x.xla_warnings):
+        return "xla-involuntary-remat"
+    if any(x.what.startswith("collective-permute") and x.compiled > x.predicted for x in bad):
+        return "xla-permute-reshard"
+    if any(" over ? " in x.what for x in bad):
+        return "xla-unaligned-groups"
+    if any(x.what.startswith("FLOPs") for x in bad):
+        return "xla-computation-layout"
+    return "xla-reshard-order"

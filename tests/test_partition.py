@@ -482,7 +482,7 @@ def test_ilp_memory_limits_in_gib_agree_with_the_dp(seed):
 
 @pytest.mark.parametrize("objective", ["throughput", "gpipe"])
 def test_dp_with_bit_packed_ideals_gives_the_same_answer(monkeypatch, objective):
-    from layoutsearch.solvers import partition as module
+    from layoutsearch.solvers.partition import ideals as module
 
     dag = layered_dag(10, 3, 7)
     unpacked = partition(dag, 5, objective=objective, solver="dp")

@@ -4,12 +4,13 @@ and gradient accumulation."""
 import pytest
 
 from layoutsearch import zoo
-from layoutsearch.costmodel.pipeline import estimate_pipeline, speedup, unit_of_ops
+from layoutsearch.costmodel.pipeline import speedup, unit_of_ops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import hardware
+from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
 GPT = zoo.build("gpt", layers=8, batch=32, seq=64, d_model=256, heads=4, vocab=64, tie_embeddings=0)
 

@@ -197,7 +197,7 @@ def test_any_contiguous_stage_partition_computes_the_unpipelined_step(counts, me
 
 
 def test_the_cost_models_partition_is_what_the_executor_runs():
-    from layoutsearch.costmodel.pipeline import estimate_pipeline
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
     g, params, inputs, (ref_loss, _) = _model("gpt")
     rep = estimate_pipeline(g, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2,
@@ -274,7 +274,7 @@ def test_pipeline_cost_model_predicts_the_compiled_collectives():
     outside the layers (embedding, head, loss) on every stage and all-reduces
     their gradients over stage x data; the cost model places them on the
     first and last stage and synchronizes them over data only."""
-    from layoutsearch.costmodel.pipeline import estimate_pipeline
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
     case = ("gpt", 4, 2, 4, False)
     g, *_ = _model("gpt")

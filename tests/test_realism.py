@@ -13,12 +13,13 @@ from layoutsearch import Layout, estimate, hardware, zoo
 from layoutsearch.costmodel.compute import matmul_efficiency
 from layoutsearch.costmodel.fusion import attention_cores, fusion_plan
 from layoutsearch.costmodel.overlap import classify, collective_classes
-from layoutsearch.costmodel.pipeline import Schedule, estimate_pipeline
+from layoutsearch.costmodel.pipeline import Schedule
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import CostModelError, GraphError, LayoutSearchError
 from layoutsearch.ir.precision import PRECISIONS, with_precision
 from layoutsearch.layout import conventional_rules
 from layoutsearch.mesh import Mesh
+from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
 GPT = zoo.build("gpt", layers=4, batch=16, seq=128, d_model=256, heads=4, vocab=256)
 TP = Layout.from_rules("data:2,model:4", "batch:data,heads:model,d_ff:model,vocab:model")

@@ -3,7 +3,7 @@
 * :func:`layoutsearch.costmodel.step.repeats` finds the same repeats as the quadratic reference (every op
   compared with every earlier representative of its signature), on the zoo and on random graphs built to
   hit its corner cases (names holding another block's prefix, blocks whose prefix overlaps itself, nested
-  blocks), with a number of ``_maps``/``_signature`` calls linear in the ops;
+  blocks), with a number of ``_maps``/``op_signature`` calls linear in the ops;
 * the Python lines ``estimate`` executes in ``layoutsearch`` grow by 2x per doubling of the model (a
   quadratic term makes each increment grow faster than the model);
 * a graph without block tags prices as the tagged one where tags cannot matter (no remat).
@@ -76,7 +76,7 @@ def reference_repeats(graph: Any) -> tuple[int, ...]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     out = []
     for i, op in enumerate(graph.ops):
-        reps = groups.setdefault(step._signature(op, graph), [])
+        reps = groups.setdefault(step.op_signature(op, graph), [])
         j = next((r for r in reps if step._maps(graph.ops[r], op)), None)
         if j is None:
             reps.append(i)
@@ -147,7 +147,7 @@ def test_repeats_match_the_reference_on_colliding_names() -> None:
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    calls = {"_maps": 0, "_signature": 0}
+    calls = {"_maps": 0, "op_signature": 0}
     for fn in calls:
         orig = getattr(step, fn)
 
@@ -170,8 +170,8 @@ def test_repeat_checks_are_linear(monkeypatch: pytest.MonkeyPatch, make: Any, n:
         for k in calls:
             calls[k] = 0
         step.repeats(g)
-        assert calls["_maps"] <= len(g.ops) and calls["_signature"] <= len(g.ops)
-        counts.append((len(g.ops), calls["_maps"] + calls["_signature"]))
+        assert calls["_maps"] <= len(g.ops) and calls["op_signature"] <= len(g.ops)
+        counts.append((len(g.ops), calls["_maps"] + calls["op_signature"]))
     # the quadratic scan made 1.3 million _maps calls for the 6,404 ops of the untagged 400-layer chain
     for (ops, checks), (ops2, checks2) in itertools.pairwise(counts):
         assert checks2 <= 1.05 * checks * ops2 / ops + 50, counts

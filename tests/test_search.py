@@ -148,16 +148,16 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
     from layoutsearch.solvers.build import build_space
     from layoutsearch.solvers.space import Pricer, rules_of
 
-    s = importlib.import_module("layoutsearch.solvers.search")
+    s = importlib.import_module("layoutsearch.solvers.rules_search")
     g, mesh, hw = training_step(gpt), Mesh.parse(MESH), hardware("h100")
     pricer = Pricer(g, mesh, hw)
-    rs = s._RulesSearch(g, mesh, hw, pricer, s._candidates(g, mesh, hw, pricer, None), remat)
+    rs = s.RulesSearch(g, mesh, hw, pricer, s.rules_candidates(g, mesh, hw, pricer, None), remat)
     every = np.arange(len(rs.cands))
     rs.price(every)
     assert np.all(rs.lb <= rs.cost * (1 + 1e-9)) and np.all(rs.mem_lb <= rs.mem * (1 + 1e-9))
     sample = np.random.default_rng(0).choice(every, 12, replace=False)
     bound = build_space(g, mesh, hw, "rules", rules=rs.cands.take(sample), pricer=rs.pricer.bound(), remat=remat)
-    lower = s._values(bound.problem)[0]
+    lower = s.strategy_values(bound.problem)[0]
     for k, low in zip(sample, lower, strict=True):
         rep = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat)
         assert rs.lb[k] <= low * (1 + 1e-9) and low <= rep.step_s * (1 + 1e-9)
@@ -215,9 +215,9 @@ def test_phases_without_steps_report_until_they_end():
     import importlib
     import time
 
-    s = importlib.import_module("layoutsearch.solvers.search")
+    s = importlib.import_module("layoutsearch.solvers.clock")
     said = []
-    with s._reporting(said.append, "solving", every=0.02):
+    with s.reporting(said.append, "solving", every=0.02):
         time.sleep(0.3)
     assert said[0] == "solving" and len(said) >= 4
     assert all(re.fullmatch(r"solving, \d+ s so far", m) for m in said[1:])

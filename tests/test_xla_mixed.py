@@ -47,7 +47,7 @@ def test_one_f_one_b_moves_what_the_compiled_gpipe_program_moves():
     """1F1B reorders a pipeline's forward and backward passes but sends the same tensors the same number of
     times as GPipe, whose compiled program (``test_pipeline_exec.py``) checks the transfers and gradient
     all-reduces; the two schedules' collectives must therefore be identical."""
-    from layoutsearch.costmodel.pipeline import estimate_pipeline
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
     g = zoo.build("gpt", layers=4, batch=16, seq=16, d_model=32, heads=4, vocab=64)
     lay = Layout.from_rules("stage:4,data:2", "batch:data")

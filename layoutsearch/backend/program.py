@@ -9,7 +9,6 @@ forward graph and the derived training graph (backward and optimizer ops).
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,13 +55,21 @@ def _gelu(x: jax.Array) -> jax.Array:
 _UNARY: dict[str, Callable[[jax.Array], jax.Array]] = {
     "identity": lambda x: x, "neg": jnp.negative, "square": jnp.square, "relu": jax.nn.relu, "gelu": _gelu,
     "silu": jax.nn.silu, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "exp": jnp.exp, "log": jnp.log,
-    "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt,
+    "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt, "erf": jax.lax.erf,
 }
 
 
 def _jvp_grad(f: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
     """fn_grad(x, dy) = f'(x) * dy, by forward-mode differentiation of f."""
     return lambda x, dy, **_: jax.jvp(f, (x,), (dy,))[1]
+
+
+def _power(x: jax.Array, exponent: float) -> jax.Array:
+    """``x ** exponent``: repeated multiplication for an integer exponent (``lax.integer_pow``, as JAX
+    lowers ``x ** 3``), else ``pow``."""
+    if float(exponent).is_integer():
+        return jax.lax.integer_pow(x, int(exponent))
+    return jnp.power(x, exponent)
 
 
 def _adam_update(p: jax.Array, m: jax.Array, v: jax.Array, *, lr: float, b1: float, b2: float, eps: float,
@@ -92,6 +99,18 @@ ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {
     "add": lambda a, b, **_: a + b, "sub": lambda a, b, **_: a - b, "mul": lambda a, b, **_: a * b,
     "div": lambda a, b, **_: a / b, "eq": lambda a, b, **_: (a == b).astype(jnp.result_type(a)),
     "div_rhs_grad": lambda a, b, dy, **_: -dy * a / (b * b),
+    "shift": lambda x, *, offset: x + offset,
+    "pow": lambda x, *, exponent: _power(x, exponent),
+    "pow_grad": lambda x, dy, *, exponent: exponent * _power(x, exponent - 1) * dy,
+    "stop_gradient": lambda x, **_: jax.lax.stop_gradient(x),
+    "maximum": lambda a, b, **_: jnp.maximum(a, b),
+    "maximum_grad": lambda x, other, dy, **_: dy * jnp.where(x > other, 1.0, jnp.where(x == other, 0.5, 0.0)),
+    **{f: (lambda a, b, _op=cmp, **_: _op(a, b).astype(jnp.result_type(a)))
+       for f, cmp in (("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal), ("gt", jnp.greater),
+                      ("ge", jnp.greater_equal))},
+    "where": lambda c, a, b, **_: jnp.where(c != 0, a, b),
+    "where_grad_true": lambda c, dy, **_: jnp.where(c != 0, dy, 0.0),
+    "where_grad_false": lambda c, dy, **_: jnp.where(c != 0, 0.0, dy),
     "sgd": lambda p, g, *, lr: p - lr * g,
     "adam_m": lambda m, g, *, b1: b1 * m + (1.0 - b1) * g,
     "adam_v": lambda v, g, *, b2: b2 * v + (1.0 - b2) * g * g,
@@ -104,12 +123,6 @@ def scope_name(op: str) -> str:
     """The ``jax.named_scope`` each op is traced under: compiled HLO instructions carry
     ``op_name=".../[<op>]/<primitive>"`` metadata, tracing them back to the IR op."""
     return f"[{op}]"
-
-
-def op_of_scope(metadata_op_name: str) -> str | None:
-    """The IR op an HLO instruction's ``op_name`` metadata belongs to (the innermost one), or None."""
-    found = re.findall(r"\[([^\[\]]+)\]", metadata_op_name)
-    return found[-1] if found else None
 
 
 class _Interpreter:

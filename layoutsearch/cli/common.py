@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 import os
 import sys
 import traceback
@@ -106,6 +107,17 @@ def overlap_arg(text: str) -> str | float:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}") from None
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number in [0, 1], got {text!r}")
+    return value
+
+
+def seconds_arg(text: str) -> float:
+    """``--time-limit``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text!r}")
     return value
 
 
@@ -257,7 +269,7 @@ def execute(args: argparse.Namespace) -> int:
     except LayoutSearchError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"{PROG}: error: {_one_line(str(e))}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(str(e))}{_flag_hint(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
@@ -273,6 +285,13 @@ def execute(args: argparse.Namespace) -> int:
         print(f"{PROG}: internal error: {type(e).__name__}: {_one_line(str(e))} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _flag_hint(e: LayoutSearchError) -> str:
+    """The command-line flag that fixes ``e``, where the library says which setting does (library messages name
+    settings, not flags)."""
+    figure = getattr(e, "hardware_figure", None)
+    return f" (--hw {figure})" if figure else ""
 
 
 def _one_line(msg: str) -> str:

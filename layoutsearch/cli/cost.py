@@ -50,8 +50,9 @@ def add(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> Result:
-    from layoutsearch.costmodel.pipeline import Schedule, estimate_pipeline
+    from layoutsearch.costmodel.pipeline import Schedule
     from layoutsearch.costmodel.report import estimate
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
     graph = load_graph(args)
     layout = layout_of(args, graph)

@@ -21,6 +21,7 @@ from layoutsearch.cli.common import (
     load_graph,
     mesh_of,
     overlap_arg,
+    seconds_arg,
     spec_text,
     table,
 )
@@ -34,7 +35,7 @@ from layoutsearch.units import format_bytes, format_seconds
 
 def add(sub: Any) -> None:
     from layoutsearch.costmodel.memory import REMAT_POLICIES
-    from layoutsearch.solvers.search import SOLVERS
+    from layoutsearch.solvers.dispatch import SOLVERS
     from layoutsearch.solvers.space import SPACES
 
     p = command(sub, "search", run, "find the layout minimizing the predicted step time under a memory "
@@ -53,8 +54,9 @@ def add(sub: Any) -> None:
                    help="rules: one Mesh-TF rule set for the graph; layers: one per repeated block; ops: per-op "
                         "layouts and parameter storage (default rules)")
     p.add_argument("--top", type=int, default=3, metavar="N", help="the best plan and N-1 runner-ups (default 3)")
-    p.add_argument("--time-limit", type=float, metavar="S",
-                   help="stop an ILP after S seconds with its best plan, labelled not proven optimal")
+    p.add_argument("--time-limit", type=seconds_arg, metavar="S",
+                   help="stop the whole search (spaces, solvers, runner-ups) after about S seconds with its best "
+                        "plan, labelled not proven optimal; the output says what was cut short")
     add_training_args(p)
     p.add_argument("--attention", choices=("auto", "standard", "flash"), default="auto",
                    help="attention kernel, held fixed: auto (flash on GPU/TPU presets), standard or flash")
@@ -255,6 +257,7 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
          f"{result['space']} space: {status} by {result['solver']} in {result['search_s']:.2f} s"),
         (f"peak memory {format_bytes(result['memory_bytes'])} per device against a limit of "
          f"{_limit_text(result, args)}; step {format_seconds(result['step_s'])}"),
+        *(f"time limit: {what}" for what in result.get("cut_short", ())),
     ]
     lay = result["layout"]
     if lay["rules_text"] is not None:

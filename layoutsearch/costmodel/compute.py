@@ -33,6 +33,7 @@ and one unit: its efficiency is the preset's constant.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from layoutsearch.costmodel.ops import OpCost
 from layoutsearch.mesh import Hardware
@@ -66,8 +67,14 @@ def compute_seconds(cost: OpCost, hw: Hardware) -> tuple[float, str]:
     """Roofline seconds of one op and what bounds it (``"flops"`` or ``"memory"``)."""
     rate = peak_for(hw, cost.dtype) * matmul_efficiency(hw, cost.matmul_dims) if cost.matmul else hw.peak_flops
     t_flops = cost.flops / rate
-    t_mem = cost.hbm_bytes / (hw.hbm_bandwidth * hw.memory_efficiency)
+    t_mem = hbm_seconds(cost.hbm_bytes, hw)
     return (t_flops, "flops") if t_flops >= t_mem else (t_mem, "memory")
+
+
+def hbm_seconds(nbytes: Any, hw: Hardware) -> Any:
+    """Seconds to move ``nbytes`` through HBM at the achieved bandwidth (the roofline's memory term); a number
+    or a numpy array of them."""
+    return nbytes / (hw.hbm_bandwidth * hw.memory_efficiency)
 
 
 def fastest_matmul_rate(hw: Hardware) -> float:
@@ -75,4 +82,4 @@ def fastest_matmul_rate(hw: Hardware) -> float:
     return max(hw.peak_flops, hw.peak_flops_fp32) * hw.matmul_efficiency
 
 
-__all__ = ["compute_seconds", "fastest_matmul_rate", "matmul_efficiency", "peak_for"]
+__all__ = ["compute_seconds", "fastest_matmul_rate", "hbm_seconds", "matmul_efficiency", "peak_for"]

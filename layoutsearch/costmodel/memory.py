@@ -208,7 +208,7 @@ class MemoryReport:
                 "recomputed_ops": self.recomputed_ops}
 
 
-def _transient(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = False) -> tuple[int, dict[Any, int]]:
+def transient_buffers(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = False) -> tuple[int, dict[Any, int]]:
     """Bytes of the buffers ``op``'s collectives need besides its stored inputs and
     output: those of this op alone, and the resharded inputs shared with other ops
     (by :attr:`Comm.shared` key; they live from the first op using them to the last).
@@ -279,7 +279,7 @@ def local_bytes_fn(layout: Layout) -> Callable[[Tensor], int]:
 
 
 @dataclass(frozen=True)
-class _Lifetimes:
+class Lifetimes:
     """Layout-independent part of the simulation: the intervals of the schedule
     during which each tensor (``tensors[tensor[k]]``) is live, in category ``cat[k]``."""
 
@@ -293,13 +293,13 @@ class _Lifetimes:
     last_backward: int  # schedule index of the last backward op (-1: none)
 
 
-def lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
+def lifetimes(g: Graph, plan: RematPlan) -> Lifetimes:
     """Every tensor's live range in the schedule of training graph ``g`` under ``plan`` (cached per graph):
     what :func:`simulate` charges, and what the solvers' memory rows and bounds are built from."""
     return graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
 
 
-def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
+def _lifetimes(g: Graph, plan: RematPlan) -> Lifetimes:
     n = len(g.ops)
     index = {op.name: i for i, op in enumerate(g.ops)}
     producer_index = {op.output: i for i, op in enumerate(g.ops)}
@@ -357,7 +357,7 @@ def _lifetimes(g: Graph, plan: RematPlan) -> _Lifetimes:
     deferrable = {t: row_of[t] for t in sorted(param_grads)
                   if t in row_of and consumers[t] and all(c.phase == "optimizer" for c in consumers[t])
                   and producer_index.get(t, n) <= last_backward < rows[row_of[t]][3]}
-    return _Lifetimes(tuple(tensors), arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], tuple(fed), deferrable,
+    return Lifetimes(tuple(tensors), arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], tuple(fed), deferrable,
                       last_backward)
 
 
@@ -413,7 +413,7 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
     shared: dict[Any, tuple[int, int, int]] = {}  # key -> (first op, last op, bytes)
     for i, (op, cost) in enumerate(zip(g.ops, op_costs, strict=True)):
         if cost.comms:
-            own, buffers = _transient(op, cost, local.get(op.output, 0), op.output in deferred)
+            own, buffers = transient_buffers(op, cost, local.get(op.output, 0), op.output in deferred)
             transient[i] = own
             for key, size in buffers.items():
                 first = shared.get(key, (i, i, 0))[0]
@@ -427,7 +427,7 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
         for name in plan.recomputed:
             op = g.ops[index[name]]
             p = plan.points[op.block]  # type: ignore[index]
-            own, buffers = _transient(op, op_costs[index[name]], local.get(op.output, 0))
+            own, buffers = transient_buffers(op, op_costs[index[name]], local.get(op.output, 0))
             transient[p] = max(transient[p], own + sum(buffers.values()))
     curves = np.cumsum(deltas[:, :n], axis=1)
     curves[t] += transient
@@ -438,7 +438,7 @@ def simulate(g: Graph, layout: Layout, plan: RematPlan, op_costs: Sequence[OpCos
                         len(plan.recomputed), tuple(int(x) for x in total.tolist()))
 
 
-def _magnitude_bound(sizes: Sequence[int], life: _Lifetimes, op_costs: Sequence[OpCost]) -> int:
+def _magnitude_bound(sizes: Sequence[int], life: Lifetimes, op_costs: Sequence[OpCost]) -> int:
     """An upper bound on the magnitude of every number :func:`simulate` forms (each entry of ``deltas``,
     every partial sum of a curve, every total): the sum of the magnitudes of all it adds. A tensor's row
     adds its bytes and subtracts them (``2 *``), a deferred gradient's stored bytes move twice more (``4 *``
@@ -449,5 +449,5 @@ def _magnitude_bound(sizes: Sequence[int], life: _Lifetimes, op_costs: Sequence[
     return 4 * rows + 8 * comms
 
 
-__all__ = ["CATEGORIES", "REMAT_POLICIES", "MemoryReport", "RematPlan", "lifetimes", "local_bytes_fn",
-           "memory_profile", "remat_plan", "simulate"]
+__all__ = ["CATEGORIES", "REMAT_POLICIES", "Lifetimes", "MemoryReport", "RematPlan", "lifetimes", "local_bytes_fn",
+           "memory_profile", "remat_plan", "simulate", "transient_buffers"]

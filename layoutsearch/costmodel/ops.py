@@ -72,6 +72,9 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
     "square_grad": 2, "relu_grad": 2, "gelu_grad": 20, "silu_grad": 9, "tanh_grad": 4, "sigmoid_grad": 6,
     "exp_grad": 1, "log_grad": 1, "sqrt_grad": 2, "rsqrt_grad": 3, "div_rhs_grad": 4,
     "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5, "dropout_mask": 35,
+    "shift": 1, "erf": 0, "erf_grad": 4, "stop_gradient": 0, "maximum": 1, "maximum_grad": 5,
+    "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2, "where": 2, "where_grad_true": 2, "where_grad_false": 2,
+    "pow": 0, "pow_grad": 0,  # per exponent: integer_pow_flops
 }
 """FLOPs per output element of each elementwise function, as XLA's cost
 analysis counts the backend's lowering (:mod:`layoutsearch.backend.program`):
@@ -100,6 +103,22 @@ sum for softmax; mean and variance for layer norm; ...), matching the backend.""
 RMS_NORM_ALL_REDUCES = {"layer_norm": 1, "layer_norm_grad": 2}
 """The same for RMSNorm (a layer norm with ``center=False``): the mean square;
 the gradient, the mean square and ``mean(dy * xhat)``."""
+
+
+def integer_pow_flops(op: O.Elementwise) -> float:
+    """FLOPs per element of ``pow``/``pow_grad`` with an integer exponent ``n``: JAX's ``integer_pow``
+    multiplies by repeated squaring (``floor(log2 |n|) + popcount(|n|) - 1`` products, one more division
+    when ``n < 0``); the gradient ``n * x ** (n - 1) * dy`` two products more. Other exponents lower to
+    ``pow``, a transcendental XLA counts apart (0 here, like ``exp``)."""
+    if op.fn not in ("pow", "pow_grad"):
+        return 0
+    n = op.param["exponent"] - (1 if op.fn == "pow_grad" else 0)
+    extra = 2 if op.fn == "pow_grad" else 0
+    if not float(n).is_integer():
+        return extra
+    m = abs(int(n))
+    products = 0 if m <= 1 else m.bit_length() - 1 + bin(m).count("1") - 1
+    return products + (1 if n < 0 else 0) + extra
 
 
 def norm_all_reduces(op: O.Op) -> int:
@@ -153,7 +172,7 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
             return float(space - count(op.output) if op.reduced_dims(t) else 0)
         return 2.0 * (len(op.inputs) - 1) * space
     if isinstance(op, O.Elementwise):
-        per = ELEMENTWISE_FLOPS[op.fn]
+        per = ELEMENTWISE_FLOPS[op.fn] + integer_pow_flops(op)
         if op.fn == "square_grad" and op.inputs[1] in constant:
             per = 1  # 2 * x * c: the constant factors fold
         elif (op.fn, op.param.get("lr", op.param.get("factor"))) in (("sgd", 1.0), ("scale", 1.0)):
@@ -256,6 +275,19 @@ class OpCost:
     matmul_dims: tuple[int, int, int, int] | None = None
 
 
+def on_mesh(comms: Sequence[Comm], mesh: Mesh) -> list[Comm]:
+    """``comms`` as the devices run them: a collective's axes in mesh order (its groups of devices are the same
+    whatever order the rule split a dim in: ``heads:b+a`` all-reduces over ``a+b``), axes of size 1 left out, and
+    a collective over a group of one device (only axes of size 1) dropped: there is nothing to exchange, and XLA
+    emits nothing."""
+    out = []
+    for c in comms:
+        axes = tuple(a for a in mesh.names if a in c.axes and mesh.axis_size(a) > 1)
+        if axes:
+            out.append(c if axes == c.axes else dataclasses.replace(c, axes=axes))
+    return out
+
+
 def local_bytes(tensor: Tensor, lay: DimLayout, mesh: Mesh) -> int:
     """Per-device bytes of ``tensor`` laid out as ``lay``."""
     n = tensor.nbytes
@@ -296,7 +328,7 @@ def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: s
 
 
 def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str, Axes]], stored: DimLayout,
-                  mesh: Mesh, reduce_scatter: bool, cause: str) -> tuple[list[Comm], DimLayout]:
+                  mesh: Mesh, reduce_scatter: bool, cause: str, kept_first: bool = False) -> tuple[list[Comm], DimLayout]:
     """Collectives finishing the partial sums of the reduced dims split over
     axes (``partial``: (dim, axes) pairs); returns them and the layout after.
 
@@ -304,7 +336,9 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
     contracted dim separately: ``w[io,h]`` contracted over ``batch`` on ``data``
     and ``seq`` on ``seq`` is all-reduced over ``seq``, then over ``data``).
     With ``reduce_scatter``, the axes the stored output keeps split are first
-    reduce-scattered (one collective), and each dim's remaining axes all-reduced."""
+    reduce-scattered (one collective), and each dim's remaining axes all-reduced. Without it, ``kept_first``
+    (an einsum: XLA's dot partitioner): a dim's axes that the stored output keeps split are all-reduced first,
+    the result sliced, and the slice all-reduced over the dim's other axes."""
     if not partial:
         return [], produced
     axes_all = tuple(a for _, axes in partial for a in axes)
@@ -319,6 +353,16 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
             after[kept[a]] = (*after.get(kept[a], ()), a)
     for d, axes in partial:
         ar = tuple(a for a in axes if a not in rs)
+        first = tuple(a for a in ar if a in kept)
+        if kept_first and not reduce_scatter and first and len(first) < len(ar):
+            # without reduce-scatter, XLA all-reduces over the axes the stored output keeps split, slices, and
+            # all-reduces the slice over the others (FSDP over fsdp, data-parallel over data: the gradient
+            # over fsdp, then half of it over data), rather than all of it over both
+            comms.append(Comm("all-reduce", first, local_bytes(out, after, mesh), out.name,
+                              f"{cause} ({d} over {'+'.join(first)}, kept split)"))
+            for a in first:
+                after[kept[a]] = (*after.get(kept[a], ()), a)
+            ar = tuple(a for a in ar if a not in first)
         if ar:
             comms.append(Comm("all-reduce", ar, local_bytes(out, after, mesh), out.name,
                               f"{cause} ({d} over {'+'.join(ar)})"))
@@ -369,10 +413,11 @@ class OpRules:
             and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
 
     def promoted(self, comms: Sequence[Comm]) -> list[Comm]:
-        """``comms`` as the backend runs them: with ``float32_collectives``, a collective of a bf16/fp16
-        tensor moves 4 bytes per element (the backend converts around it)."""
+        """``comms`` as the backend runs them (:func:`on_mesh`; with ``float32_collectives``, a collective of
+        a bf16/fp16 tensor moves 4 bytes per element: the backend converts around it)."""
+        comms = on_mesh(comms, self.mesh)
         if not self.float32_collectives:
-            return list(comms)
+            return comms
         t = self.graph.tensors
         return [dataclasses.replace(c, bytes=c.bytes * 4 // t[c.tensor].itemsize)
                 if t[c.tensor].is_float and t[c.tensor].itemsize < 4 else c for c in comms]
@@ -396,7 +441,10 @@ class OpRules:
         bytes moved; ties keep ``iteration``)."""
         if isinstance(op, (O.Gather, O.ScatterAdd)):
             best = None
-            for it in (iteration, self._passthrough(op, inputs, output)):
+            candidates = [iteration, self._passthrough(op, inputs, output)]
+            if isinstance(op, O.ScatterAdd):
+                candidates.append(self._updates_passthrough(op, inputs))
+            for it in candidates:
                 c = self._cost(op, it, inputs, output)
                 if best is None or sum(x.bytes for x in c.comms) < sum(x.bytes for x in best.comms):
                     best = c
@@ -417,6 +465,13 @@ class OpRules:
                 used.update(axes)
         dims = op.iteration_dims(t)
         return {d: it[d] for d in dims if it.get(d)}
+
+    def _updates_passthrough(self, op: O.Op, inputs: Sequence[DimLayout]) -> DimLayout:
+        """The computation layout keeping a scatter-add's updates as stored (their ids dims and the table's
+        other dims; the scattered dim unsplit). The table a scatter-add adds into starts as zeros, which XLA's
+        partitioner lays out as the updates need: it scatters there and then moves the result to the table's
+        layout (e.g. one all-to-all) rather than gathering the updates."""
+        return {d: axes for d, axes in inputs[1].items() if axes and d != op.dim}
 
     def _cost(self, op: O.Op, iteration: DimLayout, inputs: Sequence[DimLayout], output: DimLayout) -> OpCost:
         g, mesh = self.graph, self.mesh
@@ -465,10 +520,11 @@ class OpRules:
             cause = f"{op.name}: {what} {', '.join(reduced)} split over " \
                     f"{'+'.join(a for d in reduced for a in iteration[d])}"
             more, produced = _partial_sums(out, produced, [(d, iteration[d]) for d in reduced], output, mesh,
-                                           self.reduce_scatter, cause)
+                                           self.reduce_scatter, cause, kept_first=isinstance(op, O.Einsum))
             comms += more
         comms += reshard(out, produced, output, mesh, f"{op.output} stored as {_fmt(output)}")
         write = local_bytes(out, produced, mesh)
+        comms = on_mesh(comms, mesh)
         # XLA counts one FLOP per element an all-reduce (or reduce-scatter) sums
         flops += sum(c.bytes // t[c.tensor].itemsize for c in comms if c.kind in ("all-reduce", "reduce-scatter"))
         comms = self.promoted(comms)

@@ -62,10 +62,12 @@ the float32 accumulation buffer when M > 1.
 
 Units: the ops of each top-level block form one unit; ops outside blocks form
 ``pre`` (forward ops no block op precedes, e.g. the embedding, and their
-backward) and ``post`` (the head and loss). The stage partition is found on
-the chain ``pre, layer.0, ..., post`` as a :class:`~layoutsearch.costdag.CostDAG`
-with :func:`~layoutsearch.solvers.partition.partition` (exact DP, minimizing
-the slowest stage under the memory limit), or given.
+backward) and ``post`` (the head and loss). This module prices given stages
+(:func:`price_pipeline`, :meth:`MicrobatchStep.report`); choosing them is the
+solvers' work: :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline`
+partitions the chain ``pre, layer.0, ..., post`` (:meth:`MicrobatchStep.costdag`,
+a :class:`~layoutsearch.costdag.CostDAG`) with the exact partitioner, minimizing
+the slowest stage under the memory limit.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ from typing import Any
 from layoutsearch.costdag import CostDAG, Edge, Node
 from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
-from layoutsearch.costmodel.memory import _transient, remat_plan
+from layoutsearch.costmodel.memory import remat_plan, transient_buffers
 from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
@@ -395,7 +397,7 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], rema
         if op.phase == "optimizer":
             continue
         u = unit[op.name]
-        own, shared = _transient(op, cost, lb(g.tensors[op.output]))
+        own, shared = transient_buffers(op, cost, lb(g.tensors[op.output]))
         grads_live = sum(lb(g.tensors[t]) for t in (*op.inputs, op.output)
                          if t not in on_chip and g.tensors[t].role == "gradient" and t not in grads)
         units[u].working = max(units[u].working, own + sum(shared.values()) + grads_live)
@@ -471,22 +473,91 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
     return dag, p.report, {u: p.units[u] for u in p.chain}
 
 
-def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
-                      stage_axis: str | None, microbatches: int, schedule: Schedule | str = "1f1b",
-                      remat: str = "none", optimizer: Optimizer | str = "adam",
-                      precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
-                      stages: Sequence[Sequence[str]] | None = None, memory_limit: float | None = None,
-                      batch_dim: str = "batch", overlap: str | float = "auto") -> PipelineReport:
-    """Predicted cost of a micro-batched step: ``microbatches`` micro-batches on pipeline stages over
-    ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``, ``interleaved:V``), or
-    gradient accumulation when ``stage_axis`` is None.
+@dataclass(frozen=True)
+class MicrobatchStep:
+    """A micro-batched step priced unit by unit under its inner layout, before its stages are chosen: what
+    :func:`price_pipeline` prices given stages, and what a stage chooser partitions (:meth:`costdag`)."""
 
-    ``layout``'s rules lay out each stage over the other axes (rules naming the stage axis are dropped).
-    ``stages``: the units of each stage in order (see :func:`unit_of_ops`; for ``interleaved:V``, the K V
-    chunks, device ``d`` running chunks ``d, d + K, ...``); by default the partition minimizing the
-    slowest stage, exactly, under ``memory_limit``. ``remat``: ``none``, ``selective`` or ``full``.
-    ``overlap``: ``"auto"`` (what the hardware's asynchronous collectives allow) or ``0`` (every collective
-    on the critical path, as frameworks that reduce gradients after the backward pass run)."""
+    priced: _Priced = field(repr=False)
+    hardware: Hardware
+    mesh: Mesh
+    stage_axis: str | None
+    inner: Layout
+    schedule: Schedule
+    devices: int
+    microbatches: int
+    remat: str
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The pipeline units in order (``pre``, the blocks, ``post``)."""
+        return tuple(self.priced.chain)
+
+    @property
+    def chunks(self) -> int:
+        """How many contiguous groups of units the stages form (K, or K V with ``interleaved:V``)."""
+        return self.devices * (self.schedule.virtual if self.schedule.kind == "interleaved" else 1)
+
+    @property
+    def in_flight(self) -> float:
+        """Micro-batches' worth of activations the first stage holds (at least one)."""
+        return max(self.schedule.in_flight(0, self.devices, self.microbatches), 1.0)
+
+    def costdag(self) -> CostDAG:
+        """The units as a chain cost DAG (see :func:`pipeline_costdag`), transfers over the stage axis."""
+        if self.stage_axis is None:
+            raise CostModelError("gradient accumulation has no stages to choose")
+        return _costdag(self.priced, self.hardware, self.stage_axis, self.mesh)
+
+    def check_stages(self, stages: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
+        """``stages`` as groups of units; PartitionError unless they split :attr:`units` into :attr:`chunks`
+        non-empty groups, each unit once."""
+        groups = tuple(tuple(s) for s in stages)
+        chunks, K = self.chunks, self.devices
+        if len(groups) != chunks:
+            raise PartitionError(f"{len(groups)} stages given for {chunks} stages"
+                                 + (f" ({K} devices x {chunks // K} chunks)" if chunks > K else ""))
+        flat = [u for g in groups for u in g]
+        if sorted(flat) != sorted(self.units) or not all(groups):
+            raise PartitionError(f"the stages must split the units {', '.join(self.units)} into {chunks} "
+                                 "non-empty groups, each unit once")
+        return groups
+
+    def report(self, stages: Sequence[Sequence[str]] | None = None, method: str = "given",
+               optimal: bool = False) -> PipelineReport:
+        """The step priced with ``stages`` (the groups of units, in order; ignored without a stage axis, where
+        every unit runs on one stage); ``method`` and ``optimal`` say how they were chosen."""
+        p, hw, K, sched, M = self.priced, self.hardware, self.devices, self.schedule, self.microbatches
+        if self.stage_axis is None:
+            groups: tuple[tuple[str, ...], ...] = (tuple(p.chain),)
+            method, optimal = "one stage", True
+        else:
+            if stages is None:
+                raise CostModelError("a pipelined step is priced for given stages: choose them with "
+                                     "layoutsearch.solvers.pipeline_search.estimate_pipeline")
+            groups = self.check_stages(stages)
+        # devices: the chunks each one runs
+        devices = [[c for c in range(len(groups)) if c % K == d] for d in range(K)]
+        reports = []
+        for d, chunk_ids in enumerate(devices):
+            names = tuple(u for c in chunk_ids for u in groups[c])
+            reports.append(_stage(p, hw, names, chunk_ids, groups, d, K, sched, M, self.stage_axis, self.mesh))
+        tied = _tied_sync(p, groups, devices, self.inner, self.stage_axis, self.mesh, hw) \
+            if self.stage_axis is not None else 0.0
+        loop = sched.steps(K, M) * max(s.microbatch_s for s in reports)
+        step = loop + max(s.once_s for s in reports) + tied
+        return PipelineReport(p.graph.name, self.mesh, self.stage_axis, sched, M, self.remat, self.inner.describe(),
+                              tuple(reports), step, tied, method, optimal, p.report)
+
+
+def microbatch_step(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
+                    stage_axis: str | None, microbatches: int, schedule: Schedule | str = "1f1b",
+                    remat: str = "none", optimizer: Optimizer | str = "adam",
+                    precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+                    batch_dim: str = "batch", overlap: str | float = "auto") -> MicrobatchStep:
+    """``microbatches`` micro-batches of ``graph`` priced unit by unit, for pipeline stages over
+    ``stage_axis`` of ``layout.mesh`` run by ``schedule``, or for gradient accumulation when ``stage_axis``
+    is None (arguments as :func:`price_pipeline`). CostModelError when the step cannot be split so."""
     hw = _hardware(hardware)
     if overlap != "auto":
         if isinstance(overlap, bool) or overlap != 0:
@@ -502,49 +573,36 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
         inner = Layout(inner_mesh, tuple((d, ax) for d, ax in layout.rules if stage_axis not in ax))
     sched.check(K, microbatches)
     p = _price(graph, inner, hw, microbatches, remat, optimizer, precision, attention, batch_dim)
-    chunks = K * (sched.virtual if sched.kind == "interleaved" else 1)
-    if stage_axis is None:
-        groups, method, optimal = (tuple(p.chain),), "one stage", True
-    else:
+    step = MicrobatchStep(p, hw, mesh, stage_axis, inner, sched, K, microbatches, remat)
+    if stage_axis is not None:
         if len(p.chain) < 2:
             raise CostModelError(f"model {graph.name!r} has no repeated blocks to pipeline (ops need block tags)")
-        if chunks > len(p.chain):
-            raise CostModelError(f"cannot split {len(p.chain)} pipeline units of {graph.name!r} into {chunks} "
-                                 f"stages{' (chunks)' if chunks > K else ''}")
-        groups, method, optimal = _partition(p, hw, stage_axis, mesh, K, chunks, sched, microbatches, stages,
-                                             memory_limit)
-    # devices: the chunks each one runs
-    devices = [[c for c in range(len(groups)) if c % K == d] for d in range(K)]
-    reports = []
-    for d, chunk_ids in enumerate(devices):
-        names = tuple(u for c in chunk_ids for u in groups[c])
-        reports.append(_stage(p, hw, names, chunk_ids, groups, d, K, sched, microbatches, stage_axis, mesh))
-    tied = _tied_sync(p, groups, devices, inner, stage_axis, mesh, hw) if stage_axis is not None else 0.0
-    loop = sched.steps(K, microbatches) * max(s.microbatch_s for s in reports)
-    step = loop + max(s.once_s for s in reports) + tied
-    return PipelineReport(graph.name, mesh, stage_axis, sched, microbatches, remat, inner.describe(),
-                          tuple(reports), step, tied, method, optimal, p.report)
+        if step.chunks > len(p.chain):
+            raise CostModelError(f"cannot split {len(p.chain)} pipeline units of {graph.name!r} into {step.chunks} "
+                                 f"stages{' (chunks)' if step.chunks > K else ''}")
+    return step
 
 
-def _partition(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh, K: int, chunks: int, sched: Schedule,
-               microbatches: int, stages: Sequence[Sequence[str]] | None, memory_limit: float | None
-               ) -> tuple[tuple[tuple[str, ...], ...], str, bool]:
-    from layoutsearch.solvers.partition import partition
+def price_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
+                   stage_axis: str | None, microbatches: int, stages: Sequence[Sequence[str]] | None = None,
+                   schedule: Schedule | str = "1f1b", remat: str = "none", optimizer: Optimizer | str = "adam",
+                   precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+                   batch_dim: str = "batch", overlap: str | float = "auto") -> PipelineReport:
+    """Predicted cost of a micro-batched step with given stages: ``microbatches`` micro-batches on pipeline
+    stages over ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``,
+    ``interleaved:V``), or gradient accumulation when ``stage_axis`` is None.
 
-    if stages is not None:
-        groups = tuple(tuple(s) for s in stages)
-        if len(groups) != chunks:
-            raise PartitionError(f"{len(groups)} stages given for {chunks} stages"
-                                 + (f" ({K} devices x {chunks // K} chunks)" if chunks > K else ""))
-        flat = [u for g in groups for u in g]
-        if sorted(flat) != sorted(p.chain) or not all(groups):
-            raise PartitionError(f"the stages must split the units {', '.join(p.chain)} into {chunks} non-empty "
-                                 "groups, each unit once")
-        return groups, "given", False
-    dag = _costdag(p, hw, stage_axis, mesh)
-    held = max(sched.in_flight(0, K, microbatches), 1.0)
-    part = partition(dag, chunks, objective="throughput", microbatches=math.ceil(held), memory_limit=memory_limit)
-    return tuple(tuple(s) for s in part.stages), part.method, part.optimal
+    ``layout``'s rules lay out each stage over the other axes (rules naming the stage axis are dropped).
+    ``stages``: the units of each stage in order (see :func:`unit_of_ops`; for ``interleaved:V``, the K V
+    chunks, device ``d`` running chunks ``d, d + K, ...``); required with a stage axis (the solvers choose
+    them: :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline`). ``remat``: ``none``,
+    ``selective`` or ``full``. ``overlap``: ``"auto"`` (what the hardware's asynchronous collectives allow)
+    or ``0`` (every collective on the critical path, as frameworks that reduce gradients after the backward
+    pass run)."""
+    step = microbatch_step(graph, layout, hardware, stage_axis=stage_axis, microbatches=microbatches,
+                           schedule=schedule, remat=remat, optimizer=optimizer, precision=precision,
+                           attention=attention, batch_dim=batch_dim, overlap=overlap)
+    return step.report(stages)
 
 
 def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh) -> CostDAG:
@@ -627,5 +685,5 @@ def speedup(stages: int, microbatches: int) -> float:
     return stages * microbatches / (microbatches + stages - 1)
 
 
-__all__ = ["SCHEDULE_KINDS", "PipelineReport", "Schedule", "StageReport", "estimate_pipeline", "pipeline_costdag",
-           "speedup", "unit_of_ops"]
+__all__ = ["SCHEDULE_KINDS", "MicrobatchStep", "PipelineReport", "Schedule", "StageReport", "microbatch_step",
+           "pipeline_costdag", "price_pipeline", "speedup", "unit_of_ops"]

@@ -305,9 +305,11 @@ def _check_links(hw: Hardware, layout: Layout) -> None:
     for axis, link in hw.links_for(layout.mesh).items():
         if layout.mesh.axis_size(axis) > 1 and not (link.bandwidth > 0 and link.efficiency > 0
                                                     and math.isfinite(link.bandwidth)):
-            raise CostModelError(f"mesh axis {axis!r} has no bandwidth on hardware {hw.name!r} "
+            err = CostModelError(f"mesh axis {axis!r} has no bandwidth on hardware {hw.name!r} "
                                  f"(link bandwidth {link.bandwidth!r}, efficiency {link.efficiency!r}): "
-                                 "set one, e.g. --hw fast_link.bandwidth=100e9")
+                                 "set one, e.g. the hardware figure fast_link.bandwidth=100e9")
+            err.hardware_figure = "fast_link.bandwidth=100e9"  # type: ignore[attr-defined]  # the CLI's --hw hint
+            raise err
 
 
 def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
@@ -385,8 +387,9 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
             if op.phase == "backward":
                 backward_ops[op.block].append(i)
     for core in fusion.flash:  # flash attention's backward recomputes q·k and the softmax
-        first = next(i for i in backward_ops[core.block] if core.keeps(g.ops[i].output))
-        redo[first] += [(name, "recompute (flash attention backward): ") for name in core.recompute]
+        first = next((i for i in backward_ops[core.block] if core.keeps(g.ops[i].output)), None)
+        if first is not None:  # None: the core reaches no loss, so it has no backward pass to recompute for
+            redo[first] += [(name, "recompute (flash attention backward): ") for name in core.recompute]
     ops: list[OpReport] = []
     for i, (op, cost) in enumerate(zip(g.ops, costs, strict=True)):
         for name, why in redo.get(i, ()):

@@ -73,7 +73,11 @@ def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
     return graph_cached(graph, ("training", opt, policy), lambda: training_graph(graph, opt, policy))
 
 
-def _signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
+def op_signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
+    """What an op's cost depends on besides its names and the layout: its kind and cost attributes, its phase,
+    which of its inputs are the same tensor, and the dims and dtypes of its inputs and output. Repeated ops
+    (:func:`repeats`) and tied blocks (:func:`layoutsearch.solvers.space.block_families`) have equal
+    signatures."""
     t = graph.tensors
     same = tuple(op.inputs.index(n) for n in op.inputs)
     attrs = tuple(sorted((k, repr(v)) for k, v in op.cost_attrs().items()))
@@ -102,7 +106,7 @@ def _bordered(prefix: str) -> bool:
 def repeats(graph: Graph) -> tuple[int, ...]:
     """For each op (schedule order), the index of the first op it repeats (itself if none).
 
-    ``op`` repeats ``rep`` when both have the same :func:`_signature` and
+    ``op`` repeats ``rep`` when both have the same :func:`op_signature` and
     :func:`_maps` holds; among several such earlier ops, the first. Found in
     time linear in the number of ops (times the names' lengths), not by
     comparing each op with every earlier one of its signature:
@@ -139,7 +143,7 @@ def repeats(graph: Graph) -> tuple[int, ...]:
             if block is None:
                 out.append(i)
                 continue
-            sig = _signature(op, graph)
+            sig = op_signature(op, graph)
             names = _names(op)
             prefix = block + "/"
             key = (sig, tuple(tuple(n.split(prefix)) for n in names))

@@ -195,20 +195,6 @@ class Graph:
                 out[t].append(op)
         return {t: tuple(v) for t, v in out.items()}
 
-    @cached_property
-    def nx_graph(self) -> nx.DiGraph:
-        """The op DAG (nodes: op names; edge attribute ``tensors``: the names flowing)."""
-        g = nx.DiGraph()
-        for op in self.ops:
-            g.add_node(op.name)
-        for op in self.ops:
-            for t in op.inputs:
-                p = self._producer.get(t)
-                if p is not None:
-                    g.add_edge(p.name, op.name)
-                    g.edges[p.name, op.name].setdefault("tensors", []).append(t)
-        return g
-
     def with_sizes(self, sizes: Mapping[str, int]) -> Graph:
         """The same graph with some dims resized (e.g. ``{"batch": 4}`` for one
         micro-batch); ``meta`` entries named like a resized dim follow it."""

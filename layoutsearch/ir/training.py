@@ -58,7 +58,7 @@ from layoutsearch.ir.tensor import Tensor
 
 OPTIMIZERS = ("sgd", "adam")
 
-_NO_GRAD_FNS = frozenset({"eq", "fill", "dropout_mask"})
+_NO_GRAD_FNS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "stop_gradient", "fill", "dropout_mask"})
 """Elementwise functions whose derivative is zero (almost) everywhere: gradients stop there."""
 
 
@@ -162,6 +162,8 @@ def _grad_inputs(op: O.Op, tensors: dict[str, Tensor]) -> tuple[int, ...]:
         idx: Sequence[int] = (0,)
     elif isinstance(op, O.Elementwise) and op.fn in _NO_GRAD_FNS:
         idx = ()
+    elif isinstance(op, O.Elementwise) and op.fn == "where":
+        idx = (1, 2)  # not to the condition
     else:
         idx = range(len(op.inputs))
     return tuple(i for i in idx if tensors[op.inputs[i]].is_float)
@@ -349,6 +351,14 @@ class _Derivation:
             self._elementwise(op, i, "scale", [dy], full, factor=op.param["factor"])
         elif fn in O.UNARY_GRAD:
             self._elementwise(op, i, O.UNARY_GRAD[fn], [ins[0], dy], full)
+        elif fn == "shift":
+            self._pass(op, i, dy)
+        elif fn == "pow":
+            self._elementwise(op, i, "pow_grad", [ins[0], dy], full, exponent=op.param["exponent"])
+        elif fn == "maximum":
+            self._elementwise(op, i, "maximum_grad", [ins[i], ins[1 - i], dy], full)
+        elif fn == "where":
+            self._elementwise(op, i, "where_grad_true" if i == 1 else "where_grad_false", [ins[0], dy], full)
         elif fn == "mul":
             self._elementwise(op, i, "mul", [dy, ins[1 - i]], full)
         elif fn == "div" and i == 0:

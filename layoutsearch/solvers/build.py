@@ -37,14 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.memory import _transient, lifetimes, remat_plan
+from layoutsearch.costmodel.memory import lifetimes, remat_plan, transient_buffers
 from layoutsearch.costmodel.ops import OpCost, local_bytes
+from layoutsearch.costmodel.step import op_signature
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.layout import DimLayout
 from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.solvers.clock import Deadline
 from layoutsearch.solvers.problem import Factor, MemItem, MemRow, Problem
 from layoutsearch.solvers.space import (
     NONE,
@@ -53,7 +55,6 @@ from layoutsearch.solvers.space import (
     Pricer,
     RuleSets,
     Space,
-    _op_sig,
     _strip,
     axis_maps,
     block_families,
@@ -121,7 +122,8 @@ class _Builder:
     """Compiles a graph into a :class:`Space` (see :func:`build_space`)."""
 
     def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, kind: str, tie: bool, rules: RuleSets | None,
-                 include: RuleSets | None, variants: bool, pricer: Pricer | None, remat: str = "none") -> None:
+                 include: RuleSets | None, variants: bool, pricer: Pricer | None, remat: str = "none",
+                 deadline: Deadline | None = None) -> None:
         if kind not in SPACES:
             raise LayoutSearchError(f"unknown search space {kind!r} (known: {', '.join(SPACES)})")
         self.g, self.mesh, self.hw, self.kind = graph, mesh, hw, kind
@@ -130,6 +132,7 @@ class _Builder:
         self.axis_sizes = np.array([s for _, s in mesh.axes], dtype=np.int64)
         self.p = pricer or Pricer(graph, mesh, hw)
         self.tie, self.variants = tie, variants
+        self.deadline = deadline or Deadline()
         if remat != "none" and kind == "ops":
             raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
         self._fcache: dict[tuple, Any] = self.p.cache
@@ -304,7 +307,7 @@ class _Builder:
         key = ("sig", op.name)
         if key not in self._fcache:
             roles = tuple(self.p.classes.get(x) for x in (*op.inputs, op.output))  # which collectives overlap
-            self._fcache[key] = (_op_sig(self.g, op), self.p.fusion.signature(op), roles)
+            self._fcache[key] = (op_signature(op, self.g), self.p.fusion.signature(op), roles)
         return self._fcache[key]
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:
@@ -344,7 +347,7 @@ class _Builder:
             cost = dataclasses.replace(cost, comms=tuple(dataclasses.replace(c, tensor=names.get(c.tensor, c.tensor))
                                                          for c in cost.comms))
         stored = 0 if op.output in self.p.fusion.on_chip else self.stored(self.g.tensors[op.output], out)
-        return _transient(op, cost, stored, op.output in self.deferred)
+        return transient_buffers(op, cost, stored, op.output in self.deferred)
 
     def deferred_item(self, t: Tensor, part: int) -> tuple:
         """A parameter gradient whose all-reduce the backend defers to the end of the backward pass (one
@@ -546,6 +549,8 @@ class _Builder:
 
         kinds: dict[tuple, tuple[list[str], list[str]]] = {}  # per op class: the kinds of its items
         for k, op in enumerate(g.ops):
+            if k % 256 == 0:
+                self.deadline.check()
             n, o = self.op_node[op.name], self.owner[op.output]
             base = (self.sig(op), n, o, tuple(self.owner[x] for x in op.inputs))
             made: dict[str, Any] = {}
@@ -630,7 +635,9 @@ class _Builder:
     def assemble(self, cost_items: dict, mem_items: dict, n_points: int) -> Space:
         unary = [np.zeros(n.size) for n in self.nodes]
         groups: dict[tuple[int, ...], list] = defaultdict(list)
-        for make, count, _ in cost_items.values():
+        for k, (make, count, _) in enumerate(cost_items.values()):
+            if k % 64 == 0:
+                self.deadline.check()
             _, roles, fn = make()
             item = self.evaluate(roles, fn)
             if item[0] == "unary":
@@ -639,7 +646,9 @@ class _Builder:
                 groups[item[1]].append((item[2], item[3] * count, None))
         mems: list[MemItem | None] = []
         spans: list[list[tuple[int, int]]] = []
-        for make, _, sp in mem_items.values():
+        for k, (make, _, sp) in enumerate(mem_items.values()):
+            if k % 64 == 0:
+                self.deadline.check()
             _, roles, fn = make()
             item = self.evaluate(roles, fn)
             if not np.any(item[-1]):
@@ -723,7 +732,7 @@ def _memory_rows(spans: list[list[tuple[int, int]]], n_points: int, points: list
 
 def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: bool = True,
                 rules: RuleSets | None = None, include: RuleSets | None = None, variants: bool = True,
-                pricer: Pricer | None = None, remat: str = "none") -> Space:
+                pricer: Pricer | None = None, remat: str = "none", deadline: Deadline | None = None) -> Space:
     """Compile training graph ``graph`` on ``mesh`` into the search space ``kind`` (see :mod:`.space`).
 
     ``rules``: the candidate rule sets of the ``rules``/``layers`` spaces (default :func:`rule_sets`);
@@ -731,9 +740,9 @@ def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: 
     space contains those plans); ``variants``: whether ops may store their output more split than they
     compute it; ``tie``: whether repeated blocks share their nodes; ``remat``: the cost model's
     rematerialization policy (recomputed ops priced twice, the lifetimes and buffers it implies; rules and
-    layers spaces).
+    layers spaces); ``deadline``: :class:`~.clock.TimeUp` when it passes while the space is built.
     """
-    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer, remat).build()
+    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer, remat, deadline).build()
 
 
 def _name(key: tuple) -> str:

@@ -24,25 +24,23 @@ plan needs. NP-hard in general; CBC (branch and cut) or CP-SAT (lazy clause
 generation with LP relaxations) solve the tied problems of real models in
 seconds.
 
-Backends: ``"pulp"`` (PuLP's bundled CBC) and ``"ortools"`` (CP-SAT; costs
-are scaled to integers with 2**50 / their range, an error below 1e-13
-relative).
+Backends (through :mod:`layoutsearch.solvers.milp`, the MILP layer the
+partitioner shares): ``"pulp"`` (PuLP's bundled CBC) and ``"ortools"``
+(CP-SAT; costs are scaled to integers with 2**50 / their range, an error
+below 1e-13 relative).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import re
-import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.solvers import milp
 from layoutsearch.solvers.problem import FEASIBLE, OPTIMAL, Problem, Solution, infeasible, solution
 
 BACKENDS = ("pulp", "ortools")
@@ -131,116 +129,53 @@ def _assignment(m: _Model, values: list[float]) -> tuple[int, ...]:
     return tuple(int(np.argmax([values[i] for i in ids])) for ids in m.x)
 
 
-# -- PuLP / CBC ------------------------------------------------------------------------------------------------------
+# -- both backends, through the shared MILP layer ---------------------------------------------------------------------
 
-def _solve_pulp(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
-                cuts: list[tuple[int, ...]], minimize_peak: bool = False, hint: tuple[int, ...] | None = None) -> _Result:
-    import pulp
+def _run(backend: str, m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
+         cuts: list[tuple[int, ...]], minimize_peak: bool = False, hint: tuple[int, ...] | None = None) -> _Result:
+    """Solve the program (or, with ``minimize_peak``, the least peak memory of any plan) by ``backend``.
 
-    prob = pulp.LpProblem("layout", pulp.LpMinimize)
-    v = [prob.add_variable(f"v{i}", 0, 1, cat=pulp.LpBinary if i in m.binary else pulp.LpContinuous)
-         for i in range(m.nvars)]
-    expr = lambda row, k=1.0: pulp.lpSum(c * k * v[i] for i, c in row.items())
-    peak = prob.add_variable("peak", 0) if minimize_peak else None
-    if minimize_peak:
-        prob += peak
-    else:
-        prob += expr(m.obj, scale)
+    Memory rows stay in integer bytes (a scaled row can round above its right-hand side); CBC's preprocessing
+    can call a row met with equality infeasible, so CBC's rows get half a byte of slack (exact, as bytes are
+    integers) or a relative 1e-9 for fractional rows. CBC runs without integer preprocessing: it returned a
+    worse plan as "optimal" on a 4-node problem with two lazily added memory rows (tests/test_solvers.py,
+    example seed 8137).
+    """
+    mdl = milp.Model()
+    for i in range(m.nvars):
+        mdl.var(kind="binary" if i in m.binary else "continuous")
     for row, rhs in m.eqs:
-        prob += expr(row) == rhs
-    # memory rows unscaled: bytes times counts are integers, exact in doubles (a scaled row can round above
-    # its right-hand side and make a plan at exactly the limit infeasible)
-    mscale = 1.0
-    for row, const in m.mem:
-        if minimize_peak:
-            prob += expr(row, mscale) + const * mscale <= peak
-        elif limit is not None:
-            # CBC's preprocessing can call a row met with equality infeasible: allow half a byte (exact, as
-            # bytes are integers), or a relative 1e-9 for fractional rows
-            integral = float(const).is_integer() and all(float(c).is_integer() for c in row.values())
-            rhs = limit - const
-            prob += expr(row, mscale) <= rhs + (0.5 if integral else 1e-9 * max(1.0, abs(rhs)))
-    for cut in cuts:
-        prob += pulp.lpSum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "cbc.log")
-        if hint is not None:
-            for i, val in m.hint_values(hint).items():
-                v[i].setInitialValue(float(val))
-        with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC for PuLP 4
-            warnings.simplefilter("ignore", DeprecationWarning)
-            # CBC's integer preprocessing returned a worse plan as "optimal" on a 4-node problem with two
-            # lazily added memory rows (tests/test_solvers.py, example seed 8137): run without it
-            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, gapRel=0.0, gapAbs=0.0,
-                                       options=["preprocess off"],
-                                       logPath=log, warmStart=hint is not None)
-            prob.solve(solver)
-        text = ""
-        if os.path.exists(log):
-            with open(log) as f:
-                text = f.read()
-    if prob.status == pulp.LpStatusInfeasible or prob.sol_status == pulp.LpSolutionInfeasible:
-        return _Result("infeasible", None, None)
-    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return _Result("unknown", None, None)
-    values = [x.value() or 0.0 for x in v]
-    if minimize_peak:
-        return _Result("optimal", values, peak.value() / mscale)
-    status = "optimal" if prob.sol_status == pulp.LpSolutionOptimal else "feasible"
-    bound = None
-    if status == "feasible":
-        match = re.search(r"Lower bound:\s*([-0-9.eE+]+)", text)
-        bound = float(match.group(1)) / scale if match else None
-    return _Result(status, values, bound)
-
-
-# -- OR-tools --------------------------------------------------------------------------------------------------------
-
-def _solve_cpsat(m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
-                 cuts: list[tuple[int, ...]], minimize_peak: bool = False,
-                 hint: tuple[int, ...] | None = None) -> _Result:
-    from ortools.sat.python import cp_model
-
-    model = cp_model.CpModel()
-    v = [model.NewBoolVar(f"v{i}") for i in range(m.nvars)]
-    for row, rhs in m.eqs:
-        model.Add(sum(int(c) * v[i] for i, c in row.items()) == int(rhs))
+        mdl.add(row, rhs, rhs)
     peak = None
     if minimize_peak:
-        hi = 2**61
-        peak = model.NewIntVar(0, hi, "peak")
+        peak = mdl.var(0, 2.0**61, kind="continuous", unit=1.0)
         for row, const in m.mem:
-            model.Add(sum(round(c) * v[i] for i, c in row.items()) + math.ceil(const) <= peak)
-        model.Minimize(peak)
+            mdl.add(row | {peak: -1.0}, hi=-math.ceil(const) if backend == "ortools" else -const)
+        mdl.objective = {peak: 1.0}
     else:
         if limit is not None:
             for row, const in m.mem:
-                model.Add(sum(round(c) * v[i] for i, c in row.items()) <= math.floor(limit - const))
-        model.Minimize(sum(round(c * scale) * v[i] for i, c in m.obj.items()))
+                integral = float(const).is_integer() and all(float(c).is_integer() for c in row.values())
+                rhs = limit - const
+                if backend == "ortools":
+                    mdl.add(row, hi=math.floor(rhs))
+                else:
+                    mdl.add(row, hi=rhs + (0.5 if integral else 1e-9 * max(1.0, abs(rhs))))
+        mdl.objective = {i: c * scale for i, c in m.obj.items()}
     for cut in cuts:
-        model.Add(sum(v[m.x[n][s]] for n, s in enumerate(cut)) <= len(cut) - 1)
-    for ids in m.x:
-        model.AddExactlyOne(v[i] for i in ids)
+        mdl.add({m.x[n][s]: 1.0 for n, s in enumerate(cut)}, hi=len(cut) - 1)
     if hint is not None:
-        for i, val in m.hint_values(hint).items():
-            model.AddHint(v[i], bool(val))
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = threads
-    if time_limit is not None:
-        solver.parameters.max_time_in_seconds = float(time_limit)
-    st = solver.Solve(model)
-    if st == cp_model.INFEASIBLE:
+        mdl.hint = {i: float(v) for i, v in m.hint_values(hint).items()}
+    res = milp.solve(mdl, backend, time_limit=time_limit, threads=threads, cp_scale=1.0,
+                     preprocess=backend != "pulp")
+    if res.status == "infeasible":
         return _Result("infeasible", None, None)
-    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    if res.status == "none":
         return _Result("unknown", None, None)
-    values = [float(solver.BooleanValue(x)) for x in v]
     if minimize_peak:
-        return _Result("optimal" if st == cp_model.OPTIMAL else "feasible", values, float(solver.Value(peak)))
-    status = "optimal" if st == cp_model.OPTIMAL else "feasible"
-    return _Result(status, values, solver.BestObjectiveBound() / scale)
-
-
-_SOLVE = {"pulp": _solve_pulp, "ortools": _solve_cpsat}
+        assert peak is not None
+        return _Result(res.status, res.values, res.values[peak])
+    return _Result(res.status, res.values, None if res.status == "optimal" or res.bound is None else res.bound / scale)
 
 
 def _scale(problem: Problem, backend: str) -> float:
@@ -261,13 +196,15 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
     nothing fits, one infeasible Solution carrying the smallest peak memory.
     ``hint``: a known assignment to start from (e.g. a feasible plan).
     """
-    if backend not in _SOLVE:
+    if backend not in BACKENDS:
         raise LayoutSearchError(f"unknown ILP backend {backend!r} (known: {', '.join(BACKENDS)})")
     t0 = time.perf_counter()
-    threads = threads or os.cpu_count() or 1
+    threads = threads or (milp.DEFAULT_THREADS if backend == "ortools" else 1)
     m = _build(problem)
     scale = _scale(problem, backend)
-    run = _SOLVE[backend]
+    def run(*args: object, **kw: object) -> _Result:
+        return _run(backend, *args, **kw)  # type: ignore[arg-type]
+
     name = f"ilp-{backend}"
     out: list[Solution] = []
     cuts: list[tuple[int, ...]] = []

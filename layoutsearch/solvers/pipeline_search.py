@@ -1,39 +1,89 @@
-"""Joint search of a pipelined plan: stage axis, K, micro-batches, remat and inner layout.
+"""Pipelines in the solvers: choosing the stages of a micro-batched step, and the joint search of stage
+axis, K, micro-batches, remat and inner layout.
 
-For each mesh axis that may carry stages (K = its size), candidate layouts
-over the other axes come from :func:`~layoutsearch.solvers.search.search` on
-the model (its best two under the serial objective, without remat) and the
-textbook baselines' rules; then every number of micro-batches M (divisors of
-the batch up to ``4 K``, or the one given) is priced with the pipeline cost
-model (:func:`~layoutsearch.costmodel.pipeline.estimate_pipeline` with the
-given schedule, default 1F1B; its stage partition is exact) under the remat
-policies in order none, selective, full, stopping at the first that fits (remat
-only adds work), and the fastest plan whose largest stage fits the memory limit
-wins. Cost: one inner search per candidate axis plus at most
-``|candidates| x |M| x 3`` pipeline estimates.
+:func:`estimate_pipeline` prices a micro-batched step with the pipeline cost
+model (:mod:`layoutsearch.costmodel.pipeline`, which prices given stages),
+choosing the stages, when not given, with the exact partitioner
+(:func:`~layoutsearch.solvers.partition.partition`: the slowest stage
+minimized under the memory limit).
+
+:func:`search_pipeline`: for each mesh axis that may carry stages (K = its
+size), candidate layouts over the other axes come from
+:func:`~layoutsearch.solvers.search.search` on the model (its best two under
+the serial objective, without remat) and the textbook baselines' rules; then
+every number of micro-batches M (divisors of the batch up to ``4 K``, or the
+one given) is priced with :func:`estimate_pipeline` (the given schedule,
+default 1F1B; its stage partition is exact) under the remat policies in order
+none, selective, full, stopping at the first that fits (remat only adds work),
+and the fastest plan whose largest stage fits the memory limit wins. Cost: one
+inner search per candidate axis plus at most ``|candidates| x |M| x 3``
+pipeline estimates.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.ops import is_matmul, op_flops
-from layoutsearch.costmodel.pipeline import PipelineReport, Schedule, estimate_pipeline
+from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
+from layoutsearch.solvers.baselines import baseline_rules
+from layoutsearch.solvers.clock import Deadline, Progress
 from layoutsearch.solvers.space import rules_of
 
-Progress = Callable[[str], None]
+
+def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
+                      stage_axis: str | None, microbatches: int, schedule: Schedule | str = "1f1b",
+                      remat: str = "none", optimizer: Optimizer | str = "adam",
+                      precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto",
+                      stages: Sequence[Sequence[str]] | None = None, memory_limit: float | None = None,
+                      batch_dim: str = "batch", overlap: str | float = "auto") -> PipelineReport:
+    """Predicted cost of a micro-batched step: ``microbatches`` micro-batches on pipeline stages over
+    ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``, ``interleaved:V``), or
+    gradient accumulation when ``stage_axis`` is None.
+
+    ``stages``: the units of each stage in order (see :func:`~layoutsearch.costmodel.pipeline.unit_of_ops`;
+    for ``interleaved:V``, the K V chunks, device ``d`` running chunks ``d, d + K, ...``); by default the
+    partition minimizing the slowest stage, exactly, under ``memory_limit`` (:func:`choose_stages`). The
+    other arguments are :func:`~layoutsearch.costmodel.pipeline.price_pipeline`'s, which prices given stages.
+
+    >>> import layoutsearch as ls
+    >>> g = ls.zoo.gpt(layers=2, d_model=64, heads=4, seq=16, batch=8, vocab=128)
+    >>> rep = estimate_pipeline(g, ls.Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=4)
+    >>> rep.num_stages, rep.partition_method
+    (2, 'dp')
+    """
+    step = microbatch_step(graph, layout, hardware, stage_axis=stage_axis, microbatches=microbatches,
+                           schedule=schedule, remat=remat, optimizer=optimizer, precision=precision,
+                           attention=attention, batch_dim=batch_dim, overlap=overlap)
+    if stage_axis is None or stages is not None:
+        return step.report(stages)
+    groups, method, optimal = choose_stages(step, memory_limit)
+    return step.report(groups, method, optimal)
+
+
+def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
+                  ) -> tuple[tuple[tuple[str, ...], ...], str, bool]:
+    """The stages of a pipelined ``step``: its units split into ``step.chunks`` contiguous groups minimizing
+    the slowest stage (with the first stage's micro-batches in flight) under ``memory_limit``, by the exact
+    partitioner. Returns (groups, the partitioner's method, whether proven optimal)."""
+    from layoutsearch.solvers.partition import partition
+
+    part = partition(step.costdag(), step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
+                     memory_limit=memory_limit)
+    return tuple(tuple(s) for s in part.stages), part.method, part.optimal
 
 
 @dataclass(frozen=True)
@@ -86,7 +136,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     microbatches: int | None = None, optimizer: str = "adam",
                     precision: Precision | str = DEFAULT_PRECISION, schedule: str = "1f1b",
                     attention: str = "auto", overlap: str | float = "auto", batch_dim: str = "batch",
-                    upper: float | None = None, progress: Progress | None = None) -> PipelinePlan:
+                    upper: float | None = None, progress: Progress | None = None,
+                    deadline: Deadline | None = None) -> PipelinePlan:
     """The fastest pipelined plan of ``graph`` on ``mesh`` (``schedule``: ``gpipe``, ``1f1b`` or
     ``interleaved:V``) whose stages fit ``memory_limit``.
 
@@ -94,9 +145,11 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     ``microbatches``: fixed M (None: searched); ``upper``: a step time to beat (the best unpipelined plan):
     a configuration whose lower bound — the loop's length ``steps(K, M) / M`` times the matmul FLOPs of the
     whole step per device of a stage at the fastest matmul rate — reaches it, or the best pipelined plan
-    found so far, is not priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan
-    fits."""
-    from layoutsearch.solvers.search import baseline_rules, search
+    found so far, is not priced. ``deadline``: once it has passed and a pipelined plan fits, nothing more is
+    priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
+    from layoutsearch.solvers.search import search
+
+    deadline = deadline or Deadline()
 
     m = Mesh.of(mesh)
     hw = _hardware(hardware)
@@ -120,8 +173,10 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                 progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
             # candidates for the layout inside a stage: the best two of the serial objective (each is priced
             # again as a pipeline below) and the textbook layouts
+            left = deadline.left()
             plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
-                          attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False)
+                          attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False,
+                          time_limit=max(left, 1e-3) if left is not None else None)
             inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
             inner_rules += [rules_of(rs, 0, list(trained_graph.dims), inner_mesh)
                             for rs, _ in baseline_rules(trained_graph, inner_mesh).values() if rs is not None]
@@ -136,6 +191,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                            default=math.inf)
                 if work * sched.steps(K, mb) / mb >= beat:
                     continue  # cannot beat what is known
+                if beat < math.inf and deadline.passed():
+                    break  # a plan that fits is known and the time limit has passed
                 for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:
                         rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,

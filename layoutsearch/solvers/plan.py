@@ -125,7 +125,8 @@ class Plan:
     Megatron-style tensor parallelism and the Mesh-TF 2-D layout on the same
     mesh (each at its fastest remat policy that fits), each with ``ratio`` =
     chosen step time / baseline step time; ``decisions``: the best plan per
-    remat policy, micro-batch count and pipeline option searched.
+    remat policy, micro-batch count and pipeline option searched; ``cut_short``: what the search's time limit
+    cut short, in words (phases not searched, runner-ups not found; empty when nothing was).
 
     ``graph`` is the training graph the plan was priced on, ``model`` the forward graph searched; the
     settings held fixed (``precision``, ``optimizer``, ``attention``, ``overlap``) are kept so that
@@ -150,6 +151,7 @@ class Plan:
     optimizer: str = "adam"
     attention: str = "auto"
     overlap: float | str = "auto"
+    cut_short: tuple[str, ...] = ()
 
     @property
     def remat(self) -> str:
@@ -243,7 +245,8 @@ class Plan:
                        tuple(Costed.from_summary(r, layout) for r in d["runner_ups"]),
                        tuple(Baseline(b["name"], Costed.from_summary(b, layout) if b["applies"] else None,
                                       b.get("why", "")) for b in d["baselines"]),
-                       dict(d["problem"]), tuple(Decision(**x) for x in d["decisions"]), model=model, **settings)
+                       dict(d["problem"]), tuple(Decision(**x) for x in d["decisions"]), model=model,
+                       cut_short=tuple(str(x) for x in d.get("cut_short", ())), **settings)
         except LayoutSearchError as e:
             raise LayoutSearchError(str(e) if str(e).startswith(source) else f"{source}: {e}") from None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
@@ -284,4 +287,5 @@ class Plan:
             "baselines": [b.to_dict(c.step_s) for b in self.baselines],
             "decisions": [d.to_dict() for d in self.decisions],
             "problem": dict(self.problem),
+            "cut_short": list(self.cut_short),
         }

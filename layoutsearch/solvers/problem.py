@@ -122,10 +122,6 @@ class Problem:
         rows = self.rows(assign)
         return float(rows.max()) if len(rows) else 0.0
 
-    def peak_row(self, assign: Sequence[int]) -> MemRow | None:
-        rows = self.rows(assign)
-        return self.mem_rows[int(rows.argmax())] if len(rows) else None
-
     def fits(self, assign: Sequence[int], limit: float | None) -> bool:
         return limit is None or self.memory(assign) <= limit * (1 + 1e-12)
 

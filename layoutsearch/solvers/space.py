@@ -66,6 +66,7 @@ from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
 from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.step import op_signature
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
@@ -330,15 +331,6 @@ def _strip(name: str, block: str | None) -> str:
     return name.replace("/" + block + "/", "/", 1)
 
 
-def _op_sig(graph: Graph, op: O.Op) -> tuple:
-    """What an op's cost depends on besides layouts: kind, attributes, which inputs are the same tensor,
-    shapes and dtypes."""
-    t = graph.tensors
-    return (op.kind, tuple(sorted(op.cost_attrs().items(), key=lambda kv: kv[0])),
-            tuple(op.inputs.index(n) for n in op.inputs),
-            tuple((t[i].dim_names, t[i].dtype) for i in op.inputs), (t[op.output].dim_names, t[op.output].dtype))
-
-
 def block_families(graph: Graph, tie: bool = True) -> dict[str, str]:
     """Block name -> the first block of its family (blocks with the same ops, names equal after stripping
     the block prefix, same shapes); each block is its own family when ``tie`` is False."""
@@ -351,7 +343,7 @@ def block_families(graph: Graph, tie: bool = True) -> dict[str, str]:
         if op.block is not None:
             ins = tuple(_strip(i, op.block) if i in inside[op.block] or _strip(i, op.block) != i else "<in>"
                         for i in op.inputs)
-            sigs[op.block].append((_strip(op.name, op.block), ins, _op_sig(graph, op)))
+            sigs[op.block].append((_strip(op.name, op.block), ins, op_signature(op, graph)))
     fam: dict[str, str] = {}
     first: dict[tuple, str] = {}
     for b, s in sigs.items():

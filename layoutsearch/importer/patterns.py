@@ -1,0 +1,281 @@
+"""Recognize the IR's composite ops in a flattened JAX program.
+
+JAX writes ``jax.nn.softmax``, a layer norm, ``jax.nn.gelu`` or a mean as several primitives. The IR
+has one op for each (with its own gradient, FLOPs and memory rules, as the cost model prices them), so
+the importer rewrites these sub-graphs into single nodes before naming dims:
+
+* ``mean``: ``reduce_sum`` over axes A then a division by the number of elements of A;
+* ``softmax``: ``exp(x - stop_gradient(max_a x)) / sum_a exp(...)`` (``jax.nn.softmax``);
+* ``layer_norm``: ``(x - mean_a x) * rsqrt(mean_a (x - mean_a x)**2 + eps)``; RMSNorm without the mean;
+* ``gelu``: the tanh approximation ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3)))``;
+* ``cross_entropy``: ``-sum_a log_softmax(x) * one_hot(labels)`` (``jax.nn.log_softmax``, ``jax.nn.one_hot``);
+* ``alias``: JAX's normalization of negative indices, ``where(i < 0, i + n, i)``, for ids in range.
+
+A rewrite applies only when the intermediate values are used nowhere else, so it never changes what
+the program computes. Composite calls left unmatched are replaced by their bodies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+
+from layoutsearch.importer.trace import Lit, Node, Operand, Var
+
+_TRANSPARENT = {"broadcast_in_dim", "stop_gradient", "reshape"}
+"""Primitives that only add or drop unit axes (on the paths the patterns walk) or stop gradients."""
+
+_GELU_C1, _GELU_C2 = math.sqrt(2 / math.pi), 0.044715
+
+
+class _Rewriter:
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.alive = {id(n) for n in nodes}
+        self._final_reads: Counter[Var] = Counter()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.producer: dict[Var, Node] = {o: n for n in self.nodes for o in n.outs}
+        self.uses: Counter[Var] = Counter(v for n in self.nodes for v in n.ins if isinstance(v, Var))
+
+    def node(self, v: Operand, prim: str | None = None) -> Node | None:
+        n = self.producer.get(v) if isinstance(v, Var) else None
+        return n if n is not None and (prim is None or n.prim == prim) else None
+
+    def through(self, v: Operand) -> Operand:
+        """``v`` with unit-axis broadcasts, unit reshapes, stop_gradient and ``max(-inf, .)`` walked back."""
+        while True:
+            n = self.node(v)
+            if n is None:
+                return v
+            if n.prim in _TRANSPARENT and _unit_only(n):
+                v = n.ins[0]
+            elif n.prim == "max" and any(isinstance(a, Lit) and a.value == -math.inf for a in n.ins):
+                v = next(a for a in n.ins if not isinstance(a, Lit))
+            else:
+                return v
+
+    def private(self, outs: set[Var], *internal: Node) -> bool:
+        """Whether every output of ``internal`` is read only by nodes of the set (or by the final node)."""
+        readers: Counter[Var] = Counter(v for n in internal for v in n.ins if isinstance(v, Var))
+        for n in internal:
+            for o in n.outs:
+                if o not in outs and self.uses[o] != readers[o] + self._final_reads.get(o, 0):
+                    return False
+        return True
+
+    def replace(self, final: Node, new: Node, dropped: list[Node]) -> None:
+        gone = {id(n) for n in dropped}
+        out: list[Node] = []
+        for n in self.nodes:
+            if n is final:
+                out.append(new)
+            elif id(n) not in gone:
+                out.append(n)
+        self.nodes = out
+        self.alive = {id(n) for n in out}
+        self.refresh()
+
+    def chain(self, end: Operand, stop: Callable[[Node], bool]) -> list[Node]:
+        """The nodes from ``end`` back through transparent ones to the first node ``stop`` accepts
+        (included), or [] when the walk ends elsewhere."""
+        seen: list[Node] = []
+        v = end
+        while True:
+            n = self.node(v)
+            if n is None:
+                return []
+            seen.append(n)
+            if stop(n):
+                return seen
+            if n.prim in _TRANSPARENT and _unit_only(n):
+                v = n.ins[0]
+            elif n.prim == "max" and any(isinstance(a, Lit) and a.value == -math.inf for a in n.ins):
+                v = next(a for a in n.ins if not isinstance(a, Lit))
+            else:
+                return []
+
+    def match(self, final: Node, found: Callable[[Node], tuple[Node, list[Node]] | None]) -> bool:
+        self._final_reads = Counter(v for v in final.ins if isinstance(v, Var))
+        got = found(final)
+        if got is None:
+            return False
+        new, internal = got
+        if not self.private(set(final.outs), *internal):
+            return False
+        self.replace(final, new, internal)
+        return True
+
+
+def _unit_only(n: Node) -> bool:
+    """Whether a broadcast/reshape ``n`` only adds or drops size-1 axes."""
+    if n.prim == "stop_gradient":
+        return True
+    src, dst = n.ins[0], n.outs[0]
+    if not isinstance(src, Var):
+        return False
+    return [s for s in src.shape if s != 1] == [s for s in dst.shape if s != 1]
+
+
+def _lit(v: Operand, want: float, rel: float = 1e-6) -> bool:
+    return isinstance(v, Lit) and math.isclose(v.value, want, rel_tol=rel)
+
+
+def _other(n: Node, v: Operand) -> Operand | None:
+    """The operand of binary ``n`` that is not ``v`` (None unless ``v`` is one of two operands)."""
+    if len(n.ins) != 2:
+        return None
+    a, b = n.ins
+    return b if a is v else a if b is v else None
+
+
+def _new(prim: str, final: Node, ins: list[Operand], **params: object) -> Node:
+    return Node(prim, ins, final.outs, dict(params), final.where, final.scope, final.block)
+
+
+# -- the patterns: each takes the final node and returns (the new node, the nodes it replaces)
+
+def _mean(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    if final.prim != "div" or not isinstance(final.ins[1], Lit):
+        return None
+    path = rw.chain(final.ins[0], lambda n: n.prim == "reduce_sum")
+    if not path:
+        return None
+    red = path[-1]
+    x = red.ins[0]
+    assert isinstance(x, Var)
+    count = math.prod(x.shape[a] for a in red.params["axes"])
+    if not _lit(final.ins[1], count):
+        return None
+    return _new("reduce_mean", final, [x], axes=tuple(red.params["axes"])), path
+
+
+def _softmax(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    if final.prim != "div":
+        return None
+    e = rw.node(final.ins[0], "exp")
+    if e is None:
+        return None
+    sums = rw.chain(final.ins[1], lambda n: n.prim == "reduce_sum" and n.ins[0] is final.ins[0])
+    d = rw.node(e.ins[0], "sub")
+    if not sums or d is None:
+        return None
+    x = d.ins[0]
+    maxes = rw.chain(d.ins[1], lambda n: n.prim == "reduce_max" and n.ins[0] is x)
+    if not maxes or maxes[-1].params["axes"] != sums[-1].params["axes"] or len(sums[-1].params["axes"]) != 1:
+        return None
+    return _new("softmax", final, [x], axis=sums[-1].params["axes"][0]), [e, d, *sums, *maxes]
+
+
+def _mean_of(rw: _Rewriter, v: Operand) -> tuple[Operand, int, list[Node]] | None:
+    """(x, axis, nodes) when ``v`` is a single-axis mean of ``x`` (behind unit broadcasts)."""
+    path = rw.chain(v, lambda n: n.prim == "reduce_mean")
+    if not path or len(path[-1].params["axes"]) != 1:
+        return None
+    return path[-1].ins[0], path[-1].params["axes"][0], path
+
+
+def _layer_norm(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    if final.prim != "mul":
+        return None
+    for centered, scale in (final.ins, final.ins[::-1]):
+        path = rw.chain(scale, lambda n: n.prim == "rsqrt")
+        if not path:
+            continue
+        shift = rw.node(path[-1].ins[0], "add")
+        if shift is None or not any(isinstance(a, Lit) for a in shift.ins):
+            continue
+        eps = next(a.value for a in shift.ins if isinstance(a, Lit))
+        var = _mean_of(rw, next(a for a in shift.ins if not isinstance(a, Lit)))
+        if var is None:
+            continue
+        sq_in, axis, var_nodes = var
+        sq = rw.node(sq_in, "square")
+        if sq is None or sq.ins[0] is not centered:
+            continue
+        internal = [*path, shift, *var_nodes, sq]
+        sub = rw.node(centered, "sub")
+        mean = _mean_of(rw, sub.ins[1]) if sub is not None else None
+        if sub is not None and mean is not None and mean[0] is sub.ins[0] and mean[1] == axis:
+            return _new("layer_norm", final, [sub.ins[0]], axis=axis, eps=eps, center=True), [
+                *internal, sub, *mean[2]]
+        return _new("layer_norm", final, [centered], axis=axis, eps=eps, center=False), internal
+    return None
+
+
+def _gelu(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    if final.prim != "mul":
+        return None
+    for x, half in (final.ins, final.ins[::-1]):
+        h = rw.node(half, "mul")
+        if h is None or not any(_lit(a, 0.5) for a in h.ins):
+            continue
+        one = rw.node(next((a for a in h.ins if not isinstance(a, Lit)), None), "add")
+        if one is None or not any(_lit(a, 1.0) for a in one.ins):
+            continue
+        t = rw.node(next((a for a in one.ins if not isinstance(a, Lit)), None), "tanh")
+        c1 = rw.node(t.ins[0], "mul") if t is not None else None
+        if c1 is None or not any(_lit(a, _GELU_C1, 1e-5) for a in c1.ins):
+            continue
+        inner = rw.node(next((a for a in c1.ins if not isinstance(a, Lit)), None), "add")
+        cube_term = _other(inner, x) if inner is not None else None
+        c2 = rw.node(cube_term, "mul") if cube_term is not None else None
+        if c2 is None or not any(_lit(a, _GELU_C2, 1e-4) for a in c2.ins):
+            continue
+        cube = rw.node(next((a for a in c2.ins if not isinstance(a, Lit)), None), "integer_pow")
+        if cube is None or cube.params.get("y") != 3 or cube.ins[0] is not x:
+            continue
+        return _new("gelu", final, [x]), [h, one, t, c1, inner, c2, cube]
+    return None
+
+
+def _cross_entropy(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    if final.prim != "neg":
+        return None
+    red = rw.node(final.ins[0], "reduce_sum")
+    prod = rw.node(red.ins[0], "mul") if red is not None and len(red.params["axes"]) == 1 else None
+    if prod is None:
+        return None
+    for lsm_v, hot_v in (prod.ins, prod.ins[::-1]):
+        lsm, hot = rw.node(lsm_v, "log_softmax"), rw.node(hot_v, "_one_hot")
+        if lsm is None or hot is None:
+            continue
+        axis = red.params["axes"][0]
+        lsm_axes = [n.params["axes"] for n in lsm.body or [] if n.prim == "reduce_max"]
+        if lsm_axes != [(axis,)] or lsm.outs[0].shape[axis] != hot.outs[0].shape[axis]:
+            continue
+        return _new("cross_entropy", final, [lsm.ins[0], hot.ins[0]], axis=axis), [red, prod, lsm, hot]
+    return None
+
+
+def _index_normalization(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+    """``select_n(i < 0, i, i + n)``: JAX's wrap of negative indices (ids are in range: the identity)."""
+    if final.prim != "select_n" or len(final.ins) != 3:
+        return None
+    pred, i, wrapped = final.ins
+    lt, add = rw.node(pred, "lt"), rw.node(wrapped, "add")
+    if lt is None or add is None or lt.ins[0] is not i or not _lit(lt.ins[1], 0.0) or i not in add.ins:
+        return None
+    return _new("alias", final, [i]), [lt, add]
+
+
+PATTERNS = (_index_normalization, _mean, _softmax, _layer_norm, _gelu, _cross_entropy)
+
+
+def rewrite(nodes: list[Node]) -> list[Node]:
+    """``nodes`` with every pattern of :data:`PATTERNS` replaced by its composite node, and the
+    composite calls no pattern used replaced by their bodies."""
+    rw = _Rewriter(nodes)
+    for pattern in PATTERNS:
+        changed = True
+        while changed:
+            changed = False
+            for n in list(rw.nodes):
+                if id(n) in rw.alive and rw.match(n, lambda f, p=pattern: p(rw, f)):
+                    changed = True
+    out: list[Node] = []
+    for n in rw.nodes:
+        out.extend(rewrite(n.body) if n.body is not None else [n])
+    return out

@@ -1,0 +1,203 @@
+"""A JAX function as a flat list of primitive applications.
+
+:func:`flatten` traces a function with :func:`jax.make_jaxpr` and flattens the jaxpr: calls
+(``jit``/``pjit``, ``closed_call``, ``remat``, ``custom_jvp_call``, ``custom_vjp_call``) are inlined,
+``scan`` loops are unrolled (iteration ``i`` of a loop tagged ``layer.i``, so the layers of a scanned
+stack become the repeated blocks the cost model and the solvers tie), and each application keeps its
+source line and its scope (``jax.named_scope`` names), for error messages and block tags. The calls
+in :data:`COMPOSITES` (``log_softmax``, ``_one_hot``) are kept whole, with their body, for the
+pattern pass (:mod:`layoutsearch.importer.patterns`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import source_info_util
+from jax.extend import core as jcore
+
+from layoutsearch.errors import GraphError
+
+COMPOSITES = frozenset({"log_softmax", "_one_hot"})
+"""Named calls kept whole for the pattern pass: JAX's ``jax.nn.log_softmax`` and ``jax.nn.one_hot``."""
+
+_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False)
+class Var:
+    """A value of the flattened program: its shape and dtype (numpy name)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    id: int = field(default_factory=lambda: next(_ids))
+
+    def __repr__(self) -> str:
+        return f"v{self.id}:{self.dtype}{list(self.shape)}"
+
+
+@dataclass(frozen=True)
+class Lit:
+    """A scalar constant operand."""
+
+    value: float
+
+
+Operand = Var | Lit
+
+
+@dataclass(eq=False)
+class Node:
+    """One primitive application: ``outs = prim[params](*ins)``; ``where`` is its source line, ``scope``
+    its ``named_scope`` path (``a/b/c``), ``block`` the repeated block (scan iteration) it belongs to."""
+
+    prim: str
+    ins: list[Operand]
+    outs: list[Var]
+    params: dict[str, Any]
+    where: str
+    scope: str
+    block: str | None = None
+    body: list[Node] | None = None  # a composite call's flattened body (its ins/outs are the call's)
+
+
+@dataclass
+class Program:
+    """The flattened function: its inputs (one per pytree leaf), its outputs, and its nodes in order."""
+
+    inputs: list[Var]
+    outputs: list[Operand]
+    nodes: list[Node]
+    jaxpr: Any  # the ClosedJaxpr, shown by ``--debug``
+
+
+def _var(aval: Any) -> Var:
+    return Var(tuple(int(d) for d in aval.shape), np.dtype(aval.dtype).name)
+
+
+def _where(eqn: Any) -> str:
+    return source_info_util.summarize(eqn.source_info)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p for p in parts if p)
+
+
+def _closed(j: Any) -> tuple[Any, Sequence[Any]]:
+    """(jaxpr, consts) of a ``Jaxpr`` or ``ClosedJaxpr`` parameter."""
+    if isinstance(j, jcore.ClosedJaxpr):
+        return j.jaxpr, j.consts
+    return j, ()
+
+
+def _sub_jaxpr(eqn: Any) -> Any:
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if key in eqn.params:
+            return eqn.params[key]
+    raise GraphError(f"call primitive {eqn.primitive.name} at {_where(eqn)} has no body to inline")
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+
+    def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Operand], scope: str,
+            block: str | None) -> list[Operand]:
+        env: dict[Any, Operand] = {}
+
+        def read(a: Any) -> Operand:
+            if isinstance(a, jcore.Literal):
+                return _literal(a.val, "a literal")
+            return env[a]
+
+        for v, c in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = _literal(c, f"a constant captured by the function ({v.aval.str_short()})")
+        for v, a in zip(jaxpr.invars, args, strict=True):
+            env[v] = a
+        for eqn in jaxpr.eqns:
+            ins = [read(a) for a in eqn.invars]
+            name = eqn.primitive.name
+            where = _where(eqn)
+            inner = _join(scope, str(eqn.source_info.name_stack))
+            if name in _CALLS and eqn.params.get("name") in COMPOSITES:
+                outs = [_var(v.aval) for v in eqn.outvars]
+                body = _Flattener()
+                sub, sub_consts = _closed(_sub_jaxpr(eqn))
+                results = body.run(sub, sub_consts, ins, inner, block)
+                # the body writes its own output vars: map them onto the call's
+                body_nodes = body.nodes
+                for node in body_nodes:
+                    node.outs = [outs[results.index(o)] if o in results else o for o in node.outs]
+                self.nodes.append(Node(eqn.params["name"], ins, outs, {}, where, inner, block, body_nodes))
+                results = outs
+            elif name in _CALLS:
+                sub, sub_consts = _closed(_sub_jaxpr(eqn))
+                if name in ("custom_vjp_call", "custom_vjp_call_jaxpr"):
+                    ins = ins[len(ins) - len(sub.invars):]
+                results = self.run(sub, sub_consts, ins, inner, block)
+            elif name == "scan":
+                results = self._scan(eqn, ins, inner, block)
+            else:
+                outs = [_var(v.aval) for v in eqn.outvars]
+                self.nodes.append(Node(name, ins, outs, dict(eqn.params), where, inner, block))
+                results = list(outs)
+            for v, r in zip(eqn.outvars, results, strict=True):
+                env[v] = r
+        return [read(a) for a in jaxpr.outvars]
+
+    def _scan(self, eqn: Any, ins: list[Operand], scope: str, block: str | None) -> list[Operand]:
+        """Unroll a scan: iteration ``i`` reads slice ``i`` of each scanned input (an ``index`` node)."""
+        p = eqn.params
+        body, body_consts = _closed(p["jaxpr"])
+        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+        ys: list[list[Operand]] = []
+        order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        for i in order:
+            tag = _join(block or "", f"layer.{i}")
+            sliced: list[Operand] = []
+            for x in xs:
+                if isinstance(x, Lit):
+                    sliced.append(x)
+                    continue
+                out = Var(x.shape[1:], x.dtype)
+                self.nodes.append(Node("index", [x], [out], {"axis": 0, "index": i}, _where(eqn), scope, tag))
+                sliced.append(out)
+            results = self.run(body, body_consts, [*consts, *carry, *sliced], scope, tag)
+            carry = results[:n_carry]
+            ys.append(results[n_carry:])
+        if p["reverse"]:
+            ys.reverse()
+        stacked: list[Operand] = []
+        for j, aval in enumerate(eqn.outvars[n_carry:]):
+            out = _var(aval.aval)
+            self.nodes.append(Node("stack", [y[j] for y in ys], [out], {"axis": 0}, _where(eqn), scope, block))
+            stacked.append(out)
+        return [*carry, *stacked]
+
+
+def _literal(value: Any, what: str) -> Lit:
+    arr = np.asarray(value)
+    if arr.ndim != 0 or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise GraphError(f"{what} is an array of shape {list(arr.shape)}: only scalar constants can be "
+                         "imported (pass arrays to the function as arguments)")
+    if arr.dtype in (np.float32, np.float16):  # the shortest decimal that rounds to it: 1e-05, not 9.99e-06
+        return Lit(float(str(arr)))
+    return Lit(float(arr))
+
+
+def flatten(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Program, Any]:
+    """Trace ``fn(*args)`` and flatten it; returns the program and the output pytree structure."""
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    flat = _Flattener()
+    inputs = [_var(v.aval) for v in closed.jaxpr.invars]
+    outputs = flat.run(closed.jaxpr, closed.consts, inputs, "", None)
+    return Program(inputs, outputs, flat.nodes, closed), jax.tree_util.tree_structure(out_shape)

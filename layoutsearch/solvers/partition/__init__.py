@@ -1,0 +1,207 @@
+"""Pipeline-stage partitioning and device placement of a cost DAG: one front door, one module per method.
+
+**Problem** (:mod:`.instance`): put the nodes of a :class:`~layoutsearch.costdag.CostDAG` on devices —
+``K`` identical pipeline stages, or the device kinds the DAG names (accelerators with a memory limit,
+CPU cores) — honouring co-location groups, eligibility and memory limits, minimizing the throughput
+(max load), latency or GPipe objective, over contiguous placements or any.
+
+**Methods.** :mod:`.dp` (exact DP over down-closed sets, contiguous; Tarnawski et al. 2020, Section 4),
+:mod:`.ilp` (Tarnawski et al.'s ILP through :mod:`layoutsearch.solvers.milp`, CBC or CP-SAT; contiguous
+or not; exact unless a time limit stops it, then with its gap), :mod:`.brute` (tests), and the baselines
+of :mod:`.baselines`. :mod:`.reduce` contracts the problem exactly first. Every result is priced again on
+the original DAG by :func:`.instance.evaluate`, the one definition of the objectives.
+
+References: J. Tarnawski, A. Phanishayee, N. Devanur, D. Mahajan, F. Nina Paravecino, "Efficient
+Algorithms for Device Placement of DNN Graph Operators", NeurIPS 2020. Y. Huang et al., "GPipe:
+Efficient Training of Giant Neural Networks using Pipeline Parallelism", NeurIPS 2019.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from layoutsearch.costdag import CostDAG
+from layoutsearch.errors import PartitionError
+from layoutsearch.solvers.partition.baselines import (
+    against_equal_split,
+    equal_split,
+    expert_split,
+    one_device,
+    read_expert,
+)
+from layoutsearch.solvers.partition.brute import BRUTE_MAX_NODES, brute
+from layoutsearch.solvers.partition.dp import lower_bound, run_dp
+from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIdeals, count_ideals
+from layoutsearch.solvers.partition.ilp import solve_ilp
+from layoutsearch.solvers.partition.instance import (
+    OBJECTIVES,
+    Instance,
+    Partition,
+    StageCosts,
+    check_objective,
+    compile_dag,
+    evaluate,
+    kinds_of,
+    make_partition,
+    memory_message,
+    stage_loads,
+)
+from layoutsearch.solvers.partition.reduce import reduce
+
+SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute")
+AUTO_ILP_TIME_LIMIT = 60.0
+"""Seconds given to the ILP when ``solver="auto"`` falls back to it without a ``time_limit``."""
+
+__all__ = ["AUTO_ILP_TIME_LIMIT", "BRUTE_MAX_NODES", "MAX_IDEALS", "OBJECTIVES", "SOLVERS", "Partition",
+           "StageCosts", "against_equal_split", "count_ideals", "equal_split", "expert_split", "one_device",
+           "partition", "read_expert", "stage_loads"]
+
+
+def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "throughput", microbatches: int = 1,
+              memory_limit: float | None = None, contiguous: bool = True, solver: str = "auto",
+              time_limit: float | None = None, max_ideals: int = MAX_IDEALS, at_most: bool | None = None) -> Partition:
+    """Place the nodes of ``dag`` on devices minimizing ``objective`` (``"throughput"``, ``"latency"`` or
+    ``"gpipe"``; see :mod:`.instance`).
+
+    Devices: ``stages`` identical stages, or the DAG's device kinds (``stages`` and ``memory_limit`` then
+    override the first kind's count and per-device limit). ``at_most``: use at most (True) or exactly (False)
+    that many devices; default exactly for a pipeline of stages, at most for a DAG with device kinds.
+    ``solver``: ``"dp"`` (exact, contiguous), ``"ilp-pulp"`` / ``"ilp-ortools"`` (exact unless stopped by
+    ``time_limit`` seconds), ``"brute"`` (tests), ``"auto"`` (the DP for contiguous throughput or GPipe
+    placements unless the reduced DAG has more than ``max_ideals`` down-closed sets, else OR-tools for at
+    most :data:`AUTO_ILP_TIME_LIMIT` seconds unless ``time_limit`` says otherwise; the ILPs start from the
+    DP's optimum when there is one). Raises :class:`PartitionError` when nothing fits.
+    """
+    check_objective(objective, microbatches)
+    if solver not in SOLVERS:
+        raise PartitionError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
+        raise PartitionError(f"the number of stages (devices) must be an integer >= 1, got {stages!r}")
+    if memory_limit is not None and not memory_limit >= 0:
+        raise PartitionError(f"memory_limit must be a number of bytes >= 0, got {memory_limit!r}")
+    if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
+        raise PartitionError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    limit = None if memory_limit is None else int(memory_limit)
+    kinds = kinds_of(dag, stages, limit)
+    if sum(k.count for k in kinds) < 1:
+        raise PartitionError(f"cost DAG {dag.name!r}: there are no devices to place it on")
+    at_most = bool(dag.devices) if at_most is None else at_most
+    one_kind = len(kinds) == 1 and not kinds[0].host
+    if objective == "gpipe" and not (one_kind and not any(n.backward for n in dag.nodes)):
+        raise PartitionError("the gpipe objective prices one kind of identical stages; this DAG names several "
+                             "device kinds or backward nodes")
+    if not contiguous and objective != "throughput":
+        raise PartitionError(f"the {objective} objective needs contiguous stages (a sample visits the stages in "
+                             "order); drop --non-contiguous or use the throughput objective")
+    if solver == "dp" and (not contiguous or objective == "latency"):
+        raise PartitionError("the DP covers contiguous throughput and gpipe placements; use solver 'ilp-ortools' "
+                             "or 'ilp-pulp'")
+    full = compile_dag(dag, kinds)
+    if not at_most and kinds[0].count > full.n:
+        raise PartitionError(f"cannot split {full.n} nodes of cost DAG {dag.name!r} into {kinds[0].count} "
+                             "non-empty stages")
+    if one_kind and limit is not None:
+        memw = full.memw(microbatches)
+        v = max(range(full.n), key=memw.__getitem__)
+        if memw[v] > limit:
+            raise PartitionError(memory_message(dag, kinds[0].count, microbatches, limit, memw[v], exact=False,
+                                                culprit=full.names[v]))
+    inst = reduce(full, contiguous=contiguous, at_most=at_most, microbatches=microbatches)
+    info: dict[str, Any] = {"units": inst.n} if inst.n != full.n else {}
+    method, sigma_r, optimal, gap = _solve(inst, objective, microbatches, contiguous, at_most, solver, time_limit,
+                                           max_ideals, info)
+    sigma = [0] * full.n
+    unit_of = {x: u for u, members in enumerate(inst.members) for x in members}
+    for v in range(full.n):
+        sigma[v] = sigma_r[unit_of[full.members[v][0]]]
+    part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
+    if gap is None:  # an ILP stopped early: its gap against the best proven bound
+        bounds = [b for b in (info.pop("bound", None), lower_bound(inst)) if b is not None]
+        factor = microbatches + part.num_stages - 1 if objective == "gpipe" else 1
+        gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
+        part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
+    return part
+
+
+def _solve(inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,
+           time_limit: float | None, max_ideals: int, info: dict[str, Any]) -> tuple[str, list[int], bool, float | None]:
+    """(method, unit -> device, optimal, gap; None when to be computed from ``info["bound"]``)."""
+    exact_k = not at_most
+    dp_ok = contiguous and objective != "latency"
+    ideals = None
+    if solver == "auto":
+        solver = "dp" if dp_ok else "ilp-ortools"
+        if dp_ok:
+            try:
+                ideals = Ideals(inst, max_ideals)
+            except TooManyIdeals:
+                solver, info["fallback"] = "ilp-ortools", f"more than {max_ideals} down-closed sets: used the ILP"
+                if time_limit is None:
+                    time_limit = info["time_limit"] = AUTO_ILP_TIME_LIMIT
+    if solver == "dp":
+        return "dp", run_dp(inst, ideals, objective, mb, at_most, max_ideals, info), True, 0.0
+    if solver == "brute":
+        sigma, min_mem = brute(inst, objective, mb, contiguous, exact_k)
+        if not sigma:
+            kind = inst.kinds[0]
+            if len(inst.kinds) == 1 and kind.limit is not None:
+                raise PartitionError(memory_message(inst.dag, kind.count, mb, kind.limit, min_mem, exact=True))
+            raise PartitionError(f"no placement of cost DAG {inst.dag.name!r} fits the devices' memory")
+        return "brute force", sigma, True, 0.0
+    hint = _warm_start(inst, objective, mb, at_most, max_ideals, info)
+    sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint)
+    if sigma and _over_memory(inst, sigma, objective, mb):
+        # The solver's feasibility tolerance (about 1e-6, relative) let a device exceed its limit by a hair:
+        # solve again with the limits tightened by more than that tolerance.
+        margin = max(1, math.ceil(max(k.limit or 0 for k in inst.kinds) * 2e-6))
+        info["memory_limit_tightened_by"] = margin
+        sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint, margin)
+    if sol.status == "infeasible":
+        raise PartitionError(_infeasible_message(inst, mb, contiguous, max_ideals))
+    if sol.status == "none":
+        raise PartitionError(f"{solver} found no partition within the time limit of {time_limit} s; raise "
+                             "--time-limit")
+    if sol.status == "optimal":
+        return solver, sigma, True, 0.0
+    if sol.bound is not None:
+        info["bound"] = sol.bound
+    return solver, sigma, False, None
+
+
+def _warm_start(inst: Instance, objective: str, mb: int, at_most: bool, max_ideals: int,
+                info: dict[str, Any]) -> list[int] | None:
+    """The DP's contiguous throughput optimum as an ILP start, when the DP is cheap enough (1/10 of the cap)."""
+    if objective == "gpipe":
+        return None
+    try:
+        ideals = Ideals(inst, max(1, max_ideals // 10))
+        sigma = run_dp(inst, ideals, "throughput", mb, at_most, max_ideals, {})
+    except (TooManyIdeals, PartitionError):
+        return None
+    info["warm_start"] = "dp"
+    return sigma
+
+
+def _over_memory(inst: Instance, sigma: list[int], objective: str, mb: int) -> bool:
+    _, mem = evaluate(inst, sigma, objective, mb)
+    return any(inst.kinds[inst.device_kind[d]].limit is not None and m > inst.kinds[inst.device_kind[d]].limit
+               for d, m in enumerate(mem))
+
+
+def _infeasible_message(inst: Instance, mb: int, contiguous: bool, max_ideals: int) -> str:
+    kind = inst.kinds[0]
+    if len(inst.kinds) != 1 or kind.limit is None:
+        return f"no placement of cost DAG {inst.dag.name!r} fits the devices' memory"
+    if contiguous:
+        from layoutsearch.solvers.partition.dp import DP
+
+        try:
+            mem = DP(inst, Ideals(inst, max_ideals), "memory", mb, False).solve(0.0)
+            assert mem is not None
+            return memory_message(inst.dag, kind.count, mb, kind.limit, int(mem[0]), exact=True)
+        except TooManyIdeals:
+            pass
+    memw = inst.memw(mb)
+    return memory_message(inst.dag, kind.count, mb, kind.limit, max(max(memw), -(-sum(memw) // kind.count)),
+                          exact=False)

@@ -1,0 +1,134 @@
+"""Baselines a placement is compared with: equal split, one device, a human expert's split.
+
+Each is priced by the same definition as the optimum (:func:`~.instance.evaluate`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from layoutsearch.costdag import CostDAG
+from layoutsearch.errors import PartitionError
+from layoutsearch.solvers.partition.instance import (
+    STAGE,
+    Instance,
+    Kind,
+    Partition,
+    check_objective,
+    compile_dag,
+    kinds_of,
+    make_partition,
+)
+
+
+def equal_split(dag: CostDAG, stages: int, *, objective: str = "throughput", microbatches: int = 1,
+                by: str = "auto") -> Partition:
+    """Equal numbers of layers per stage (``by="layers"``; nodes carry a ``layer``) or of nodes in
+    topological order (``by="nodes"``); ``"auto"`` uses layers when every node has one and there are at
+    least ``stages`` layers. Earlier stages take the remainder. One kind of identical stages."""
+    check_objective(objective, microbatches)
+    inst = compile_dag(dag, [Kind(STAGE, stages, None, False)])
+    layers = [dag.node(name).layer for name in inst.names]
+    if by == "auto":
+        layered = all(layer is not None for layer in layers) and len(set(layers)) >= stages
+        by = "layers" if layered else "nodes"
+    if by == "layers":
+        if any(layer is None for layer in layers):
+            raise PartitionError("equal split by layers needs a 'layer' on every node")
+        units = sorted(set(layers))  # type: ignore[type-var]
+        key = [units.index(layer) for layer in layers]
+    elif by == "nodes":
+        units, key = list(range(inst.n)), list(range(inst.n))
+    else:
+        raise PartitionError(f"unknown split unit {by!r}; choose layers, nodes or auto")
+    if stages < 1 or stages > len(units):
+        raise PartitionError(f"cannot split {len(units)} {by} into {stages} non-empty stages")
+    base, extra = divmod(len(units), stages)
+    bounds = np.cumsum([base + (s < extra) for s in range(stages)])
+    sigma = [int(np.searchsorted(bounds, u, side="right")) for u in key]
+    return make_partition(inst, sigma, objective, microbatches, f"equal {by}", False, None, {})
+
+
+def against_equal_split(dag: CostDAG, part: Partition) -> dict[str, Any]:
+    """``part`` against :func:`equal_split` into as many stages under the same objective: the split's method,
+    objective and largest stage memory, and ``optimal_over_baseline`` (``part``'s objective / the split's;
+    None when the split's is 0)."""
+    base = equal_split(dag, part.num_stages, objective=part.kind, microbatches=part.microbatches)
+    return {"method": base.method, "objective": base.objective, "max_memory": max(base.memory),
+            "optimal_over_baseline": part.objective / base.objective if base.objective else None}
+
+
+def one_device(inst: Instance, objective: str, mb: int) -> Partition | None:
+    """Everything on the first device of the first kind that can run every node (None: no such kind)."""
+    for k, kind in enumerate(inst.kinds):
+        if kind.count and all(math.isfinite(t) for t in inst.time[k]):
+            d = inst.device_kind.index(k)
+            return make_partition(inst, [d] * inst.n, objective, mb, f"one {kind.name}", False, None, {}, check=False)
+    return None
+
+
+def read_expert(path: str | Path, dag: CostDAG) -> dict[str, tuple[str, int]]:
+    """A human expert's split (Tarnawski et al.'s ``human-experts/*.json``: ``fpgas`` and ``cpus``, each a
+    list of ``{"nodes": [ids]}``) as node name -> (device kind, index)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise PartitionError(f"cannot read expert split {str(path)!r}: {e}") from None
+    ids = dag.meta.get("node_ids") or {}
+    by_id = {str(i): name for name, i in ids.items()}
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k, []), list) for k in ("fpgas", "cpus")):
+        raise PartitionError(f"expert split {str(path)!r}: expected an object with 'fpgas' and 'cpus' lists")
+    kinds = {"fpgas": dag.devices[0].name if dag.devices else STAGE,
+             "cpus": dag.devices[1].name if len(dag.devices) > 1 else "cpu"}
+    out: dict[str, tuple[str, int]] = {}
+    for field, kind in kinds.items():
+        for i, dev in enumerate(doc.get(field, [])):
+            nodes = dev.get("nodes") if isinstance(dev, dict) else None
+            if not isinstance(nodes, list):
+                raise PartitionError(f"expert split {str(path)!r}: {field}[{i}] needs a 'nodes' list")
+            for node in nodes:
+                name = by_id.get(str(node), node if isinstance(node, str) else None)
+                if name not in dag.index:
+                    raise PartitionError(f"expert split {str(path)!r}: {field}[{i}] names unknown node {node!r}")
+                if name in out:
+                    raise PartitionError(f"expert split {str(path)!r}: node {node!r} is placed twice")
+                out[name] = (kind, i)
+    return out
+
+
+def expert_split(dag: CostDAG, split: dict[str, tuple[str, int]], objective: str, mb: int,
+                 stages: int | None = None, memory_limit: int | None = None) -> Partition:
+    """Price an expert's split. Nodes it leaves out go with a neighbour it placed (the expert files omit some
+    zero-time nodes); a split with more devices of a kind than there are is refused."""
+    inst = compile_dag(dag, kinds_of(dag, stages, memory_limit))
+    offset = {k.name: sum(x.count for x in inst.kinds[:i]) for i, k in enumerate(inst.kinds)}
+    count = {k.name: k.count for k in inst.kinds}
+    place: dict[str, int] = {}
+    for name, (kind, i) in split.items():
+        if kind not in count or i >= count[kind]:
+            raise PartitionError(f"the expert split uses {kind} {i}, but there are {count.get(kind, 0)} {kind} devices")
+        place[name] = offset[kind] + i
+    neighbours: dict[str, list[str]] = {n: [] for n in dag.names}
+    for e in dag.edges:
+        neighbours[e.src].append(e.dst)
+        neighbours[e.dst].append(e.src)
+    missing = [n for n in dag.names if n not in place]
+    while missing:
+        rest = []
+        for n in missing:
+            near = [place[m] for m in neighbours[n] if m in place]
+            if near:
+                place[n] = min(near)
+            else:
+                rest.append(n)
+        if len(rest) == len(missing):
+            raise PartitionError(f"the expert split leaves {len(rest)} node(s) without a placed neighbour, e.g. "
+                                 f"{rest[0]!r}")
+        missing = rest
+    sigma = [place[inst.names[v]] for v in range(inst.n)]
+    return make_partition(inst, sigma, objective, mb, "human expert", False, None, {}, check=False)

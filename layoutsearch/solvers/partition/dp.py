@@ -1,0 +1,239 @@
+"""Exact DP over down-closed sets for contiguous placements (Tarnawski et al. 2020, Section 4).
+
+**Problem.** Contiguous placements (see :mod:`.instance`) minimizing the throughput (max load) or GPipe
+objective, each device within its kind's memory limit. Each device holds ``I \\ J`` for ideals
+``J ⊊ I`` of the order graph, the ideals forming a chain.
+
+**Recurrence.** ``dp[s][I] = min over kinds k with s_k >= 1, ideals J ⊊ I of max(dp[s - e_k][J],
+load_k(I \\ J))`` with ``dp[0][∅] = 0``, where ``s`` counts the devices used of each kind; the answer is
+``dp[counts][V]`` (exactly ``K`` stages of one kind) or the least ``dp[s][V]`` over ``s <= counts`` (at
+most that many devices). A stage's load on kind ``k``: its time on ``k`` (infinite when a unit may not run
+there or the stage exceeds the kind's memory) plus, unless ``k`` is a host kind, the transfer time of
+every tensor crossing the stage's boundary; such a tensor crosses the boundary of ``I`` or of ``J``, so
+only those are priced. Pairs are pruned to ``key(I) - key(J) <= U`` for an upper bound ``U`` (the key, the
+least time of the units on any kind, lower-bounds every load), found by a first pass over the prefixes of
+the unit order (intervals of one topological order); the result is exact.
+
+**Complexity.** ``O(P (w + f d) S)`` for ``P <= m^2`` priced pairs of the ``m`` ideals, ``f`` the largest
+cut, ``d`` the largest fan-out and ``S`` the number of device-count vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from layoutsearch.errors import PartitionError
+from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIdeals
+from layoutsearch.solvers.partition.instance import Instance, evaluate, memory_message
+
+_RTOL = 1e-9
+_PAIR_BUDGET = 400_000
+_GATHER_BUDGET = 40_000_000
+
+
+class DP:
+    """The recurrence of the module docstring over ideals sorted by (key, size); ``subset`` restricts the
+    ideals (the prefixes of one topological order give the best interval split, a quick upper bound).
+    ``objective="memory"`` minimizes the largest stage memory instead (for error messages)."""
+
+    def __init__(self, inst: Instance, ideals: Ideals, objective: str, microbatches: int, at_most: bool,
+                 subset: np.ndarray | None = None) -> None:
+        self.inst, self.I, self.objective, self.mb, self.at_most = inst, ideals, objective, microbatches, at_most
+        # int64 unless the largest ideal's memory could reach 2^62 (then exact Python integers)
+        wide = int(ideals.mem.max(initial=0)) + microbatches * int(ideals.act.max(initial=0)) >= 2**62
+        mem, act = (ideals.mem.astype(object), ideals.act.astype(object)) if wide else (ideals.mem, ideals.act)
+        self.memw = mem + microbatches * act
+        self.key = self.memw.astype(np.float64) if objective == "memory" else ideals.key
+        idx = np.arange(ideals.m) if subset is None else np.asarray(subset)
+        self.order = idx[np.lexsort((ideals.size[idx], self.key[idx]))]
+        self.key_sorted = self.key[self.order]
+        self.total = float(self.key[ideals.full])
+        self.counts = tuple(k.count for k in inst.kinds)
+        self.k = sum(self.counts)
+        self.states = list(np.ndindex(*(c + 1 for c in self.counts)))
+        self.sid = {s: i for i, s in enumerate(self.states)}
+        limits = [k.limit for k in inst.kinds]
+        self.limit = None if objective == "memory" or any(lim is None for lim in limits) else max(limits)
+        self.pairs = 0
+        self.rounds = 0
+
+    def solve(self, lower: float, upper: float | None = None) -> tuple[float, list[tuple[int, int]]] | None:
+        """The optimum and its chain ``[(ideal, kind)]`` from ``∅`` to ``V`` (the kind of the stage ending at
+        each ideal; None if infeasible). ``upper``: the value of a known solution, if any."""
+        lower = max(lower, self.total / self.k)
+        ub = upper if upper is not None else max(lower * 1.25, 1e-300)
+        while True:
+            self.rounds += 1
+            got = self._run(ub)
+            if got is not None and got[0] <= ub * (1 + _RTOL):
+                return got
+            if got is None and ub >= self.total:  # every pair was in the window: nothing fits
+                return None
+            ub = got[0] if got is not None else ub * 2
+
+    def _windows(self, ub: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per sorted position of I: the sorted positions ``[lo, hi)`` of the J worth pairing with it."""
+        u, ks, k, total = ub * (1 + _RTOL) + 1e-300, self.key_sorted, self.k, self.total
+        first = np.ceil(ks / u)  # the stages I may end: first .. last
+        last = k - np.ceil((total - ks) / u)
+        lo = np.maximum(np.searchsorted(ks, ks - u, side="left"),
+                        np.searchsorted(ks, total - (k + 1 - first) * u, side="left"))
+        hi = np.minimum(np.arange(len(ks)), np.searchsorted(ks, (last - 1) * u, side="right"))
+        return lo, np.where(first <= last, np.maximum(hi, lo), lo)
+
+    def _run(self, ub: float) -> tuple[float, list[tuple[int, int]]] | None:
+        m, nk = self.I.m, len(self.counts)
+        dp = np.full((len(self.states), m), math.inf)
+        dp[0, self.I.empty] = 0.0
+        lo, hi = self._windows(ub)
+        cum = np.cumsum(hi - lo)
+        budget = max(1000, min(_PAIR_BUDGET, _GATHER_BUDGET // max(1, self.I.cut_t.shape[1] * self.I.tcons.shape[1])))
+        a, n = 0, len(lo)
+        steps = [(i, k, self.sid[s[:k] + (s[k] - 1,) + s[k + 1:]])
+                 for i, s in enumerate(self.states) for k in range(nk) if s[k] >= 1]
+        while a < n:
+            b = max(a + 1, int(np.searchsorted(cum, (cum[a - 1] if a else 0) + budget, side="right")))
+            q, p, loads = self._pairs(np.arange(a, b), lo[a:b], hi[a:b])
+            a = b
+            if not len(q):
+                continue
+            starts = np.flatnonzero(np.r_[True, q[1:] != q[:-1]])
+            uq = q[starts]
+            for i, k, prev in steps:
+                dp[i, uq] = np.minimum(dp[i, uq], np.minimum.reduceat(np.maximum(dp[prev, p], loads[k]), starts))
+        ends = dp[:, self.I.full]
+        end = int(np.argmin(ends)) if self.at_most else len(self.states) - 1
+        value = float(ends[end])
+        if not math.isfinite(value):
+            return None
+        chain: list[tuple[int, int]] = []
+        q_ideal, state = self.I.full, end
+        pos = {int(i): j for j, i in enumerate(self.order)}
+        while state != 0:
+            qpos = np.array([pos[q_ideal]])
+            _, p, loads = self._pairs(qpos, lo[qpos], hi[qpos])
+            best = None
+            for i, k, prev in steps:
+                if i != state:
+                    continue
+                vals = np.maximum(dp[prev, p], loads[k])
+                j = int(np.argmin(vals))
+                if best is None or vals[j] < best[0]:
+                    best = (float(vals[j]), k, prev, int(p[j]))
+            assert best is not None
+            chain.append((q_ideal, best[1]))
+            state, q_ideal = best[2], best[3]
+        assert q_ideal == self.I.empty
+        return value, chain[::-1]
+
+    def _pairs(self, qpos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Ideal pairs (I, J), J ⊊ I, I at sorted positions ``qpos``, J at ``[lo, hi)``; with the load of
+        ``I \\ J`` on each kind."""
+        ideals, inst = self.I, self.inst
+        counts = hi - lo
+        total = int(counts.sum())
+        q = np.repeat(self.order[qpos], counts)
+        offsets = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        p = self.order[offsets]
+        keep = ideals.size[p] < ideals.size[q]
+        q, p = q[keep], p[keep]
+        keep = ideals.has(q[:, None], ideals.maxel[p]).all(axis=1)  # J ⊆ I iff I holds J's maximal units
+        q, p = q[keep], p[keep]
+        memw = self.memw[q] - self.memw[p]
+        if self.limit is not None:
+            keep = memw <= self.limit
+            q, p, memw = q[keep], p[keep], memw[keep]
+        self.pairs += len(q)
+        if self.objective == "memory":
+            return q, p, [memw.astype(np.float64)] * len(inst.kinds)
+        if self.objective == "gpipe":  # every tensor goes forward: the cuts are the live tensors
+            transfers = ideals.cut[q] + ideals.cut[p]
+        else:
+            transfers = self._transfers(q, p)
+        loads = []
+        for k, kind in enumerate(inst.kinds):
+            load = ideals.time[k][q] - ideals.time[k][p] + (0.0 if kind.host else transfers)
+            bad = ideals.inel[k][q] != ideals.inel[k][p]
+            if kind.limit is not None and kind.limit != self.limit:
+                bad |= memw > kind.limit
+            loads.append(np.where(bad, math.inf, load))
+        return q, p, loads
+
+    def _transfers(self, q: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The transfer time of the tensors crossing the boundary of ``I \\ J``: those of cut(I), and those
+        of cut(J) that do not cross I (counted once)."""
+        ideals, n = self.I, self.inst.n
+        total = np.zeros(len(q))
+        for rows, dedupe in ((ideals.cut_t[q], False), (ideals.cut_t[p], True)):
+            src = ideals.tsrc[rows]
+            cons = ideals.tcons[rows]
+            valid = cons < n
+            in_i_src = ideals.has(q[:, None], src).astype(bool)
+            src_s = in_i_src & ~ideals.has(p[:, None], src).astype(bool)
+            in_i = ideals.has(q[:, None, None], cons).astype(bool)
+            cons_s = in_i & ~ideals.has(p[:, None, None], cons).astype(bool)
+            cross = np.where(src_s, (valid & ~cons_s).any(axis=2), (valid & cons_s).any(axis=2))
+            if dedupe:
+                cross &= ~np.where(in_i_src, (valid & ~in_i).any(axis=2), (valid & in_i).any(axis=2))
+            total += (ideals.tc[rows] * cross).sum(axis=1)
+        return total
+
+
+def run_dp(inst: Instance, ideals: Ideals | None, objective: str, mb: int, at_most: bool, max_ideals: int,
+           info: dict[str, Any]) -> list[int]:
+    """The optimal contiguous assignment (unit -> device), or PartitionError."""
+    if ideals is None:
+        try:
+            ideals = Ideals(inst, max_ideals)
+        except TooManyIdeals:
+            raise PartitionError(
+                f"cost DAG {inst.dag.name!r} has more than {max_ideals} down-closed sets after its exact "
+                "reductions: the exact DP is impractical; use solver 'ilp-ortools' (with a time limit) or raise "
+                "max_ideals") from None
+    lower = lower_bound(inst)
+    prefixes = np.array([ideals.index[(1 << i) - 1] for i in range(inst.n + 1)])
+    interval = DP(inst, ideals, objective, mb, at_most, subset=prefixes)
+    first = interval.solve(lower)
+    dp = DP(inst, ideals, objective, mb, at_most)
+    got = dp.solve(lower, None if first is None else first[0])
+    info.update(units=inst.n, ideals=ideals.m, pairs=interval.pairs + dp.pairs, rounds=interval.rounds + dp.rounds)
+    if first is not None:
+        info["interval_split"] = first[0] * (mb + dp.k - 1 if objective == "gpipe" else 1)
+    if got is None:
+        kind = inst.kinds[0]
+        if len(inst.kinds) == 1 and kind.limit is not None:
+            mem = DP(inst, ideals, "memory", mb, at_most).solve(0.0)
+            assert mem is not None
+            raise PartitionError(memory_message(inst.dag, kind.count, mb, kind.limit, int(mem[0]),
+                                                exact=True))
+        raise PartitionError(f"no contiguous placement of cost DAG {inst.dag.name!r} fits the devices' memory")
+    value, chain = got
+    sigma = [0] * inst.n
+    used = [0] * len(inst.kinds)
+    offset = np.cumsum([0] + [k.count for k in inst.kinds])
+    prev = ideals.empty
+    for ideal, k in chain:
+        stage = ideals.bits[ideal] & ~ideals.bits[prev]
+        device = int(offset[k]) + used[k]
+        used[k] += 1
+        for v in range(inst.n):
+            if stage >> v & 1:
+                sigma[v] = device
+        prev = ideal
+    loads, _ = evaluate(inst, sigma, objective, mb)
+    if abs(max(loads) - value) > _RTOL * max(1.0, value) * 10:
+        raise AssertionError(f"DP value {value} disagrees with the evaluated loads {max(loads)}")
+    return sigma
+
+
+def lower_bound(inst: Instance) -> float:
+    """A lower bound on the largest load: loads are at least the time of their units (on the fastest kind
+    each may use), and the devices share the whole."""
+    key = inst.key()
+    return max(math.fsum(key) / max(1, inst.num_devices), max(key))
+
+
+__all__ = ["DP", "MAX_IDEALS", "lower_bound", "run_dp"]

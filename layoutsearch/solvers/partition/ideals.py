@@ -1,0 +1,136 @@
+"""The down-closed sets (ideals) of the order graph, with what the DP needs to price a stage ``I \\ J``.
+
+Enumeration is breadth first by size from the empty set, adding one unit whose order-graph predecessors
+are all in: ``O(m w n / 64)`` for ``m`` ideals of a DAG of width ``w``. ``m`` is ``O(n)`` for layer chains
+with short parallel branches and ``O((n / w)^w)`` in general; a cap stops it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from layoutsearch.costdag import CostDAG
+from layoutsearch.errors import PartitionError
+from layoutsearch.solvers.partition.instance import STAGE, Instance, Kind, compile_dag
+
+MAX_IDEALS = 200_000
+"""Default cap on the number of ideals the DP enumerates (memory: about ``m * n / 8`` bytes)."""
+_UNPACKED_BYTES = 256 * 2**20
+
+
+class TooManyIdeals(Exception):
+    """More ideals than the cap."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.limit = limit
+
+
+class Ideals:
+    """Every ideal with: its time on each kind and its ``key`` (the sum of its units' smallest time on any
+    kind), both exactly rounded so that ``J ⊆ I`` implies ``t[J] <= t[I]``; the
+    number of its units not eligible on each kind, memory, the tensors crossing its boundary either way
+    (``cut``, padded with a dummy tensor of cost 0), its maximal units (padded with a dummy unit every
+    ideal holds) and its members (one byte per unit, or bits packed 8 per byte beyond ``_UNPACKED_BYTES``)."""
+
+    def __init__(self, inst: Instance, limit: int) -> None:
+        n, tensors = inst.n, inst.tensors
+        nk = len(inst.kinds)
+        pred_mask = [sum(1 << u for u in inst.preds[v]) for v in range(n)]
+        pred_set = [frozenset(p) for p in inst.preds]
+        touch: list[list[int]] = [[] for _ in range(n)]
+        for t, (src, cons, _) in enumerate(tensors):
+            for v in {src, *cons}:
+                touch[v].append(t)
+        tsrc_bit = [1 << src for src, _, _ in tensors]
+        cons_mask = [sum(1 << w for w in cons) for _, cons, _ in tensors]
+        dens, nums, inel = [], [], []
+        for times in [*inst.time, inst.key()]:
+            finite = [c if c != float("inf") else 0.0 for c in times]
+            den = max((c.as_integer_ratio()[1] for c in finite), default=1)
+            dens.append(den)
+            nums.append([c.as_integer_ratio()[0] * (den // c.as_integer_ratio()[1]) for c in finite])
+            inel.append([int(c == float("inf")) for c in times])
+
+        def crosses(t: int, bits: int) -> bool:
+            return (cons_mask[t] & ~bits if bits & tsrc_bit[t] else cons_mask[t] & bits) != 0
+
+        zero = (0,) * (nk + 1)
+        roots = tuple(v for v in range(n) if not inst.preds[v])
+        records = [(0, roots, zero, zero, 0, 0, (), ())]
+        seen = {0: 0}
+        head = 0
+        while head < len(records):
+            bits, addable, cint, bad, mem, act, cut, maxel = records[head]
+            head += 1
+            for v in addable:
+                child = bits | (1 << v)
+                if child in seen:
+                    continue
+                if len(records) >= limit:
+                    raise TooManyIdeals(limit)
+                seen[child] = len(records)
+                new_addable = tuple(a for a in addable if a != v) + tuple(
+                    w for w in inst.succs[v] if pred_mask[w] | child == child)
+                changed = set(touch[v])
+                new_cut = tuple(t for t in cut if t not in changed) + tuple(
+                    t for t in sorted(changed) if crosses(t, child))
+                records.append((child, new_addable, tuple(c + nums[k][v] for k, c in enumerate(cint)),
+                                tuple(b + inel[k][v] for k, b in enumerate(bad)), mem + inst.fixed[v],
+                                act + inst.act[v], new_cut,
+                                tuple(u for u in maxel if u not in pred_set[v]) + (v,)))
+        m = len(records)
+        self.m, self.n = m, n
+        self.bits = [r[0] for r in records]
+        self.size = np.array([r[0].bit_count() for r in records], dtype=np.int32)
+        self.time = [np.array([r[2][k] / dens[k] for r in records], dtype=np.float64) for k in range(nk)]
+        self.key = np.array([r[2][nk] / dens[nk] for r in records], dtype=np.float64)
+        self.inel = [np.array([r[3][k] for r in records], dtype=np.int32) for k in range(nk)]
+        self.mem = np.array([r[4] for r in records], dtype=np.int64)
+        self.act = np.array([r[5] for r in records], dtype=np.int64)
+        self.tc = np.array([c for _, _, c in tensors] + [0.0])
+        self.tsrc = np.array([s for s, _, _ in tensors] + [n + 1], dtype=np.int32)
+        dmax = max((len(cons) for _, cons, _ in tensors), default=1)
+        self.tcons = np.full((len(tensors) + 1, dmax), n + 1, dtype=np.int32)
+        for t, (_, cons, _) in enumerate(tensors):
+            self.tcons[t, :len(cons)] = cons
+        self.cut_t = _pad([r[6] for r in records], len(tensors))
+        self.maxel = _pad([r[7] for r in records], n)
+        self.cut = self.tc[self.cut_t].sum(axis=1)
+        nb = (n + 2) // 8 + 1
+        always = 1 << n
+        packed = np.frombuffer(b"".join((b | always).to_bytes(nb, "little") for b in self.bits),
+                               dtype=np.uint8).reshape(m, nb)
+        self.unpacked = m * (n + 2) <= _UNPACKED_BYTES
+        if self.unpacked:
+            self.stride = n + 2
+            self.member = np.ascontiguousarray(np.unpackbits(packed, axis=1, bitorder="little")[:, :n + 2]).ravel()
+        else:
+            self.stride, self.member = nb, packed.ravel()
+        self.index = seen
+        self.empty, self.full = 0, seen[(1 << n) - 1]
+
+    def has(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """Whether ideal ``rows`` holds unit ``cols`` (broadcast), as uint8 0/1. Unit ``n`` is in every
+        ideal, unit ``n + 1`` in none."""
+        rows = rows.astype(np.int64) * self.stride
+        if self.unpacked:
+            return np.take(self.member, rows + cols)
+        return (np.take(self.member, rows + (cols >> 3)) >> (cols & 7).astype(np.uint8)) & 1
+
+
+def _pad(rows: list[tuple[int, ...]], fill: int) -> np.ndarray:
+    width = max(1, max(map(len, rows)))
+    out = np.full((len(rows), width), fill, dtype=np.int32)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+def count_ideals(dag: CostDAG, limit: int = MAX_IDEALS) -> int:
+    """The number of down-closed sets of a cost DAG (including the empty set and the whole DAG); raises
+    :class:`PartitionError` beyond ``limit``."""
+    try:
+        return Ideals(compile_dag(dag, [Kind(STAGE, 1, None, False)]), limit).m
+    except TooManyIdeals:
+        raise PartitionError(f"cost DAG {dag.name!r} has more than {limit} down-closed sets") from None

@@ -1,0 +1,222 @@
+"""The placement ILP (Tarnawski et al. 2020, Section 5), solved through the shared MILP layer.
+
+**Variables.** ``x[v,s,k] = 1`` iff unit ``v`` is on slot ``s`` as a device of kind ``k`` (only where
+``v`` may run on ``k``). Non-contiguous placements and one-kind problems give each slot a fixed device;
+contiguous placements over several kinds let a slot choose its kind (``z[s,k]``, at most ``count_k``
+slots per kind), since the pipeline may alternate kinds.
+
+**Rows.** Every unit on one slot; memory per slot within its kind's limit (integer units of at most
+``2^31``: exact when the sizes share a unit, else rounded conservatively); contiguity as "every prefix of
+slots is down-closed" (``sum_{i<=j} X[u,i] >= sum_{i<=j} X[v,i]`` per order edge ``u -> v``); for
+non-contiguous placements, devices of a kind ordered by their first unit (symmetry). Send and receive
+indicators ``send >= H[src,s] - X[w,s]``, ``recv >= H[w,s] - X[src,s]`` (``H``: on ``s`` as a non-host
+kind) price the transfers; GPipe uses live-across-cut indicators instead. ``L >= load_s`` (throughput,
+GPipe); for latency ``F_s >= load_s``, ``F_s >= F_{s'} + load_s - M (1 - e[s',s])`` with
+``e[s',s] >= X[u,s'] + X[w,s] - 1`` per dependency ``u -> w`` and ``L >= F_s``. ``L`` is also at least the
+trivial lower bound (the time of the units on their fastest kind, shared by the devices). Minimize ``L``.
+
+Times are scaled by that lower bound so that the solvers' absolute tolerances act as relative ones.
+A warm start (the DP's optimum, when there is one) is handed to the solver as a hint.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from layoutsearch.errors import PartitionError
+from layoutsearch.solvers import milp
+from layoutsearch.solvers.partition.dp import lower_bound
+from layoutsearch.solvers.partition.instance import Instance
+
+_CPSAT_RESOLUTION = 1e9
+"""CP-SAT's integer resolution: scaled times (about 1 for the lower bound) in units of one over this."""
+
+
+def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k: bool, backend: str,
+              time_limit: float | None, info: dict[str, Any], hint: Sequence[int] | None = None,
+              memory_margin: int = 0) -> tuple[milp.Result, list[int]]:
+    """Build and solve the ILP; returns the MILP result (objective and bound in the DAG's time unit) and
+    the assignment unit -> device (empty without a solution). ``memory_margin`` tightens every limit."""
+    n, nk = inst.n, len(inst.kinds)
+    mdl = milp.Model()
+    lower = lower_bound(inst)
+    scale = 1.0 / (lower or 1.0)
+    flexible = contiguous and nk > 1
+    slot_kinds = ([list(range(nk))] * inst.num_devices if flexible else [[k] for k in inst.device_kind])
+    nslots = len(slot_kinds)
+    x: list[list[dict[int, int]]] = [[{} for _ in range(nslots)] for _ in range(n)]
+    for v in range(n):
+        for s in range(nslots):
+            for k in slot_kinds[s]:
+                if math.isfinite(inst.time[k][v]) and inst.kinds[k].count:
+                    x[v][s][k] = mdl.var()
+    X = [[dict.fromkeys(x[v][s].values(), 1.0) for s in range(nslots)] for v in range(n)]
+    H = [[{i: 1.0 for k, i in x[v][s].items() if not inst.kinds[k].host} for s in range(nslots)] for v in range(n)]
+    for v in range(n):
+        mdl.add({i: 1 for s in range(nslots) for i in x[v][s].values()}, 1, 1)
+    if flexible:
+        z = [{k: mdl.var() for k in range(nk)} for _ in range(nslots)]
+        for s in range(nslots):
+            mdl.add(dict.fromkeys(z[s].values(), 1), hi=1)
+            for v in range(n):
+                for k, i in x[v][s].items():
+                    mdl.add({i: 1, z[s][k]: -1}, hi=0)
+        for k in range(nk):
+            mdl.add({z[s][k]: 1 for s in range(nslots)}, hi=inst.kinds[k].count)
+    if exact_k:
+        for s in range(nslots):
+            mdl.add({i: 1 for v in range(n) for i in X[v][s]}, 1)
+    _memory_rows(inst, mdl, x, mb, memory_margin, info)
+    if contiguous:
+        for v in range(n):
+            for u in inst.preds[v]:
+                for j in range(nslots - 1):
+                    row: dict[int, float] = {}
+                    for i in range(j + 1):
+                        for var in X[u][i]:
+                            row[var] = row.get(var, 0.0) + 1
+                        for var in X[v][i]:
+                            row[var] = row.get(var, 0.0) - 1
+                    mdl.add(row, 0)
+    else:
+        for s in range(1, nslots):
+            if inst.device_kind[s] != inst.device_kind[s - 1]:
+                continue
+            for v in range(n):
+                row = dict(X[v][s]) | {var: -1.0 for u in range(v) for var in X[u][s - 1]}
+                mdl.add(row, hi=0)
+    loads: list[dict[int, float]] = [{} for _ in range(nslots)]
+    for s in range(nslots):
+        for v in range(n):
+            for k, i in x[v][s].items():
+                if inst.time[k][v]:
+                    loads[s][i] = inst.time[k][v] * scale
+    for src, cons, c in inst.tensors:
+        if not c:
+            continue
+        c *= scale
+        if objective == "gpipe":  # live[j] >= [src in prefix j] - [w in prefix j]; paid by stages j and j + 1
+            for j in range(nslots - 1):
+                live = mdl.var(kind="continuous")
+                for w in cons:
+                    row = {live: 1.0}
+                    for i in range(j + 1):
+                        for var in X[src][i]:
+                            row[var] = row.get(var, 0.0) - 1
+                        for var in X[w][i]:
+                            row[var] = row.get(var, 0.0) + 1
+                    mdl.add(row, 0)
+                for s in (j, j + 1):
+                    loads[s][live] = loads[s].get(live, 0.0) + c
+            continue
+        for s in range(nslots):
+            if all(inst.kinds[k].host for k in slot_kinds[s]):
+                continue
+            send, recv = mdl.var(kind="continuous"), mdl.var(kind="continuous")
+            for w in cons:
+                mdl.add({send: 1.0} | _neg(H[src][s]) | X[w][s], 0)
+                mdl.add({recv: 1.0} | _neg(H[w][s]) | X[src][s], 0)
+            loads[s][send] = loads[s][recv] = c
+    top = sum(max((inst.time[k][v] for k in range(nk) if math.isfinite(inst.time[k][v])), default=0.0)
+              for v in range(n)) * scale + 2 * sum(c for _, _, c in inst.tensors) * scale
+    if objective == "gpipe":
+        top += 2 * nslots * sum(c for _, _, c in inst.tensors) * scale
+    res = min(_CPSAT_RESOLUTION, 2**31 / max([abs(c) for ld in loads for c in ld.values()] + [1.0]))
+    goal = mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res)
+    mdl.add({goal: 1.0}, lo=1.0 - 1e-9 if lower else 0.0)
+    if objective == "latency":
+        finish = [mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res) for _ in range(nslots)]
+        big = max(top, 1.0) * 1.01 + 1.0
+        deps = {(src, w) for src, cons, _ in inst.tensors for w in cons}
+        for s in range(nslots):
+            mdl.add({finish[s]: 1.0} | _neg(loads[s]), 0)
+            mdl.add({goal: 1.0, finish[s]: -1.0}, 0)
+            for r in range(s):
+                e = mdl.var(kind="continuous")
+                for u, w in deps:
+                    mdl.add({e: 1.0} | _neg(X[u][r]) | _neg(X[w][s]), -1)
+                mdl.add({finish[s]: 1.0, finish[r]: -1.0, e: -big} | _neg(loads[s]), -big)
+    else:
+        for s in range(nslots):
+            mdl.add({goal: 1.0} | _neg(loads[s]), 0)
+    mdl.objective = {goal: 1.0}
+    if hint:
+        _hint(inst, mdl, x, hint, flexible, z if flexible else None)
+    sol = milp.solve(mdl, "ortools" if backend == "ilp-ortools" else "pulp", time_limit=time_limit,
+                     cp_scale=res, gap=1e-9 if backend == "ilp-pulp" else 0.0)
+    sol = milp.Result(sol.status, sol.values, sol.objective / scale, None if sol.bound is None else sol.bound / scale)
+    if not sol.values:
+        return sol, []
+    return sol, _assignment(inst, x, sol.values, flexible, slot_kinds)
+
+
+def _neg(row: dict[int, float]) -> dict[int, float]:
+    return {i: -c for i, c in row.items()}
+
+
+def _memory_rows(inst: Instance, mdl: milp.Model, x: list[list[dict[int, int]]], mb: int, margin: int,
+                 info: dict[str, Any]) -> None:
+    """Memory per slot and kind in integer units of ``g`` bytes: exact when ``g`` divides every size (their
+    gcd); the solvers' presolve mishandles coefficients beyond ~2^32, so larger numbers are rounded to coarser
+    units, conservatively (sizes up, the limit down): a stage may then be refused for lying within ``n g``
+    bytes of the limit, never admitted over it."""
+    memw = inst.memw(mb)
+    for k, kind in enumerate(inst.kinds):
+        if kind.limit is None:
+            continue
+        limit = max(0, kind.limit - margin)
+        g = math.gcd(limit, *memw) or 1
+        if limit // g > 2**31:
+            g = -(-limit // 2**31)
+            info["memory_unit_bytes"] = g
+        for s in range(len(x[0]) if x else 0):
+            row = {x[v][s][k]: -(-w // g) for v, w in enumerate(memw) if w and k in x[v][s]}
+            if row:
+                mdl.add(row, hi=limit // g)
+
+
+def _hint(inst: Instance, mdl: milp.Model, x: list[list[dict[int, int]]], sigma: Sequence[int], flexible: bool,
+          z: list[dict[int, int]] | None) -> None:
+    """Hint a known assignment (devices numbered kind by kind); flexible slots follow its pipeline order."""
+    import networkx as nx
+
+    used = sorted(set(sigma))
+    if flexible:
+        graph = nx.DiGraph()
+        graph.add_nodes_from(used)
+        graph.add_edges_from((sigma[u], sigma[v]) for v in range(inst.n) for u in inst.preds[v] if sigma[u] != sigma[v])
+        slot = {d: i for i, d in enumerate(nx.lexicographical_topological_sort(graph))}
+    else:
+        slot = {d: d for d in used}
+    for v, d in enumerate(sigma):
+        k = inst.device_kind[d]
+        for s in range(len(x[v])):
+            for kk, i in x[v][s].items():
+                mdl.hint[i] = float(s == slot[d] and kk == k)
+    if z is not None:
+        kind_of = {slot[d]: inst.device_kind[d] for d in used}
+        for s, row in enumerate(z):
+            for k, i in row.items():
+                mdl.hint[i] = float(kind_of.get(s) == k)
+
+
+def _assignment(inst: Instance, x: list[list[dict[int, int]]], values: list[float], flexible: bool,
+                slot_kinds: list[list[int]]) -> list[int]:
+    """Unit -> device from the solution; flexible slots take the devices of their kind in slot order."""
+    place = []
+    for v in range(inst.n):
+        best = max(((values[i], s, k) for s in range(len(x[v])) for k, i in x[v][s].items()), key=lambda t: t[0])
+        place.append((best[1], best[2]))
+    if not flexible:
+        return [s for s, _ in place]
+    offset = [sum(k.count for k in inst.kinds[:i]) for i in range(len(inst.kinds))]
+    device: dict[tuple[int, int], int] = {}
+    used = [0] * len(inst.kinds)
+    for s, k in sorted(set(place)):
+        if used[k] >= inst.kinds[k].count:
+            raise PartitionError("the ILP used more devices of a kind than there are")
+        device[(s, k)] = offset[k] + used[k]
+        used[k] += 1
+    return [device[p] for p in place]

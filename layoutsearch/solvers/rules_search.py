@@ -1,0 +1,320 @@
+"""The rules space searched by bound-and-price: its plans priced by the full cost model, the best proven.
+
+The candidates whose live-set memory bound exceeds the limit are dropped; a lower bound of every other one
+(the einsums' roofline compute alone, which the step can only exceed) orders them; they are priced in that
+order, in batches, until the ``top``-th best plan that fits costs less than the bound of every candidate left
+(Land & Doig 1960's branch and bound with one level). The priced candidates form a one-node problem, which
+the chosen solver solves (enumeration, ILP or DP: the same answer); its serial optimum is then refined under
+overlap (:func:`overlapped_top`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from layoutsearch.costmodel.compute import fastest_matmul_rate, hbm_seconds
+from layoutsearch.costmodel.memory import lifetimes, remat_plan
+from layoutsearch.costmodel.ops import is_matmul, op_flops
+from layoutsearch.costmodel.report import estimate
+from layoutsearch.ir import ops as O
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Layout
+from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.solvers.build import build_space
+from layoutsearch.solvers.clock import Deadline, Progress
+from layoutsearch.solvers.dispatch import solve, solver_for
+from layoutsearch.solvers.plan import Costed
+from layoutsearch.solvers.problem import MemItem, MemRow, Problem
+from layoutsearch.solvers.space import (
+    Pricer,
+    RuleSets,
+    rule_sets,
+    rules_of,
+)
+
+SEARCH_OVERLAP = 0.0
+"""The spaces price a step as the sum of its ops' compute and communication (the overlap schedule is not a
+sum over ops): the objective of the solvers, refined under overlap for the rules space
+(:func:`overlapped_top`); the layers and ops spaces report their plans on these terms."""
+
+
+def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str],
+                    on_chip: frozenset[str] = frozenset()) -> np.ndarray:
+    """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
+    of their inputs not ``on_chip``), which communication and the other ops only add to."""
+    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    total = np.zeros(len(cands))
+    seen: dict[tuple, int] = {}
+    reps: dict[tuple, O.Op] = {}
+    for op in g.ops:
+        if is_matmul(op, g.tensors):  # (vector einsums run at another rate: left out of the bound)
+            key = tuple((g.tensors[x].dims, g.tensors[x].dtype, x in on_chip) for x in (*op.inputs, op.output))
+            seen[key] = seen.get(key, 0) + 1
+            reps.setdefault(key, op)
+
+    def mask(names: tuple[str, ...]) -> np.ndarray:
+        m = np.zeros(len(dims) + 1, bool)
+        m[[dims.index(d) for d in names]] = True
+        return m
+
+    for key, op in reps.items():
+        proj = cands.project(mask(op.iteration_dims(g.tensors)))
+        split = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
+        flops = op_flops(g, op) / split / fastest_matmul_rate(hw)
+        hbm = np.zeros(len(cands))
+        for x in op.inputs:
+            if x in on_chip:
+                continue
+            t = g.tensors[x]
+            px = cands.project(mask(t.dim_names))
+            hbm += t.nbytes / np.where(px >= 0, axis[None, :], 1.0).prod(axis=1)
+        total += seen[key] * np.maximum(flops, hbm_seconds(hbm, hw))
+    return total
+
+
+def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str], remat: str,
+                   on_chip: frozenset[str], points: int = 16) -> np.ndarray:
+    """A lower bound of each candidate's peak memory: the bytes the memory model holds live at a few points of
+    the schedule (the tensors whose lifetime, under ``remat``, spans the point, at their per-device size: fed
+    tensors, saved activations, gradients), the largest over the points. Candidates whose bound exceeds the
+    limit are never priced."""
+    life = lifetimes(g, remat_plan(g, remat))
+    n = len(g.ops)
+    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
+    at = sorted({int(x) for x in np.linspace(0, n - 1, points)} | {int(life.last_backward)} - {-1})
+    split: dict[tuple[str, ...], np.ndarray] = {}
+    best = np.zeros(len(cands))
+    for p in at:
+        live: dict[tuple[str, ...], float] = defaultdict(float)
+        for row in np.nonzero((life.start <= p) & (life.end >= p))[0]:
+            t = life.tensors[int(life.tensor[row])]
+            if row not in skip and t.name not in on_chip:
+                live[t.dim_names] += t.nbytes
+        total = np.zeros(len(cands))
+        for names, nbytes in live.items():
+            if names not in split:
+                m = np.zeros(len(dims) + 1, bool)
+                m[[dims.index(d) for d in names]] = True
+                proj = cands.project(m)
+                split[names] = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
+            total += nbytes / split[names]
+        best = np.maximum(best, total)
+    return best
+
+
+def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(cost, peak memory) of every strategy of a one-node problem."""
+    cost = problem.const + problem.unary[0]
+    if not problem.mem_rows:
+        return cost, np.zeros_like(cost)
+    B = np.stack([it.bytes for it in problem.mem_items])  # items x strategies
+    R = np.zeros((len(problem.mem_rows), len(problem.mem_items)))
+    for r, row in enumerate(problem.mem_rows):
+        for i, c in row.items:
+            R[r, i] += c
+    return cost, (R @ B).max(axis=0)
+
+
+def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
+                ) -> tuple[RuleSets, np.ndarray]:
+    """The rules space's candidates (``extra`` appended) and their roofline bounds: the same for every remat
+    policy."""
+    cands = rule_sets(g, mesh)
+    cands = cands.concat(extra) if extra is not None else cands
+    return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
+
+
+class RulesSearch:
+    """The rules space of one graph, priced lazily in bound order."""
+
+    def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer,
+                 candidates: tuple[RuleSets, np.ndarray], remat: str = "none") -> None:
+        self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
+        self.dims = list(g.dims)
+        self.cands, self.lb = candidates
+        self.mem_lb = _memory_bounds(g, mesh, hw, self.cands, self.dims, remat, pricer.fusion.on_chip)
+        self.cost = np.full(len(self.cands), np.nan)
+        self.mem = np.full(len(self.cands), np.nan)
+        self.rows = 0
+        self.cut_short: list[str] = []  # what a deadline cut short, in words
+
+    def price(self, idx: np.ndarray) -> None:
+        idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
+        if len(idx):
+            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer,
+                                remat=self.remat)
+            self.cost[idx], self.mem[idx] = strategy_values(space.problem)
+            self.rows = max(self.rows, len(space.problem.mem_rows))
+
+    def problem(self, idx: np.ndarray) -> Problem:
+        """The one-node problem of the priced candidates ``idx``: their costs, and their peak memory as one
+        item on one row (the peak of a one-node problem is a number per strategy)."""
+        return Problem(["rules"], [self.cost[idx].copy()], [], [MemItem(0, None, self.mem[idx].copy())],
+                       [MemRow(0.0, ((0, 1),), "peak")])
+
+    def bound_and_price(self, limit: float | None, top: int, progress: Progress | None,
+                        deadline: Deadline | None = None) -> np.ndarray:
+        """Price candidates in bound order until the ``top`` best that fit are proven, or ``deadline`` passes
+        with at least one that fits (noted in :attr:`cut_short`); returns the priced."""
+        order = np.argsort(self.lb, kind="stable")
+        if limit is not None:  # a candidate whose live bytes exceed the limit somewhere cannot fit
+            order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
+        batch, start = 32, 0
+        while start < len(order):
+            self.price(order[start:start + batch])
+            start += batch
+            done = ~np.isnan(self.cost)
+            ok = done & (self.mem <= limit * (1 + 1e-12) if limit is not None else done)
+            if ok.sum() >= top:
+                kth = np.sort(self.cost[ok])[top - 1]
+                if start >= len(order) or self.lb[order[start]] > kth * (1 + 1e-9):
+                    break
+            if deadline is not None and ok.any() and start < len(order) and deadline.passed():
+                self.cut_short.append(f"remat {self.remat}: the time limit ran out after pricing {int(done.sum())} "
+                                      f"of {len(order)} candidates of the rules space (best and runner-ups among "
+                                      "those, not proven)")
+                break
+            if progress is not None:
+                progress(f"rules space: priced {int(done.sum())} of {len(order)} candidates")
+            batch = min(batch * 2, 512)
+        return np.nonzero(~np.isnan(self.cost))[0]
+
+    def price_below(self, cut: float, limit: float | None) -> None:
+        """Price every candidate that may fit and whose roofline bound is at most ``cut``."""
+        want = (self.lb <= cut * (1 + 1e-9)) & np.isnan(self.cost)
+        if limit is not None:
+            want &= self.mem_lb <= limit * (1 + 1e-9)
+        idx = np.nonzero(want)[0]
+        for start in range(0, len(idx), 512):
+            self.price(idx[start:start + 512])
+
+    def min_memory(self) -> tuple[float, int]:
+        """The smallest peak memory of any candidate (priced in resident-bytes bound order) and its index."""
+        order = np.argsort(self.mem_lb, kind="stable")
+        batch, start = 64, 0
+        while start < len(order):
+            self.price(order[start:start + batch])
+            start += batch
+            done = ~np.isnan(self.mem)
+            best = float(np.min(self.mem[done]))
+            if start >= len(order) or self.mem_lb[order[start]] > best:
+                break
+            batch = min(batch * 2, 512)
+        done = np.nonzero(~np.isnan(self.mem))[0]
+        k = done[int(np.argmin(self.mem[done]))]
+        return float(self.mem[k]), int(k)
+
+
+
+def costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, limit: float | None,
+                  optimizer: str, remat: str = "none", attention: str = "auto",
+                  overlap: float | str = "auto") -> Costed:
+    """Rules priced by the cost model (:func:`~layoutsearch.costmodel.estimate`)."""
+    layout = Layout(mesh, rules).check(g)
+    rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, attention=attention, overlap=overlap)
+    fit = limit if limit is not None else hw.usable_bytes
+    return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
+                  rep.memory_bytes <= fit, None, rep, remat=remat)
+
+
+
+MAX_REFINED = 256
+"""At most this many plans of one remat policy are priced with overlap (:func:`overlapped_top`); past it the
+search stops with its best plan (proven when no plan left can beat it; else labelled not proven, with the gap
+to the smallest lower bound left) and runner-ups that are the best priced, not proven."""
+
+
+def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, deadline: Deadline,
+                   overlap: float | str, attention: str, optimizer: str, progress: Progress | None
+                   ) -> tuple[list[Costed], bool, float | None, str]:
+    """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included); the
+    fastest proven.
+
+    The space prices a step as the sum of its ops (``C``: the step without overlap) and, with
+    :meth:`~.space.Pricer.bound`, its compute plus the collectives the step always waits for (``A``, a lower
+    bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
+    gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
+    smallest ``C`` that fit; their ``k``-th is the first cut. Every fitting candidate whose roofline bound is
+    below the cut is priced, its ``A`` computed, and they are priced by the cost model in order of ``A``
+    until the ``top``-th best ``S`` is below the next ``A``; if that ``S`` is above the cut, the cut rises
+    to it and the candidates below the new cut join. Returns (plans fastest first, proven, gap, solver).
+    When ``deadline`` passes, the plans priced so far, not proven (what was cut short: ``rs.cut_short``)."""
+    g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
+    priced = rs.bound_and_price(limit, top, progress, deadline)
+    if not len(priced):
+        return [], True, None, "enumerate"
+    problem = rs.problem(priced)
+    name = solver_for(problem, solver, limit)
+    sols = solve(problem, name, limit, top, deadline.left())
+    if not sols[0].assign:
+        return [], True, None, name
+    exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
+    cut = max(float(rs.cost[priced[s.assign[0]]]) for s in sols)
+    proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
+    lower: dict[int, float] = {}
+    plans: dict[int, Costed] = {}
+    while True:
+        done = np.nonzero(~np.isnan(rs.cost))[0]
+        ok = rs.mem[done] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(done), bool)
+        new = [int(k) for k in done[ok & (rs.lb[done] <= cut * (1 + 1e-9))] if int(k) not in lower]
+        if new and exact:
+            lower.update({k: float(rs.cost[k]) for k in new})
+        elif new:
+            space = build_space(g, mesh, hw, "rules", rules=rs.cands.take(new), pricer=rs.pricer.bound(),
+                                remat=rs.remat)
+            lower.update(zip(new, map(float, strategy_values(space.problem)[0]), strict=True))
+        for low, k in sorted((v, k) for k, v in lower.items() if k not in plans):
+            steps = sorted(p.step_s for p in plans.values())
+            if len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9):
+                break
+            if len(plans) >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups not)
+                if steps[0] > low * (1 + 1e-9):
+                    proven, gap = False, (steps[0] - low) / steps[0]
+                break
+            if plans and deadline.passed():
+                proven = False
+                rs.cut_short.append(f"remat {rs.remat}: the time limit ran out after pricing {len(plans)} plans "
+                                    "with overlap (best and runner-ups among those, not proven)")
+                break
+            if progress is not None and plans and len(plans) % 8 == 0:
+                progress(f"remat {rs.remat}: priced {len(plans)} plans with overlap")
+            plans[k] = costed_rules("", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit, optimizer, rs.remat,
+                                     attention, overlap)
+        steps = sorted(p.step_s for p in plans.values())
+        reach = steps[min(top, len(steps)) - 1]
+        if reach <= cut * (1 + 1e-9) or len(plans) >= MAX_REFINED or (deadline.passed() and not proven):
+            break
+        cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
+        rs.price_below(cut, limit)
+    return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
+
+
+def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies: tuple[str, ...],
+                   searches: list[RulesSearch], limit: float | None, optimizer: str, attention: str,
+                   overlap: float | str, name: str) -> Costed:
+    """Rule set ``rules`` priced with the first of ``policies`` (least recomputation first) under which it
+    fits: the fastest of them, as remat only adds work; the last policy when none fits. A policy whose rules
+    search (in ``searches``) already knows the set's peak memory, or a bound of it, above the limit is
+    skipped."""
+    known = {rs.remat: rs for rs in searches}
+    plan = None
+    for k, policy in enumerate(policies):
+        rs = known.get(policy)
+        i = rs.cands.index(rules) if rs is not None else None
+        if i is not None and limit is not None and k < len(policies) - 1:
+            peak = rs.mem[i] if not np.isnan(rs.mem[i]) else rs.mem_lb[i]
+            if peak > limit * (1 + 1e-9):
+                continue
+        plan = costed_rules(name, g, mesh, hw, rules_of(rules, 0, list(g.dims), mesh), limit, optimizer, policy,
+                             attention, overlap)
+        if plan.fits:
+            break
+    return plan
+
+
+
+__all__ = ["MAX_REFINED", "SEARCH_OVERLAP", "RulesSearch", "costed_rules", "first_fitting", "overlapped_top",
+           "rules_candidates", "strategy_values"]
