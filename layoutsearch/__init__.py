@@ -12,9 +12,13 @@ The public API::
     state = program.init(seed=0)
     state, metrics = program.train_step(state, program.random_batch(seed=0))
     plan.save("plan.json"); ls.Plan.load("plan.json")   # reloads and runs with identical losses
+    graph = ls.from_jax(loss_fn, params, batch, dims=(param_dims, batch_dims))  # your own JAX/Flax model
 
-JAX is imported only when a plan is compiled (``Plan.compile``, :mod:`layoutsearch.backend`).
+JAX is imported only when a plan is compiled (``Plan.compile``, :mod:`layoutsearch.backend`) or a
+function imported (``from_jax``, :mod:`layoutsearch.importer`).
 """
+
+from typing import Any
 
 from layoutsearch import zoo
 from layoutsearch.costmodel import CostReport, estimate
@@ -26,7 +30,16 @@ from layoutsearch.solvers import search
 from layoutsearch.solvers.pipeline_search import estimate_pipeline
 from layoutsearch.solvers.plan import Plan
 
+
+def from_jax(fn: Any, *args: Any, **kwargs: Any) -> Graph:
+    """The forward graph of the JAX function ``fn(*args)`` (a scalar loss), dims named by ``dims=``:
+    :func:`layoutsearch.importer.from_jax` (docs/import.md)."""
+    from layoutsearch.importer import from_jax as _from_jax
+
+    return _from_jax(fn, *args, **kwargs)
+
+
 __all__ = [
     "CostReport", "Graph", "GraphBuilder", "Hardware", "Layout", "LayoutSearchError", "Mesh", "Plan", "estimate",
-    "estimate_pipeline", "hardware", "load_graph", "search", "training_graph", "zoo",
+    "estimate_pipeline", "from_jax", "hardware", "load_graph", "search", "training_graph", "zoo",
 ]

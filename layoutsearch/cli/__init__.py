@@ -38,6 +38,7 @@ from layoutsearch.cli import (
     export,
     graph,
     hardware,
+    import_,
     layout,
     models,
     partition,
@@ -49,7 +50,7 @@ from layoutsearch.cli import (
 from layoutsearch.cli.common import PROG, common_flags, execute
 
 COMMANDS: tuple[ModuleType, ...] = (models, costdag, graph, layout, hardware, cost, table1, validate, partition,
-                                    search, run, export, calibrate)
+                                    search, run, export, import_, calibrate)
 """Every subcommand's module, in the order ``--help`` lists them."""
 
 

@@ -36,10 +36,19 @@ conceivable choice:
 * partial sums are finished one reduced dim at a time (``w`` contracted over
   ``batch`` on ``data`` and ``seq`` on ``seq``: an all-reduce over ``seq`` and
   one over ``data``, not one over both);
+* without reduce-scatter (XLA:CPU), an einsum's partial sums over a dim split
+  over several axes, of which the stored output keeps some split (hybrid FSDP:
+  ``batch`` over data+fsdp, the gradient stored split over fsdp), are
+  all-reduced over the kept axes, sliced, and the slice all-reduced over the
+  others;
 * a gather (scatter-add) either runs in the rules' computation layout or keeps
   the table as stored ("operand passthrough": the ids are gathered, the
-  result resharded), whichever moves fewer bytes; a gathered dim split over
+  result resharded), or, for a scatter-add, keeps its updates as stored (the
+  zero table it adds into is laid out to match, the result resharded),
+  whichever moves fewer bytes; a gathered dim split over
   axes is masked locally and all-reduced (Megatron's vocab-parallel embedding);
+* a collective names its group's axes in mesh order, without axes of size 1;
+  one over a group of one device is no collective (:func:`on_mesh`);
 * a reshard of an einsum operand that several ops need (a weight all-gathered
   for the forward and the backward matmul) is done once (:attr:`Comm.shared`,
   :meth:`OpRules.step_costs`) — on XLA:CPU; on GPU/TPU
@@ -437,8 +446,9 @@ class OpRules:
         A gather or scatter-add may run in another computation layout than
         ``iteration``: XLA's partitioner also considers keeping the table
         (operand) as it is stored ("operand passthrough": the ids are gathered,
-        the result resharded) and takes the cheaper; so does this rule (fewer
-        bytes moved; ties keep ``iteration``)."""
+        the result resharded), and for a scatter-add its updates as stored,
+        and takes the cheaper; so does this rule (fewer bytes moved; ties keep
+        ``iteration``, then the table's layout)."""
         if isinstance(op, (O.Gather, O.ScatterAdd)):
             best = None
             candidates = [iteration, self._passthrough(op, inputs, output)]

@@ -8,9 +8,11 @@ its loss: ``ls.estimate``, ``ls.search`` and ``Plan.compile`` take it like a zoo
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -19,6 +21,7 @@ from layoutsearch.errors import GraphError
 from layoutsearch.importer import patterns
 from layoutsearch.importer.trace import Node, Var, flatten
 from layoutsearch.importer.translate import BLOCK_PATTERN, Translator, block_of
+from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 
@@ -48,11 +51,15 @@ def from_jax(fn: Callable[..., Any], *args: Any, dims: Any, params_argnums: Sequ
         raise GraphError("the function must return a scalar float loss (or a tuple whose first item is one)")
     nodes = patterns.rewrite(_needed(program.nodes, loss))
     tr = Translator(splits)
-    for var, (path, names, role) in zip(program.inputs, leaves, strict=True):
-        tr.source(var, path, names, role)
-    tr.run(nodes, block_of)
     title = name or getattr(fn, "__qualname__", None) or "imported"
-    return tr.graph(re.sub(r"[^\w.\-]+", "_", title), loss, {"imported_from": getattr(fn, "__qualname__", "?")})
+    try:
+        for var, (path, names, role) in zip(program.inputs, leaves, strict=True):
+            tr.source(var, path, names, role)
+        tr.run(nodes, block_of)
+        return tr.graph(re.sub(r"[^\w.\-]+", "_", title), loss, {"imported_from": getattr(fn, "__qualname__", "?")})
+    except GraphError as e:
+        e.add_note(f"the traced program (jaxpr) of {title}:\n{program.jaxpr}")  # shown with --debug
+        raise
 
 
 def partition_specs(layout: Layout, graph: Graph, tree: Any, arg: int = 0, name: str | None = None) -> Any:
@@ -88,6 +95,70 @@ def flax_dims(tree: Any) -> Any:
 
         specs = nnx.get_partition_spec(tree)
     return jax.tree_util.tree_map(names, specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+
+
+def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) -> Graph:
+    """Import ``module:function`` with the example arguments a JSON spec file describes (``layoutsearch
+    import``): ``{"args": [ARG, ...], "params_argnums": [0], "splits": {"d_model": ["heads", "d_kv"]}}``
+    where each ARG is an array ``{"dims": ["batch", "d_model"], "shape": [8, 512], "dtype": "float32"}``
+    (dtype optional) or an object or list of them (a pytree, e.g. the parameters). Arrays are not
+    allocated: the function is traced on shapes only."""
+    fn = _importable(target)
+    doc = strictjson.loads(strictjson.read_text(spec_path, "import spec", GraphError), str(spec_path), GraphError)
+    if not isinstance(doc, dict) or not isinstance(doc.get("args"), list):
+        raise GraphError(f"{spec_path}: expected an object with an \"args\" list (one entry per argument)")
+    unknown = set(doc) - {"args", "params_argnums", "splits"}
+    if unknown:
+        raise GraphError(f"{spec_path}: unknown keys {sorted(unknown)} (known: args, params_argnums, splits)")
+    argnums = doc.get("params_argnums", [0])
+    if not isinstance(argnums, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in argnums):
+        raise GraphError(f"{spec_path}: params_argnums must be a list of argument indices")
+    splits = doc.get("splits", {})
+    if not isinstance(splits, dict) or not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in splits.values()):
+        raise GraphError(f"{spec_path}: splits must map dim names to lists of dim names")
+    args, dims = zip(*(_spec_arg(a, f"args[{k}]") for k, a in enumerate(doc["args"])), strict=True) if doc[
+        "args"] else ((), ())
+    return from_jax(fn, *args, dims=tuple(dims), params_argnums=argnums, splits=splits, name=name)
+
+
+def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
+    """(a pytree of ShapeDtypeStructs, the matching dims pytree) of one spec-file argument."""
+    if isinstance(doc, dict) and "dims" in doc:
+        unknown = set(doc) - {"dims", "shape", "dtype"}
+        dims, shape, dtype = doc.get("dims"), doc.get("shape"), doc.get("dtype", "float32")
+        if unknown or not isinstance(dims, list) or not isinstance(shape, list) or len(dims) != len(shape) or not all(
+                isinstance(n, str) or n is None for n in dims) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 < d < 2**40 for d in shape):
+            raise GraphError(f"{where}: an array is {{\"dims\": [names], \"shape\": [positive sizes], "
+                             f"\"dtype\": ...}} with one name per size")
+        if dtype not in ("float32", "bfloat16", "float16", "int32"):
+            raise GraphError(f"{where}: dtype must be float32, bfloat16, float16 or int32, got {dtype!r}")
+        return jax.ShapeDtypeStruct(tuple(shape), jax.numpy.dtype(dtype)), tuple(dims)
+    if isinstance(doc, dict):
+        pairs = {k: _spec_arg(v, f"{where}.{k}") for k, v in doc.items()}
+        return {k: a for k, (a, _) in pairs.items()}, {k: d for k, (_, d) in pairs.items()}
+    if isinstance(doc, list):
+        items = [_spec_arg(v, f"{where}[{i}]") for i, v in enumerate(doc)]
+        return [a for a, _ in items], [d for _, d in items]
+    raise GraphError(f"{where}: expected an array {{\"dims\": ..., \"shape\": ...}}, an object or a list")
+
+
+def _importable(target: str) -> Callable[..., Any]:
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise GraphError(f"expected MODULE:FUNCTION (e.g. mypkg.model:loss), got {target!r}")
+    try:
+        obj: Any = importlib.import_module(module)
+    except Exception as e:  # the user's module failed to import: say why, whatever it raised
+        raise GraphError(f"cannot import module {module!r}: {type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise GraphError(f"module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise GraphError(f"{target} is not a function")
+    return obj
 
 
 def _needed(nodes: list[Node], loss: Var) -> list[Node]:
@@ -133,12 +204,16 @@ def _lookup(dims: Any, path: tuple[Any, ...], name: str) -> Sequence[str | None]
         if node is None or _is_leaf(node):
             break
         k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", None)))
+        if isinstance(key, jax.tree_util.GetAttrKey) and key.name == "value" and _is_leaf(
+                getattr(node, "get_value", lambda: None)()):
+            node = node.get_value()  # a Flax NNX Variable holding the names
+            continue
         try:
             node = node[k]
         except (KeyError, IndexError, TypeError):
             if not isinstance(k, str) or not hasattr(node, k):
                 raise GraphError(f"dims has no entry for argument array {name!r}") from None
-            node = getattr(node, k)  # an attribute: a dataclass field, a Flax Variable's value
+            node = getattr(node, k)  # an attribute: a dataclass field
     if node is not None and not _is_leaf(node):
         raise GraphError(f"dims for {name!r} must be a tuple of dim names, got {type(node).__name__}")
     return node
@@ -158,4 +233,4 @@ def _path_name(path: tuple[Any, ...]) -> str:
     return "/".join(parts)
 
 
-__all__ = ["BLOCK_PATTERN", "flax_dims", "from_jax", "partition_specs"]
+__all__ = ["BLOCK_PATTERN", "flax_dims", "from_jax", "from_spec_file", "partition_specs"]

@@ -110,7 +110,9 @@ class _Flattener:
         self.nodes: list[Node] = []
 
     def run(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Operand], scope: str,
-            block: str | None) -> list[Operand]:
+            block: str | None, outer: str = "") -> list[Operand]:
+        """Flatten ``jaxpr`` applied to ``args``; ``outer`` is the source line of the call inlined (the
+        line of an inner primitive whose frames are all JAX's own)."""
         env: dict[Any, Operand] = {}
 
         def read(a: Any) -> Operand:
@@ -125,13 +127,13 @@ class _Flattener:
         for eqn in jaxpr.eqns:
             ins = [read(a) for a in eqn.invars]
             name = eqn.primitive.name
-            where = _where(eqn)
+            where = _where(eqn) or outer
             inner = _join(scope, str(eqn.source_info.name_stack))
             if name in _CALLS and eqn.params.get("name") in COMPOSITES:
                 outs = [_var(v.aval) for v in eqn.outvars]
                 body = _Flattener()
                 sub, sub_consts = _closed(_sub_jaxpr(eqn))
-                results = body.run(sub, sub_consts, ins, inner, block)
+                results = body.run(sub, sub_consts, ins, inner, block, where)
                 # the body writes its own output vars: map them onto the call's
                 body_nodes = body.nodes
                 for node in body_nodes:
@@ -142,9 +144,9 @@ class _Flattener:
                 sub, sub_consts = _closed(_sub_jaxpr(eqn))
                 if name in ("custom_vjp_call", "custom_vjp_call_jaxpr"):
                     ins = ins[len(ins) - len(sub.invars):]
-                results = self.run(sub, sub_consts, ins, inner, block)
+                results = self.run(sub, sub_consts, ins, inner, block, where)
             elif name == "scan":
-                results = self._scan(eqn, ins, inner, block)
+                results = self._scan(eqn, ins, inner, block, where)
             else:
                 outs = [_var(v.aval) for v in eqn.outvars]
                 self.nodes.append(Node(name, ins, outs, dict(eqn.params), where, inner, block))
@@ -153,7 +155,7 @@ class _Flattener:
                 env[v] = r
         return [read(a) for a in jaxpr.outvars]
 
-    def _scan(self, eqn: Any, ins: list[Operand], scope: str, block: str | None) -> list[Operand]:
+    def _scan(self, eqn: Any, ins: list[Operand], scope: str, block: str | None, where: str) -> list[Operand]:
         """Unroll a scan: iteration ``i`` reads slice ``i`` of each scanned input (an ``index`` node)."""
         p = eqn.params
         body, body_consts = _closed(p["jaxpr"])
@@ -169,9 +171,9 @@ class _Flattener:
                     sliced.append(x)
                     continue
                 out = Var(x.shape[1:], x.dtype)
-                self.nodes.append(Node("index", [x], [out], {"axis": 0, "index": i}, _where(eqn), scope, tag))
+                self.nodes.append(Node("index", [x], [out], {"axis": 0, "index": i}, where, scope, tag))
                 sliced.append(out)
-            results = self.run(body, body_consts, [*consts, *carry, *sliced], scope, tag)
+            results = self.run(body, body_consts, [*consts, *carry, *sliced], scope, tag, where)
             carry = results[:n_carry]
             ys.append(results[n_carry:])
         if p["reverse"]:
@@ -179,7 +181,7 @@ class _Flattener:
         stacked: list[Operand] = []
         for j, aval in enumerate(eqn.outvars[n_carry:]):
             out = _var(aval.aval)
-            self.nodes.append(Node("stack", [y[j] for y in ys], [out], {"axis": 0}, _where(eqn), scope, block))
+            self.nodes.append(Node("stack", [y[j] for y in ys], [out], {"axis": 0}, where, scope, block))
             stacked.append(out)
         return [*carry, *stacked]
 

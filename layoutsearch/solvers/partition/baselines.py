@@ -16,7 +16,6 @@ from layoutsearch.costdag import CostDAG
 from layoutsearch.errors import PartitionError
 from layoutsearch.solvers.partition.instance import (
     STAGE,
-    Instance,
     Kind,
     Partition,
     check_objective,
@@ -63,8 +62,11 @@ def against_equal_split(dag: CostDAG, part: Partition) -> dict[str, Any]:
             "optimal_over_baseline": part.objective / base.objective if base.objective else None}
 
 
-def one_device(inst: Instance, objective: str, mb: int) -> Partition | None:
-    """Everything on the first device of the first kind that can run every node (None: no such kind)."""
+def one_device(dag: CostDAG, objective: str, mb: int, stages: int | None = None,
+               memory_limit: int | None = None) -> Partition | None:
+    """Everything on the first device of the first kind that can run every node (None: no such kind),
+    memory limit or not."""
+    inst = compile_dag(dag, kinds_of(dag, stages, memory_limit))
     for k, kind in enumerate(inst.kinds):
         if kind.count and all(math.isfinite(t) for t in inst.time[k]):
             d = inst.device_kind.index(k)

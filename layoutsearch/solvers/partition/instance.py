@@ -18,10 +18,9 @@ Objectives (Tarnawski et al. 2020, Sections 3 and 5; Huang et al. 2019):
   compute plus its point-to-point transfers over the stage axis, a tensor skipping stages relayed by
   every stage in between.
 
-Contiguity: the devices can be ordered so that every *order edge* goes forward. Between forward nodes
-an edge is an order edge; between backward nodes of a training graph it orders the other way (the
-backward pass visits the stages in reverse); an edge from a forward to a backward node (an activation
-kept for the backward pass) orders nothing.
+Contiguity: the devices can be ordered so that every edge (an *order edge*) goes forward. Training
+graphs (Tarnawski et al.'s instances) give backward edges the forward orientation and tie each backward
+node to its forward node by a co-location group, so contiguity is that of the contracted DAG.
 """
 
 from __future__ import annotations
@@ -189,13 +188,8 @@ def _time(t: float | None) -> float:
 
 
 def order_edges(dag: CostDAG) -> list[tuple[str, str]]:
-    """The order edges (see the module docstring): forward edges as they are, backward ones reversed."""
-    back = {n.name for n in dag.nodes if n.backward}
-    out = []
-    for e in dag.edges:
-        if (e.src in back) == (e.dst in back):
-            out.append((e.dst, e.src) if e.src in back else (e.src, e.dst))
-    return list(dict.fromkeys(out))
+    """The order edges: every edge of the DAG as the file gives it (see the module docstring)."""
+    return list(dict.fromkeys((e.src, e.dst) for e in dag.edges))
 
 
 # -- the objectives (one definition for every method) ----------------------------------------------------------------

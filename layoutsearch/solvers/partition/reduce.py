@@ -5,7 +5,8 @@
 * **Cycles of the order graph** (contiguous placements only): nodes on a cycle of order edges share a
   device in every contiguous placement, so each strongly connected component becomes one unit.
 * **Trivial units** (when at most, not exactly, ``K`` devices must be used): a unit with no time on any
-  kind, no memory, eligible everywhere, and a single neighbour joins that neighbour. Moving it there
+  kind, eligible everywhere, no memory (or memory that can never bind: the whole DAG fits every device),
+  and a single neighbour joins that neighbour. Moving it there
   removes its transfers and adds nothing, so no load, memory, device-graph edge or latency grows, and
   contiguity is kept; some optimum has it there. (Tarnawski et al.'s operator graphs hold hundreds of such
   nodes: weights, biases, reshapes.)
@@ -143,8 +144,10 @@ def _trivial(inst: Instance) -> _Union | None:
             neighbours[v].add(u)
     uf = _Union(inst.n)
     changed = False
+    total = sum(inst.fixed)
+    memory_free = not any(inst.act) and all(k.limit is None or total <= k.limit for k in inst.kinds)
     for v in range(inst.n):
-        if (len(neighbours[v]) == 1 and not inst.fixed[v] and not inst.act[v]
+        if (len(neighbours[v]) == 1 and (memory_free or (not inst.fixed[v] and not inst.act[v]))
                 and all(t[v] == 0.0 for t in inst.time)):
             (w,) = neighbours[v]
             # both trivial and each other's only neighbour: merge once

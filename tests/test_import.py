@@ -1,0 +1,284 @@
+"""Importing JAX and Flax functions as graphs (``layoutsearch.importer``, ``layoutsearch import``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import layoutsearch as ls
+from layoutsearch import zoo
+from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
+from layoutsearch.errors import GraphError
+from layoutsearch.importer import flax_dims, from_jax, partition_specs
+from layoutsearch.ir.training import training_graph
+from tests.clirun import run, run_json
+
+
+def _zoo_import(model: str) -> tuple[ls.Graph, ls.Graph]:
+    """The hand-built zoo graph and the graph imported from the backend's JAX forward of it."""
+    g = zoo.build(model)
+    p, i = init_params(g), random_inputs(g)
+    dims = ({k: g.tensors[k].dim_names for k in p}, {k: g.tensors[k].dim_names for k in i})
+    return g, from_jax(forward_fn(g), p, i, dims=dims)
+
+
+def _same_costs(a: ls.CostReport, b: ls.CostReport, rtol: float = 0.0) -> None:
+    assert a.bytes_per_axis == b.bytes_per_axis
+    assert a.flops_per_device == b.flops_per_device
+    assert a.memory.peak_bytes == pytest.approx(b.memory.peak_bytes, rel=rtol, abs=0)
+    assert a.memory.resident == b.memory.resident
+    assert a.step_s == pytest.approx(b.step_s, rel=rtol, abs=0)
+
+
+@pytest.mark.parametrize("model", ["mlp", "mtf-ffn"])
+@pytest.mark.parametrize("hardware", ["cpu-sim", "tpu-v4", "a100"])
+def test_zoo_forward_imports_to_the_same_costs(model: str, hardware: str) -> None:
+    g, h = _zoo_import(model)
+    assert sorted(g.dims.items()) == sorted(h.dims.items())
+    assert len(g.ops) == len(h.ops)
+    mesh = ls.Mesh.parse("data:2,model:4")
+    for dim in [d for d in g.dims if d != "batch" and g.dims[d] % 4 == 0]:
+        rules = f"batch:data,{dim}:model"
+        _same_costs(ls.estimate(g, ls.Layout.from_rules(mesh, rules), hardware),
+                    ls.estimate(h, ls.Layout.from_rules(mesh, rules), hardware))
+
+
+def test_moe_imports_to_the_same_costs_up_to_operand_order() -> None:
+    """The MoE's capacity dim comes from a broadcast (no name in the program: ``dim8``), and ``jnp.einsum``
+    passes one contraction's operands in the other order, so the derived backward computes the two operand
+    gradients in the other order: bytes, FLOPs and resident memory are equal; the step time (whose overlap
+    of communication with compute follows the op order) and the peak memory (the live set at each op)
+    within 2%."""
+    g, h = _zoo_import("moe")
+    assert set(h.dims) == set(g.dims) - {"capacity"} | {"dim8"}
+    mesh = ls.Mesh.parse("data:2,model:4")
+    for dim in ("seq", "d_model", "experts", "capacity", "d_ff"):
+        rules = f"batch:data,{dim}:model"
+        _same_costs(ls.estimate(g, ls.Layout.from_rules(mesh, rules), "tpu-v4"),
+                    ls.estimate(h, ls.Layout.from_rules(mesh, rules.replace("capacity", "dim8")), "tpu-v4"),
+                    rtol=0.02)
+
+
+@pytest.mark.parametrize("model", ["gpt", "mtf-transformer"])
+def test_attention_imports_with_one_rename_per_operand(model: str) -> None:
+    """Self-attention contracts a sequence with itself: the importer names the keys' sequence ``seq_2``
+    with a rename of each operand that needs it (keys and values); the hand-built graphs rename the shared
+    input of both projections once (``kv_seq``). Collective bytes and FLOPs agree for layouts that do not
+    split the sequence; the renamed copies add activation memory."""
+    g, h = _zoo_import(model)
+    assert set(h.dims) == set(g.dims) - {"kv_seq"} | {"seq_2"}
+    kinds = lambda graph: sorted((op.kind, getattr(op, "fn", "")) for op in graph.ops if op.kind != "reshape")
+    assert kinds(g) == kinds(h)
+    mesh = ls.Mesh.parse("data:2,model:4")
+    for rules in ("batch:data", "batch:data,heads:model,d_ff:model", "batch:data,vocab:model", "d_model:model"):
+        a = ls.estimate(g, ls.Layout.from_rules(mesh, rules), "tpu-v4")
+        b = ls.estimate(h, ls.Layout.from_rules(mesh, rules), "tpu-v4")
+        assert a.bytes_per_axis == b.bytes_per_axis
+        assert a.flops_per_device == b.flops_per_device
+        assert b.step_s == pytest.approx(a.step_s, rel=2e-3)
+
+
+def _loss_with_new_functions(p, x):
+    h = jnp.einsum("bd,df->bf", x, p["w"])
+    h = jnp.where(h > 0.1, jax.scipy.special.erf(h), 0.5 * h**3)
+    h = jnp.maximum(h, p["floor"]) + 1.5
+    return jnp.mean(jax.nn.softmax(h, axis=-1) ** 2 - 1.0 / (2.0 + h**2))
+
+
+def test_imported_forward_and_derived_gradients_match_jax() -> None:
+    """Every primitive of the function (where, erf, integer powers, maximum, shifts, a reciprocal,
+    softmax) becomes IR ops whose forward value and derived gradients equal JAX's (float32, rtol 1e-5)."""
+    rng = np.random.default_rng(0)
+    p = {"w": jnp.asarray(rng.standard_normal((8, 16)), jnp.float32),
+         "floor": jnp.asarray(rng.standard_normal(16) * 0.1, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
+    g = from_jax(_loss_with_new_functions, p, x, dims=({"w": ("d", "f"), "floor": ("f",)}, ("b", "d")))
+    fns = {getattr(op, "fn", None) for op in g.ops}
+    assert {"where", "erf", "pow", "maximum", "shift", "gt", "softmax"} - fns == {"softmax"}
+    assert any(op.kind == "softmax" for op in g.ops)
+    feeds = {"w": p["w"], "floor": p["floor"], "x": x}
+    np.testing.assert_allclose(run_graph(g, feeds)[g.loss], _loss_with_new_functions(p, x), rtol=1e-5)
+    tg = training_graph(g, "sgd", precision="fp32")
+    out = run_graph(tg, feeds)
+    want = jax.grad(_loss_with_new_functions)(p, x)
+    for name in ("w", "floor"):
+        np.testing.assert_allclose(out[f"grad/{name}"], want[name], rtol=1e-5, atol=1e-7)
+
+
+def test_scan_over_layers_unrolls_into_tied_blocks() -> None:
+    def loss(ws, x):
+        y, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)
+        return jnp.sum(y**2)
+
+    g = from_jax(loss, jnp.ones((3, 8, 8)), jnp.ones((4, 8)), dims=(("layers", "d", "d_out"), ("batch", "d")))
+    assert [t.name for t in g.parameters] == ["ws[0]", "ws[1]", "ws[2]"]
+    assert {op.block for op in g.ops if op.kind == "einsum"} == {"layer.0", "layer.1", "layer.2"}
+    assert {t.dim_names for t in g.parameters} == {("d", "d_out")}
+
+
+def test_unsupported_primitive_names_it_its_line_and_dims() -> None:
+    def loss(p, x):
+        return jnp.sum(jnp.cumsum(x @ p, axis=0))
+
+    with pytest.raises(GraphError) as e:
+        from_jax(loss, jnp.ones((8, 4)), jnp.ones((2, 8)), dims=(("d", "f"), ("batch", "d")))
+    msg = str(e.value)
+    assert "cumsum" in msg and "test_import.py:" in msg and "[batch, f]" in msg
+    assert "jaxpr" in "".join(getattr(e.value, "__notes__", []))
+
+
+@pytest.mark.parametrize("dims, fn, match", [
+    ((("d", "f"), ("batch", "f")), lambda p, x: jnp.sum(x @ p), "size"),
+    ((("d", "f"),), lambda p, x: jnp.sum(x @ p), "one entry per argument"),
+    ((("d", "f"), ("batch", "d")), lambda p, x: x @ p, "scalar"),
+])
+def test_bad_dims_or_outputs_are_refused(dims, fn, match) -> None:
+    with pytest.raises(GraphError, match=match):
+        from_jax(fn, jnp.ones((8, 4)), jnp.ones((2, 8)), dims=dims)
+
+
+def test_a_dim_named_twice_in_one_array_is_refused() -> None:
+    with pytest.raises(GraphError, match="appears twice"):
+        from_jax(lambda p, x: jnp.sum(x @ p), jnp.ones((8, 8)), jnp.ones((2, 8)), dims=(("d", "d"), ("batch", "d")))
+
+
+def _apply_back(graph, plan, tree, loss, *args) -> None:
+    """The plan's PartitionSpecs applied to the user's own arrays give the unsharded loss (float32
+    reassociation: rtol 1e-5)."""
+    layout = plan.chosen.layout
+    names, sizes = zip(*layout.mesh.axes, strict=True)
+    jm = jax.sharding.Mesh(np.array(jax.devices()[:8]).reshape(sizes), names)
+    put = lambda tree, specs: jax.device_put(tree, jax.tree_util.tree_map(
+        lambda s: jax.sharding.NamedSharding(jm, s), specs,
+        is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec)))
+    sharded = put(tree, partition_specs(layout, graph, tree))
+    inputs = [put(a, partition_specs(layout, graph, a, name=n)) for n, a in args]
+    got = jax.jit(loss)(sharded, *inputs)
+    np.testing.assert_allclose(got, loss(tree, *(a for _, a in args)), rtol=1e-5)
+
+
+def _train(plan, steps: int = 3) -> list[float]:
+    program = plan.compile()
+    state = program.init(0)
+    batch = program.random_batch(0)
+    losses = []
+    for _ in range(steps):
+        state, metrics = program.train_step(state, batch)
+        losses.append(float(metrics["loss"]))
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0]
+    return losses
+
+
+def test_flax_linen_mlp_imports_searches_runs_and_applies_back() -> None:
+    import flax.linen as nn
+
+    part = nn.with_logical_partitioning
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.Dense(256, kernel_init=part(nn.initializers.lecun_normal(), ("embed", "mlp")),
+                         bias_init=part(nn.initializers.zeros, ("mlp",)))(x)
+            return nn.Dense(64, kernel_init=part(nn.initializers.lecun_normal(), ("mlp", "embed")),
+                            bias_init=part(nn.initializers.zeros, ("embed",)))(nn.relu(h))
+
+    model = MLP()
+    x = jax.random.normal(jax.random.key(1), (32, 64))
+    y = jax.random.normal(jax.random.key(2), (32, 64))
+    boxed = model.init(jax.random.key(0), x)
+    params = nn.unbox(boxed)
+
+    def loss(params, x, y):
+        return jnp.mean((model.apply(params, x) - y) ** 2)
+
+    graph = from_jax(loss, params, x, y, dims=(flax_dims(boxed), ("batch", "embed"), ("batch", "embed")))
+    assert {t.name: t.dim_names for t in graph.parameters}["params/Dense_0/kernel"] == ("embed", "mlp")
+    plan = ls.search(graph, "data:2,model:4")
+    _train(plan)
+    _apply_back(graph, plan, params, loss, ("x", x), ("y", y))
+
+
+def test_flax_nnx_transformer_block_imports_searches_runs_and_applies_back() -> None:
+    from flax import nnx
+
+    part, init = nnx.with_partitioning, nnx.initializers.lecun_normal()
+
+    def norm(d, rngs):
+        return nnx.LayerNorm(d, rngs=rngs, scale_init=part(nnx.initializers.ones, ("embed",)),
+                             bias_init=part(nnx.initializers.zeros, ("embed",)))
+
+    class Block(nnx.Module):
+        def __init__(self, d, heads, ff, rngs):
+            self.ln1, self.ln2 = norm(d, rngs), norm(d, rngs)
+            self.attn = nnx.MultiHeadAttention(
+                num_heads=heads, in_features=d, decode=False, rngs=rngs,
+                kernel_init=part(init, ("embed", "heads", "kv")), out_kernel_init=part(init, ("heads", "kv", "embed")),
+                bias_init=part(nnx.initializers.zeros, ("heads", "kv")),
+                out_bias_init=part(nnx.initializers.zeros, ("embed",)))
+            self.up = nnx.Linear(d, ff, rngs=rngs, kernel_init=part(init, ("embed", "mlp")),
+                                 bias_init=part(nnx.initializers.zeros, ("mlp",)))
+            self.down = nnx.Linear(ff, d, rngs=rngs, kernel_init=part(init, ("mlp", "embed")),
+                                   bias_init=part(nnx.initializers.zeros, ("embed",)))
+
+        def __call__(self, x):
+            x = x + self.attn(self.ln1(x))
+            return x + self.down(nnx.gelu(self.up(self.ln2(x))))
+
+    with nnx.use_eager_sharding(False):
+        graphdef, state = nnx.split(Block(32, 4, 128, nnx.Rngs(0)))
+
+    def loss(state, x, y):
+        return jnp.mean((nnx.merge(graphdef, state)(x) - y) ** 2)
+
+    x = jax.random.normal(jax.random.key(1), (8, 16, 32))
+    y = jax.random.normal(jax.random.key(2), (8, 16, 32))
+    act = ("batch", "seq", "embed")
+    graph = from_jax(loss, state, x, y, dims=(flax_dims(state), act, act))
+    assert {"batch", "seq", "embed", "heads", "kv", "mlp"} <= set(graph.dims)
+    plan = ls.search(graph, "data:2,model:4")
+    _train(plan)
+    _apply_back(graph, plan, state, loss, ("x", x), ("y", y))
+
+
+MODULE = '''
+import jax.numpy as jnp
+
+def loss(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    return jnp.mean((h @ params["w2"]) ** 2)
+'''
+
+
+def test_cli_import_writes_a_graph_the_other_commands_take(tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "usermodel.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"args": [{"w1": {"dims": ["d_model", "d_ff"], "shape": [64, 256]},
+                      "w2": {"dims": ["d_ff", "d_model"], "shape": [256, 64]}},
+                     {"dims": ["batch", "d_model"], "shape": [32, 64]}]}
+    (tmp_path / "dims.json").write_text(json.dumps(spec))
+    out = tmp_path / "graph.json"
+    res = run_json(capsys, "import", "usermodel:loss", "--dims", str(tmp_path / "dims.json"), "--out", str(out))
+    assert res["dims"] == {"d_model": 64, "d_ff": 256, "batch": 32}
+    assert res["parameters"] == ["w1", "w2"] and res["inputs"] == ["x"]
+    cost = run_json(capsys, "cost", str(out), "--mesh", "data:2,model:2", "--layout", "batch:data,d_ff:model")
+    assert cost["step_s"] > 0
+    sys.modules.pop("usermodel", None)
+
+
+@pytest.mark.parametrize("target, spec, match", [
+    ("nosuchmodule_xyz:loss", {"args": []}, "cannot import module"),
+    ("json:nosuchfn", {"args": []}, "has no attribute"),
+    ("noseparator", {"args": []}, "MODULE:FUNCTION"),
+    ("json:dumps", {"arg": []}, "args"),
+    ("json:dumps", {"args": [{"dims": ["a"], "shape": [0]}]}, "positive sizes"),
+])
+def test_cli_import_bad_input_is_one_line_exit_2(tmp_path, capsys, target, spec, match) -> None:
+    path = tmp_path / "dims.json"
+    path.write_text(json.dumps(spec))
+    code, out, err = run(capsys, "import", target, "--dims", str(path))
+    assert code == 2 and match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
