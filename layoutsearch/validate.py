@@ -345,9 +345,9 @@ DISAGREEMENT_CLASSES: dict[str, str] = {
                             "intermediate layout of its resharding)",
     "xla-computation-layout": "XLA partitions some op's work otherwise than the rules' computation layout (FLOPs "
                               "per device differ), with other collectives",
-    "xla-reshard-order": "XLA reshards with the collectives the rules predict, in another order or over other "
-                         "axes (e.g. slicing before an all-to-all, gathering a dim's whole axis group), so payloads "
-                         "differ",
+    "xla-reshard-choice": "XLA reshards with the kinds of collectives the rules predict, but not the same ones: "
+                          "it re-does a reshard the rules share between two ops (or shares one they repeat), "
+                          "slices before an all-to-all, gathers a dim's whole axis group, so payloads differ",
     "uniform-layout": "a disagreement in a layout that splits every dim one way everywhere (no resharding "
                       "between tensors): not explained by XLA's resharding; a cost-model error",
 }
@@ -357,7 +357,7 @@ DISAGREEMENT_CLASSES: dict[str, str] = {
 def classify(drawn: Drawn, bad: Sequence[Disagreement]) -> str:
     """The class of a drawn layout's disagreements (:data:`DISAGREEMENT_CLASSES`), from the evidence, in order:
     a uniform layout (:func:`nonuniform_splits` empty: nothing of XLA's resharding explains it), XLA's warning,
-    collective-permutes, groups that are no mesh axes, FLOPs, else the resharding order."""
+    collective-permutes, groups that are no mesh axes, FLOPs, else XLA's choice of reshards."""
     from layoutsearch.costmodel.step import training_step
 
     g = training_step(drawn.graph(), drawn.optimizer, "fp32")
@@ -371,4 +371,4 @@ def classify(drawn: Drawn, bad: Sequence[Disagreement]) -> str:
         return "xla-unaligned-groups"
     if any(x.what.startswith("FLOPs") for x in bad):
         return "xla-computation-layout"
-    return "xla-reshard-order"
+    return "xla-reshard-choice"

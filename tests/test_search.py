@@ -224,3 +224,18 @@ def test_phases_without_steps_report_until_they_end():
     n = len(said)
     time.sleep(0.1)
     assert len(said) == n
+
+
+def test_time_limit_covers_the_whole_search_and_says_what_it_cut(gpt, free):
+    plan = search(gpt, MESH, hardware="h100", space="layers", time_limit=1e-6, baselines=False)
+    assert not plan.optimal and plan.gap is None
+    assert any("layers space was not searched" in c for c in plan.cut_short)
+    assert any(c.startswith("remat full: not searched") for c in plan.cut_short)
+    assert plan.to_dict()["cut_short"] == list(plan.cut_short)
+    assert free.cut_short == ()
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True])
+def test_time_limit_must_be_positive_and_finite(gpt, bad):
+    with pytest.raises(LayoutSearchError, match="time limit must be a positive number of seconds"):
+        search(gpt, MESH, time_limit=bad)

@@ -44,8 +44,10 @@ conceivable choice:
 * a gather (scatter-add) either runs in the rules' computation layout or keeps
   the table as stored ("operand passthrough": the ids are gathered, the
   result resharded), or, for a scatter-add, keeps its updates as stored (the
-  zero table it adds into is laid out to match, the result resharded),
-  whichever moves fewer bytes; a gathered dim split over
+  zero table it adds into is laid out to match, the result resharded), or,
+  for a gather with split ids, is split like the ids (the table all-gathered),
+  whichever moves fewer bytes (a table split over a dim other than the
+  gathered one always runs as stored: XLA tries that first); a gathered dim split over
   axes is masked locally and all-reduced (Megatron's vocab-parallel embedding);
 * a collective names its group's axes in mesh order, without axes of size 1;
   one over a group of one device is no collective (:func:`on_mesh`);
@@ -404,6 +406,24 @@ def _reshape_layout(op: O.Reshape, src: DimLayout, graph: Graph, mesh: Mesh) -> 
     return out, need
 
 
+def _reshape_target(op: O.Reshape, src: DimLayout, need: DimLayout, output: DimLayout,
+                    in_dims: Sequence[str]) -> DimLayout:
+    """``need`` (the input layout a reshape can run on locally) with the axes it drops from ``src`` moved to the
+    dims the reshape passes through (in neither of its groups) where the stored ``output`` splits them: XLA moves
+    such an axis with one all-to-all before the reshape, instead of gathering it and slicing the output again."""
+    grouped = {d for ins, _ in op.groups for d in ins}
+    used = {a for axes in need.values() for a in axes}
+    held = {a for axes in src.values() for a in axes}
+    dropped = held - used
+    target = dict(need)
+    for d, axes in output.items():
+        if (axes and d in in_dims and d not in grouped and not target.get(d) and used.isdisjoint(axes)
+                and dropped & set(axes) and set(axes) <= dropped | (set(axes) - held)):
+            target[d] = axes
+            used.update(axes)
+    return target
+
+
 class OpRules:
     """Evaluates op costs on one graph and mesh; layouts are given per call."""
 
@@ -446,14 +466,25 @@ class OpRules:
         A gather or scatter-add may run in another computation layout than
         ``iteration``: XLA's partitioner also considers keeping the table
         (operand) as it is stored ("operand passthrough": the ids are gathered,
-        the result resharded), and for a scatter-add its updates as stored,
-        and takes the cheaper; so does this rule (fewer bytes moved; ties keep
-        ``iteration``, then the table's layout)."""
+        the result resharded), for a scatter-add its updates as stored, for a
+        gather with split ids the ids' layout ("index passthrough": the table
+        all-gathered, each device looking up its own ids), and takes the
+        cheaper; so does this rule (fewer bytes moved; ties keep
+        ``iteration``, then the table's layout), except that a table stored
+        split over a dim other than ``dim`` always runs as stored (XLA tries
+        operand passthrough first)."""
         if isinstance(op, (O.Gather, O.ScatterAdd)):
+            table = output if isinstance(op, O.ScatterAdd) else inputs[0]
+            if any(d != op.dim and self.mesh.group_size(axes) > 1 for d, axes in table.items()):
+                # the table split over a dim the ids do not index: XLA's partitioner tries operand passthrough
+                # first and takes it whatever the bytes
+                return self._cost(op, self._passthrough(op, inputs, output), inputs, output)
             best = None
             candidates = [iteration, self._passthrough(op, inputs, output)]
             if isinstance(op, O.ScatterAdd):
                 candidates.append(self._updates_passthrough(op, inputs))
+            elif any(inputs[1].values()):  # "index passthrough": split like the ids, the table gathered whole
+                candidates.append({d: axes for d, axes in inputs[1].items() if axes})
             for it in candidates:
                 c = self._cost(op, it, inputs, output)
                 if best is None or sum(x.bytes for x in c.comms) < sum(x.bytes for x in best.comms):
@@ -491,6 +522,8 @@ class OpRules:
         if isinstance(op, O.Reshape):
             src = inputs[0]
             produced, need = _reshape_layout(op, src, g, mesh)
+            need = _reshape_target(op, src, need, output, t[op.inputs[0]].dim_names)
+            produced, need = _reshape_layout(op, need, g, mesh)
             comms += reshard(t[op.inputs[0]], src, need, mesh, f"reshape {op.name} input")
             comms += reshard(out, produced, output, mesh, f"{op.output} stored differently")
             moved = local_bytes(out, produced, mesh)

@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from layoutsearch.errors import GraphError
 from layoutsearch.importer.labels import Labels
+from layoutsearch.importer.pending import DimRef, PendingGraph, PendingTensor
 from layoutsearch.importer.trace import Lit, Node, Operand, Var
 from layoutsearch.ir import ops as O
-from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.tensor import Tensor
 
 BLOCK_PATTERN = re.compile(r"^(layer|layers|block|blocks|h)[._]?\d+$", re.IGNORECASE)
 """Scope names (``jax.named_scope``, Flax module names) that mark a repeated block: ``layer.3``,
@@ -44,13 +42,6 @@ _ALIASES = {"copy", "copy_p", "sharding_constraint", "optimization_barrier", "co
             "reduce_precision"}
 
 
-@dataclass(frozen=True)
-class _L:
-    """A label inside an op attribute, resolved to a dim name when the graph is built."""
-
-    id: int
-
-
 @dataclass(eq=False)
 class Val:
     """What a program value is in the graph: an IR tensor and a label per axis (None: a size-1 axis the
@@ -60,22 +51,6 @@ class Val:
     labels: tuple[int | None, ...]
 
 
-@dataclass
-class _Tensor:
-    labels: tuple[int, ...]
-    dtype: str
-    role: str
-
-
-@dataclass
-class _Op:
-    cls: type[O.Op]
-    name: str
-    inputs: tuple[str, ...]
-    block: str | None
-    attrs: dict[str, Any]
-
-
 class Translator:
     """Builds the IR graph of a flattened program, node by node."""
 
@@ -83,10 +58,9 @@ class Translator:
         self.labels = Labels()
         self.vals: dict[Var, Val] = {}
         self.keep: list[Val] = []  # every Val stays alive: their ids are label holders
-        self.tensors: dict[str, _Tensor] = {}
-        self.ops: list[_Op] = []
+        self.pending = PendingGraph(self.labels)
+        self.tensors = self.pending.tensors
         self.splits = {k: tuple(v) for k, v in (splits or {}).items()}
-        self.counts: Counter[str | None] = Counter()
         self.broadcasts: dict[tuple[str, tuple[int | None, ...]], Val] = {}
         self.node: Node | None = None
         self.block: str | None = None
@@ -113,7 +87,7 @@ class Translator:
                 labels.append(None if size == 1 else self.labels.placeholder(size, f"{_stem(name)}_{i}"))
         if len({self.labels.find(a) for a in labels if a is not None}) < sum(a is not None for a in labels):
             raise GraphError(f"{name}: a dim name appears twice in {list(dims or ())}")
-        self.tensors[name] = _Tensor(tuple(a for a in labels if a is not None), _dtype(var, name), role)
+        self.tensors[name] = PendingTensor(tuple(a for a in labels if a is not None), _dtype(var, name), role)
         self.vals[var] = self._val(name, labels)
 
     def val(self, v: Operand) -> Val:
@@ -142,10 +116,7 @@ class Translator:
     def emit(self, cls: type[O.Op], stem: str, inputs: Sequence[str], labels: Sequence[int | None], dtype: str,
              **attrs: Any) -> Val:
         """Add an op writing a new tensor with the non-unit ``labels``; return its value."""
-        self.counts[self.block] += 1
-        name = f"{self.block}/{stem}_{self.counts[self.block]}" if self.block else f"{stem}_{self.counts[None]}"
-        self.tensors[name] = _Tensor(tuple(a for a in labels if a is not None), dtype, "activation")
-        self.ops.append(_Op(cls, name, tuple(inputs), self.block, attrs))
+        name = self.pending.emit(cls, stem, inputs, [a for a in labels if a is not None], dtype, self.block, **attrs)
         return self._val(name, labels)
 
     def unsupported(self, why: str) -> GraphError:
@@ -168,7 +139,7 @@ class Translator:
         for old, new in zip(v.labels, labels, strict=True):
             if old is not None and new is not None and self.labels.find(old) != self.labels.find(new) and (
                     self.labels.find(old) in have):
-                groups.append(((_L(old),), (_L(new),)))
+                groups.append(((DimRef(old),), (DimRef(new),)))
         if not groups:
             return self._val(v.tensor, labels)
         renames = {self.labels.find(g[0][0].id): g[1][0].id for g in groups}
@@ -357,7 +328,7 @@ class Translator:
         ins = [(a, s) for a, s in zip(v.labels, src.shape, strict=True) if s != 1 or a is not None]
         outs = [i for i, s in enumerate(out.shape) if s != 1]
         labels: list[int | None] = [None] * len(out.shape)
-        groups: list[tuple[tuple[_L, ...], tuple[_L, ...]]] = []
+        groups: list[tuple[tuple[DimRef, ...], tuple[DimRef, ...]]] = []
         i = j = 0
         while i < len(ins) or j < len(outs):
             gi, gj = [ins[i]] if i < len(ins) else [], [outs[j]] if j < len(outs) else []
@@ -384,12 +355,12 @@ class Translator:
                 labels[gj[0]] = gi[0][0]
             elif len(gj) == 1:
                 labels[gj[0]] = self._merged([a for a, _ in gi if a is not None], out.shape[gj[0]])
-                groups.append((tuple(_L(a) for a, _ in gi if a is not None), (_L(labels[gj[0]]),)))
+                groups.append((tuple(DimRef(a) for a, _ in gi if a is not None), (DimRef(labels[gj[0]]),)))
             elif len(gi) == 1 and gi[0][0] is not None:
                 parts = self._split(gi[0][0], [out.shape[k] for k in gj])
                 for k, a in zip(gj, parts, strict=True):
                     labels[k] = a
-                groups.append(((_L(gi[0][0]),), tuple(_L(a) for a in parts)))
+                groups.append(((DimRef(gi[0][0]),), tuple(DimRef(a) for a in parts)))
             else:
                 raise self.unsupported("a reshape that regroups several dims into several others")
         if not groups:
@@ -437,7 +408,7 @@ class Translator:
         name = f"{v.tensor}[{node.params['index']}]"
         labels = v.labels[1:]
         if name not in self.tensors:
-            self.tensors[name] = _Tensor(tuple(a for a in labels if a is not None), t.dtype, t.role)
+            self.tensors[name] = PendingTensor(tuple(a for a in labels if a is not None), t.dtype, t.role)
         return self._val(name, labels)
 
     def _stack(self, node: Node) -> Val:
@@ -493,12 +464,12 @@ class Translator:
     def _softmax(self, node: Node) -> Val:
         v = self.dense(self.val(node.ins[0]))
         return self.emit(O.Softmax, "softmax", [v.tensor], v.labels, self.dtype(v),
-                         dim=_L(self._axis_label(v, node.params["axis"])))
+                         dim=DimRef(self._axis_label(v, node.params["axis"])))
 
     def _layer_norm(self, node: Node) -> Val:
         v = self.dense(self.val(node.ins[0]))
         out = self.emit(O.LayerNorm, "layer_norm", [v.tensor], v.labels, self.dtype(v),
-                        dim=_L(self._axis_label(v, node.params["axis"])), eps=node.params["eps"],
+                        dim=DimRef(self._axis_label(v, node.params["axis"])), eps=node.params["eps"],
                         center=node.params["center"])
         return self._val(out.tensor, _fit_units(list(v.labels), node.outs[0].shape, self.labels.size))
 
@@ -509,7 +480,7 @@ class Translator:
         rest = [a for i, a in enumerate(logits.labels) if i != axis]
         ids = self.conform(self.val(node.ins[1]), rest)
         out = self.emit(O.CrossEntropy, "cross_entropy", [logits.tensor, ids.tensor], rest, self.dtype(logits),
-                        dim=_L(dim))
+                        dim=DimRef(dim))
         return self._val(out.tensor, _fit_units(rest, node.outs[0].shape, self.labels.size))
 
     def _gather(self, node: Node) -> Val:
@@ -536,7 +507,7 @@ class Translator:
         labels = self.distinct(labels)
         ids = self.conform(self._val(ids.tensor, id_labels), [labels[d] for d in batch])
         return self.emit(O.Gather, "gather", [table.tensor, ids.tensor], labels, self.dtype(table),
-                         dim=_L(self._axis_label(table, axis)))
+                         dim=DimRef(self._axis_label(table, axis)))
 
     def _holds(self, labels: Sequence[int | None], a: int) -> bool:
         r = self.labels.find(a)
@@ -555,42 +526,7 @@ class Translator:
         if lv.labels or self.tensors[lv.tensor].role != "activation":
             raise GraphError("the function must return a scalar loss computed from its arguments "
                              f"(got a value of shape {list(loss.shape)})")
-        used = {a for t in self.tensors.values() for a in t.labels}
-        for op in self.ops:
-            used |= {x.id for x in _labels_in(op.attrs)}
-        names = self.labels.names(used)
-
-        def dim_name(a: int) -> str:
-            return names[self.labels.find(a)]
-
-        order = {n: k for k, n in enumerate(dict.fromkeys(
-            t for op in self.ops for t in (*op.inputs, op.name)))}  # by first use, as a builder writes them
-        tensors = [Tensor(n, tuple(Dim(dim_name(a), self.labels.size(a)) for a in t.labels), t.dtype,
-                          "loss" if n == lv.tensor else t.role)
-                   for n, t in sorted(self.tensors.items(), key=lambda kv: order.get(kv[0], -1)) if n in order]
-        ops = [op.cls(name=op.name, inputs=op.inputs, output=op.name, block=op.block,
-                      **_resolve(op.attrs, dim_name)) for op in self.ops]
-        return Graph(name, tensors, ops, loss=lv.tensor, meta=dict(meta))
-
-
-def _labels_in(x: Any) -> list[_L]:
-    if isinstance(x, _L):
-        return [x]
-    if isinstance(x, Mapping):
-        return [y for v in x.values() for y in _labels_in(v)]
-    if isinstance(x, tuple | list):
-        return [y for v in x for y in _labels_in(v)]
-    return []
-
-
-def _resolve(x: Any, name: Callable[[int], str]) -> Any:
-    if isinstance(x, _L):
-        return name(x.id)
-    if isinstance(x, Mapping):
-        return {k: _resolve(v, name) for k, v in x.items()}
-    if isinstance(x, tuple | list):
-        return tuple(_resolve(v, name) for v in x)
-    return x
+        return self.pending.build(name, lv.tensor, meta)
 
 
 def _fit_units(labels: Sequence[int | None], shape: Sequence[int], size: Callable[[int], int]) -> list[int | None]:

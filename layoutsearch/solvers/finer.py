@@ -85,7 +85,7 @@ def solve_finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limi
             reduced, keep = prune(problem, problem.cost(assign) if feasible else None, limit)
             deadline.check()
     except TimeUp:
-        return FinerResult(rules_plan(), (), solver, False, None, {},
+        return FinerResult(rules_plan(), (), "enumerate", False, None, {},
                            (f"the {kind} space was not searched: the time limit ran out while it was built "
                             "(the rules optimum is returned, not proven; runner-ups not searched)",))
     hint = None

@@ -179,18 +179,20 @@ class _Found:
     stats: dict[str, Any] = field(default_factory=dict)
     searches: list[RulesSearch] = field(default_factory=list)
     cut_short: list[str] = field(default_factory=list)
+    gap_unknown: bool = False
 
     def add(self, plans: list[Costed], proven: bool, gap: float | None) -> None:
         """Plans of one remat policy, with their proof."""
         self.options += plans
         if plans:
             self.optimal = self.optimal and proven
+            self.gap_unknown = self.gap_unknown or (not proven and gap is None)
             self.gap = (self.gap or 0.0) if proven else max(gap or 0.0, self.gap or 0.0)
 
     def skipped(self, what: str) -> None:
         """A phase not run because the time limit ran out: the result is not proven."""
         self.cut_short.append(f"{what}: not searched, the time limit ran out first")
-        self.optimal, self.gap = False, None
+        self.optimal, self.gap_unknown = False, True
 
 
 def _check_arguments(graph: Graph, space: str, solver: str, top: int, remat: str, microbatches: int | str,
@@ -291,7 +293,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
         raise error
     ranked = [dataclasses.replace(p, name="chosen" if i == 0 else f"#{i + 1}") for i, p in enumerate(options[:top])]
     chosen, runner_ups = ranked[0], tuple(ranked[1:])
-    optimal, gap = found.optimal, found.gap
+    optimal, gap = found.optimal, None if found.gap_unknown else found.gap
     if chosen.microbatches > 1 or chosen.pipelined:  # found by the heuristics of _accumulated / search_pipeline
         optimal, gap = False, None
     priced_baselines = _price_baselines(base, g, mesh, hw, policies, found.searches, limit, optimizer, attention,
