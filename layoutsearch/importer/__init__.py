@@ -49,7 +49,7 @@ def from_jax(fn: Callable[..., Any], *args: Any, dims: Any, params_argnums: Sequ
     loss = program.outputs[0] if program.outputs else None
     if not isinstance(loss, Var) or loss.shape != () or loss.dtype not in ("float32", "bfloat16", "float16"):
         raise GraphError("the function must return a scalar float loss (or a tuple whose first item is one)")
-    nodes = patterns.rewrite(_needed(program.nodes, loss))
+    nodes = _needed(patterns.rewrite(_needed(program.nodes, loss)), loss)
     tr = Translator(splits)
     title = name or getattr(fn, "__qualname__", None) or "imported"
     try:

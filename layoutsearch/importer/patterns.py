@@ -23,10 +23,14 @@ from collections.abc import Callable
 
 from layoutsearch.importer.trace import Lit, Node, Operand, Var
 
-_TRANSPARENT = {"broadcast_in_dim", "stop_gradient", "reshape"}
-"""Primitives that only add or drop unit axes (on the paths the patterns walk) or stop gradients."""
+_TRANSPARENT = {"broadcast_in_dim", "stop_gradient", "reshape", "transpose"}
+"""Primitives that only add, drop or move size-1 axes (on the paths the patterns walk) or stop gradients."""
 
 _GELU_C1, _GELU_C2 = math.sqrt(2 / math.pi), 0.044715
+
+Match = tuple[Node | list[Node], list[Node]]
+"""What a pattern returns: the new node (or nodes, the last writing the final node's outputs) and the
+nodes they replace."""
 
 
 class _Rewriter:
@@ -44,19 +48,6 @@ class _Rewriter:
         n = self.producer.get(v) if isinstance(v, Var) else None
         return n if n is not None and (prim is None or n.prim == prim) else None
 
-    def through(self, v: Operand) -> Operand:
-        """``v`` with unit-axis broadcasts, unit reshapes, stop_gradient and ``max(-inf, .)`` walked back."""
-        while True:
-            n = self.node(v)
-            if n is None:
-                return v
-            if n.prim in _TRANSPARENT and _unit_only(n):
-                v = n.ins[0]
-            elif n.prim == "max" and any(isinstance(a, Lit) and a.value == -math.inf for a in n.ins):
-                v = next(a for a in n.ins if not isinstance(a, Lit))
-            else:
-                return v
-
     def private(self, outs: set[Var], *internal: Node) -> bool:
         """Whether every output of ``internal`` is read only by nodes of the set (or by the final node)."""
         readers: Counter[Var] = Counter(v for n in internal for v in n.ins if isinstance(v, Var))
@@ -66,12 +57,12 @@ class _Rewriter:
                     return False
         return True
 
-    def replace(self, final: Node, new: Node, dropped: list[Node]) -> None:
+    def replace(self, final: Node, new: list[Node], dropped: list[Node]) -> None:
         gone = {id(n) for n in dropped}
         out: list[Node] = []
         for n in self.nodes:
             if n is final:
-                out.append(new)
+                out.extend(new)
             elif id(n) not in gone:
                 out.append(n)
         self.nodes = out
@@ -97,7 +88,13 @@ class _Rewriter:
             else:
                 return []
 
-    def match(self, final: Node, found: Callable[[Node], tuple[Node, list[Node]] | None]) -> bool:
+    def origin(self, v: Operand) -> Operand:
+        """``v`` with transparent nodes (unit axes added, dropped or moved) walked back."""
+        while (n := self.node(v)) is not None and n.prim in _TRANSPARENT and _unit_only(n):
+            v = n.ins[0]
+        return v
+
+    def match(self, final: Node, found: Callable[[Node], Match | None]) -> bool:
         self._final_reads = Counter(v for v in final.ins if isinstance(v, Var))
         got = found(final)
         if got is None:
@@ -105,18 +102,26 @@ class _Rewriter:
         new, internal = got
         if not self.private(set(final.outs), *internal):
             return False
-        self.replace(final, new, internal)
+        self.replace(final, new if isinstance(new, list) else [new], internal)
         return True
 
 
 def _unit_only(n: Node) -> bool:
-    """Whether a broadcast/reshape ``n`` only adds or drops size-1 axes."""
+    """Whether a broadcast/reshape/transpose ``n`` only adds, drops or moves size-1 axes."""
     if n.prim == "stop_gradient":
         return True
     src, dst = n.ins[0], n.outs[0]
     if not isinstance(src, Var):
         return False
+    if n.prim == "transpose":
+        moved = [p for p in n.params["permutation"] if src.shape[p] != 1]
+        return moved == sorted(moved)
     return [s for s in src.shape if s != 1] == [s for s in dst.shape if s != 1]
+
+
+def _rank_among_nonunit(shape: tuple[int, ...], axis: int) -> int:
+    """The position of ``axis`` among the axes of ``shape`` larger than 1."""
+    return sum(1 for s in shape[:axis] if s != 1)
 
 
 def _lit(v: Operand, want: float, rel: float = 1e-6) -> bool:
@@ -137,7 +142,7 @@ def _new(prim: str, final: Node, ins: list[Operand], **params: object) -> Node:
 
 # -- the patterns: each takes the final node and returns (the new node, the nodes it replaces)
 
-def _mean(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _mean(rw: _Rewriter, final: Node) -> Match | None:
     if final.prim != "div" or not isinstance(final.ins[1], Lit):
         return None
     path = rw.chain(final.ins[0], lambda n: n.prim == "reduce_sum")
@@ -152,7 +157,7 @@ def _mean(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
     return _new("reduce_mean", final, [x], axes=tuple(red.params["axes"])), path
 
 
-def _softmax(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _softmax(rw: _Rewriter, final: Node) -> Match | None:
     if final.prim != "div":
         return None
     e = rw.node(final.ins[0], "exp")
@@ -163,10 +168,15 @@ def _softmax(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
     if not sums or d is None:
         return None
     x = d.ins[0]
-    maxes = rw.chain(d.ins[1], lambda n: n.prim == "reduce_max" and n.ins[0] is x)
-    if not maxes or maxes[-1].params["axes"] != sums[-1].params["axes"] or len(sums[-1].params["axes"]) != 1:
+    base = rw.origin(x)
+    maxes = rw.chain(d.ins[1], lambda n: n.prim == "reduce_max" and rw.origin(n.ins[0]) is base)
+    if not maxes or len(sums[-1].params["axes"]) != 1 or len(maxes[-1].params["axes"]) != 1:
         return None
-    return _new("softmax", final, [x], axis=sums[-1].params["axes"][0]), [e, d, *sums, *maxes]
+    axis, max_axis, max_in = sums[-1].params["axes"][0], maxes[-1].params["axes"][0], maxes[-1].ins[0]
+    assert isinstance(x, Var) and isinstance(max_in, Var)
+    if _rank_among_nonunit(x.shape, axis) != _rank_among_nonunit(max_in.shape, max_axis):
+        return None
+    return _new("softmax", final, [x], axis=axis), [e, d, *sums, *maxes]
 
 
 def _mean_of(rw: _Rewriter, v: Operand) -> tuple[Operand, int, list[Node]] | None:
@@ -177,35 +187,74 @@ def _mean_of(rw: _Rewriter, v: Operand) -> tuple[Operand, int, list[Node]] | Non
     return path[-1].ins[0], path[-1].params["axes"][0], path
 
 
-def _layer_norm(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _variance(rw: _Rewriter, v: Operand) -> tuple[Operand, int, bool, list[Node]] | None:
+    """(squared value, axis, one_pass, nodes) when ``v`` is a variance-like statistic: ``mean(sq**2)``
+    (two-pass, ``sq`` centered or, for RMSNorm, the input), or Flax's one-pass ``max(0, mean(x**2) -
+    mean(x)**2)`` (``sq`` is then ``x``)."""
+    hops = rw.chain(v, lambda n: n.prim == "max" and any(_lit(a, 0.0) for a in n.ins))
+    if hops:
+        relu = hops[-1]
+        diff = rw.node(next((a for a in relu.ins if not isinstance(a, Lit)), None), "sub")
+        if diff is None:
+            return None
+        ex2, sq_mean = _mean_of(rw, diff.ins[0]), rw.node(diff.ins[1], "square")
+        if ex2 is None or sq_mean is None:
+            return None
+        sq, mean = rw.node(ex2[0], "square"), _mean_of(rw, sq_mean.ins[0])
+        if sq is None or mean is None or mean[0] is not sq.ins[0] or mean[1] != ex2[1]:
+            return None
+        return sq.ins[0], ex2[1], True, [*hops, diff, *ex2[2], sq_mean, sq]
+    var = _mean_of(rw, v)
+    if var is None:
+        return None
+    sq = rw.node(var[0], "square")
+    return (sq.ins[0], var[1], False, [*var[2], sq]) if sq is not None else None
+
+
+def _layer_norm(rw: _Rewriter, final: Node) -> Match | None:
+    """``centered * rsqrt(var + eps)`` (times a scale, as Flax folds it into the rsqrt)."""
     if final.prim != "mul":
         return None
-    for centered, scale in (final.ins, final.ins[::-1]):
-        path = rw.chain(scale, lambda n: n.prim == "rsqrt")
+    for centered, factor in (final.ins, final.ins[::-1]):
+        scale, scaled = None, rw.node(factor, "mul")
+        path = rw.chain(factor, lambda n: n.prim == "rsqrt")
+        if not path and scaled is not None:
+            for r, s in (scaled.ins, scaled.ins[::-1]):
+                path = rw.chain(r, lambda n: n.prim == "rsqrt")
+                if path:
+                    scale, path = s, [scaled, *path]
+                    break
         if not path:
             continue
         shift = rw.node(path[-1].ins[0], "add")
         if shift is None or not any(isinstance(a, Lit) for a in shift.ins):
             continue
         eps = next(a.value for a in shift.ins if isinstance(a, Lit))
-        var = _mean_of(rw, next(a for a in shift.ins if not isinstance(a, Lit)))
+        var = _variance(rw, next(a for a in shift.ins if not isinstance(a, Lit)))
         if var is None:
             continue
-        sq_in, axis, var_nodes = var
-        sq = rw.node(sq_in, "square")
-        if sq is None or sq.ins[0] is not centered:
-            continue
-        internal = [*path, shift, *var_nodes, sq]
+        sq_in, axis, one_pass, var_nodes = var
+        internal = [*path, shift, *var_nodes]
         sub = rw.node(centered, "sub")
         mean = _mean_of(rw, sub.ins[1]) if sub is not None else None
-        if sub is not None and mean is not None and mean[0] is sub.ins[0] and mean[1] == axis:
-            return _new("layer_norm", final, [sub.ins[0]], axis=axis, eps=eps, center=True), [
-                *internal, sub, *mean[2]]
-        return _new("layer_norm", final, [centered], axis=axis, eps=eps, center=False), internal
+        if sub is not None and mean is not None and mean[0] is sub.ins[0] and mean[1] == axis and (
+                sq_in is (sub.ins[0] if one_pass else centered)):
+            x, center, internal = sub.ins[0], True, [*internal, sub, *mean[2]]
+        elif sq_in is centered and not one_pass:
+            x, center = centered, False
+        else:
+            continue
+        if scale is None:
+            return _new("layer_norm", final, [x], axis=axis, eps=eps, center=center), internal
+        assert isinstance(x, Var)
+        normed = Var(x.shape, x.dtype)
+        ln = Node("layer_norm", [x], [normed], {"axis": axis, "eps": eps, "center": center}, final.where,
+                  final.scope, final.block)
+        return [ln, _new("mul", final, [normed, scale])], internal
     return None
 
 
-def _gelu(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _gelu(rw: _Rewriter, final: Node) -> Match | None:
     if final.prim != "mul":
         return None
     for x, half in (final.ins, final.ins[::-1]):
@@ -231,7 +280,7 @@ def _gelu(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
     return None
 
 
-def _cross_entropy(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
     if final.prim != "neg":
         return None
     red = rw.node(final.ins[0], "reduce_sum")
@@ -250,7 +299,7 @@ def _cross_entropy(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None
     return None
 
 
-def _index_normalization(rw: _Rewriter, final: Node) -> tuple[Node, list[Node]] | None:
+def _index_normalization(rw: _Rewriter, final: Node) -> Match | None:
     """``select_n(i < 0, i, i + n)``: JAX's wrap of negative indices (ids are in range: the identity)."""
     if final.prim != "select_n" or len(final.ins) != 3:
         return None

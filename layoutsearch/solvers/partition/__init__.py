@@ -109,8 +109,8 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
                                                 culprit=full.names[v]))
     inst = reduce(full, contiguous=contiguous, at_most=at_most, microbatches=microbatches)
     info: dict[str, Any] = {"units": inst.n} if inst.n != full.n else {}
-    method, sigma_r, optimal, gap = _solve(inst, objective, microbatches, contiguous, at_most, solver, time_limit,
-                                           max_ideals, info)
+    method, sigma_r, optimal, gap = _solve(full, inst, objective, microbatches, contiguous, at_most, solver,
+                                           time_limit, max_ideals, info)
     sigma = [0] * full.n
     unit_of = {x: u for u, members in enumerate(inst.members) for x in members}
     for v in range(full.n):
@@ -124,9 +124,10 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     return part
 
 
-def _solve(inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,
+def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,
            time_limit: float | None, max_ideals: int, info: dict[str, Any]) -> tuple[str, list[int], bool, float | None]:
-    """(method, unit -> device, optimal, gap; None when to be computed from ``info["bound"]``)."""
+    """(method, unit of ``inst`` -> device, optimal, gap; None when to be computed from ``info["bound"]``);
+    ``full`` is the problem before its reductions."""
     exact_k = not at_most
     dp_ok = contiguous and objective != "latency"
     ideals = None
@@ -149,7 +150,7 @@ def _solve(inst: Instance, objective: str, mb: int, contiguous: bool, at_most: b
                 raise PartitionError(memory_message(inst.dag, kind.count, mb, kind.limit, min_mem, exact=True))
             raise PartitionError(f"no placement of cost DAG {inst.dag.name!r} fits the devices' memory")
         return "brute force", sigma, True, 0.0
-    hint = _warm_start(inst, objective, mb, at_most, max_ideals, info)
+    hint = _warm_start(full, inst, contiguous, objective, mb, at_most, max_ideals, info)
     sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint)
     if sigma and _over_memory(inst, sigma, objective, mb):
         # The solver's feasibility tolerance (about 1e-6, relative) let a device exceed its limit by a hair:
@@ -169,16 +170,21 @@ def _solve(inst: Instance, objective: str, mb: int, contiguous: bool, at_most: b
     return solver, sigma, False, None
 
 
-def _warm_start(inst: Instance, objective: str, mb: int, at_most: bool, max_ideals: int,
-                info: dict[str, Any]) -> list[int] | None:
-    """The DP's contiguous throughput optimum as an ILP start, when the DP is cheap enough (1/10 of the cap)."""
+def _warm_start(full: Instance, inst: Instance, contiguous: bool, objective: str, mb: int, at_most: bool,
+                max_ideals: int, info: dict[str, Any]) -> list[int] | None:
+    """The DP's contiguous throughput optimum as an ILP start (unit of ``inst`` -> device), when the DP is
+    cheap enough (1/10 of the cap); a non-contiguous problem starts from its contiguous optimum."""
     if objective == "gpipe":
         return None
     try:
-        ideals = Ideals(inst, max(1, max_ideals // 10))
-        sigma = run_dp(inst, ideals, "throughput", mb, at_most, max_ideals, {})
+        base = inst if contiguous else reduce(full, contiguous=True, at_most=at_most, microbatches=mb)
+        ideals = Ideals(base, max(1, max_ideals // 10))
+        sigma = run_dp(base, ideals, "throughput", mb, at_most, max_ideals, {})
     except (TooManyIdeals, PartitionError):
         return None
+    if base is not inst:
+        device = {x: sigma[u] for u, members in enumerate(base.members) for x in members}
+        sigma = [device[members[0]] for members in inst.members]
     info["warm_start"] = "dp"
     return sigma
 

@@ -136,12 +136,6 @@ class Instance:
         self.device_kind = [k for k, kind in enumerate(self.kinds) for _ in range(kind.count)]
         self.device_index = [i for kind in self.kinds for i in range(kind.count)]
         self.num_devices = len(self.device_kind)
-        self.all_forward = all(self.tensor_forward(t) for t in self.tensors)
-
-    def tensor_forward(self, tensor: tuple[int, tuple[int, ...], float]) -> bool:
-        """Whether every consumer of the tensor comes after its producer in the unit order."""
-        src, cons, _ = tensor
-        return all(w > src for w in cons)
 
     @property
     def comp(self) -> list[float]:

@@ -110,7 +110,8 @@ def _contract(inst: Instance, uf: _Union) -> Instance:
     quotient.add_nodes_from(roots)
     quotient.add_edges_from((uf.find(u), uf.find(v)) for v in range(inst.n) for u in inst.preds[v]
                             if uf.find(u) != uf.find(v))
-    order = list(nx.lexicographical_topological_sort(quotient))
+    # non-contiguous problems may merge groups that depend on each other both ways: any order then
+    order = list(nx.lexicographical_topological_sort(quotient)) if nx.is_directed_acyclic_graph(quotient) else roots
     idx = {r: i for i, r in enumerate(order)}
     unit = [idx[uf.find(v)] for v in range(inst.n)]
     members: list[list[int]] = [[] for _ in order]
