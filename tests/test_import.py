@@ -269,3 +269,38 @@ def test_cli_import_bad_input_is_one_line_exit_2(tmp_path, capsys, target, spec,
     path.write_text(json.dumps(spec))
     code, out, err = run(capsys, "import", target, "--dims", str(path))
     assert code == 2 and match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_mixed_precision_flax_and_custom_vjp_import() -> None:
+    """Flax layers computing in bfloat16 (``dtype=``) cast their float32 parameters: the casts are
+    identity ops writing bfloat16 tensors; a ``custom_vjp`` function is inlined (its primal)."""
+    import flax.linen as nn
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.relu(nn.Dense(256, dtype=jnp.bfloat16, name="up")(x))
+            return nn.Dense(64, dtype=jnp.bfloat16, name="down")(h)
+
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+
+    clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1, 1),))
+    model, x = M(), jnp.ones((32, 64))
+    params = model.init(jax.random.key(0), x)
+
+    def loss(p, x):
+        return jnp.mean(clip_grad(model.apply(p, x).astype(jnp.float32)) ** 2)
+
+    dims = {"params": {"up": {"kernel": ("embed", "mlp"), "bias": ("mlp",)},
+                       "down": {"kernel": ("mlp", "embed"), "bias": ("embed",)}}}
+    g = from_jax(loss, params, x, dims=(dims, ("batch", "embed")))
+    assert {t.dtype for t in g.parameters} == {"float32"}
+    einsums = [op for op in g.ops if op.kind == "einsum"]
+    assert len(einsums) == 2 and all(g.tensors[op.output].dtype == "bfloat16" for op in einsums)
+    casts = [op for op in g.ops if getattr(op, "fn", None) == "identity"]
+    assert len(casts) == 6  # x and four parameters to bfloat16, the output back to float32
+    np.testing.assert_allclose(run_graph(g, {**{t.name: a for t, a in zip(
+        g.parameters, [params["params"][m][k] for m in ("down", "up") for k in ("bias", "kernel")],
+        strict=True)}, "x": x})[g.loss], loss(params, x), rtol=1e-2)

@@ -188,12 +188,20 @@ class _Flattener:
 
 def _literal(value: Any, what: str) -> Lit:
     arr = np.asarray(value)
-    if arr.ndim != 0 or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+    try:
+        f = float(arr) if arr.ndim == 0 else None
+    except (TypeError, ValueError):
+        f = None
+    if f is None:
         raise GraphError(f"{what} is an array of shape {list(arr.shape)}: only scalar constants can be "
                          "imported (pass arrays to the function as arguments)")
-    if arr.dtype in (np.float32, np.float16):  # the shortest decimal that rounds to it: 1e-05, not 9.99e-06
-        return Lit(float(str(arr)))
-    return Lit(float(arr))
+    try:  # the shortest decimal that rounds to the same value in its dtype: 1e-05, not 9.99e-06
+        short = float(str(arr))
+        if float(np.asarray(short, arr.dtype)) == f:
+            return Lit(short)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return Lit(f)
 
 
 def flatten(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Program, Any]:

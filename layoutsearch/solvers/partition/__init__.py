@@ -97,6 +97,8 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     if solver == "dp" and (not contiguous or objective == "latency"):
         raise PartitionError("the DP covers contiguous throughput and gpipe placements; use solver 'ilp-ortools' "
                              "or 'ilp-pulp'")
+    if objective == "gpipe" and at_most and kinds[0].count > 1:
+        return _gpipe_at_most(dag, kinds[0].count, microbatches, limit, solver, time_limit, max_ideals)
     full = compile_dag(dag, kinds)
     if not at_most and kinds[0].count > full.n:
         raise PartitionError(f"cannot split {full.n} nodes of cost DAG {dag.name!r} into {kinds[0].count} "
@@ -122,6 +124,27 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
         gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
         part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     return part
+
+
+def _gpipe_at_most(dag: CostDAG, k: int, mb: int, limit: int | None, solver: str, time_limit: float | None,
+                   max_ideals: int) -> Partition:
+    """GPipe over at most ``k`` stages: the step time ``(M + K - 1) max_k t_k`` depends on the number of
+    stages used, so each ``K`` is solved exactly and the best kept (the fewest stages on ties)."""
+    best: Partition | None = None
+    error: PartitionError | None = None
+    for stages in range(1, min(k, len(dag.nodes)) + 1):
+        try:
+            got = partition(dag, stages, objective="gpipe", microbatches=mb, memory_limit=limit, solver=solver,
+                            time_limit=time_limit, max_ideals=max_ideals, at_most=False)
+        except PartitionError as e:
+            error = e
+            continue
+        if best is None or got.objective < best.objective:
+            best = got
+    if best is None:
+        assert error is not None
+        raise error
+    return best
 
 
 def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,
