@@ -106,6 +106,9 @@ def test_scan_over_layers_unrolls_into_tied_blocks() -> None:
     assert [t.name for t in g.parameters] == ["ws[0]", "ws[1]", "ws[2]"]
     assert {op.block for op in g.ops if op.kind == "einsum"} == {"layer.0", "layer.1", "layer.2"}
     assert {t.dim_names for t in g.parameters} == {("d", "d_out")}
+    layout = ls.Layout.from_rules(ls.Mesh.parse("data:2,model:4"), "batch:data,d_out:model")
+    spec = partition_specs(layout, g, jnp.ones((3, 8, 8)), name="ws")
+    assert spec == jax.sharding.PartitionSpec(None, None, "model")
 
 
 def test_unsupported_primitive_names_it_its_line_and_dims() -> None:

@@ -483,7 +483,8 @@ class OpRules:
             candidates = [iteration, self._passthrough(op, inputs, output)]
             if isinstance(op, O.ScatterAdd):
                 candidates.append(self._updates_passthrough(op, inputs))
-            elif any(inputs[1].values()):  # "index passthrough": split like the ids, the table gathered whole
+            elif any(self.mesh.group_size(axes) > 1 for axes in inputs[1].values()):
+                # "index passthrough": split like the ids, the table gathered whole
                 candidates.append({d: axes for d, axes in inputs[1].items() if axes})
             for it in candidates:
                 c = self._cost(op, it, inputs, output)
@@ -537,7 +538,9 @@ class OpRules:
                 continue
             want = restrict(iteration, t[name].dim_names)
             more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
-            if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once
+            if isinstance(op, O.Einsum) or (isinstance(op, O.Gather) and name == op.inputs[0]):
+                # the same operand reshard feeding several dots (or a dot and a lookup: a tied embedding gathered
+                # for both): XLA does it once
                 key = ("reshard", name, _key(stored), _key(want))
                 if self.regather_weights:  # ... once per phase: not kept from the forward to the backward pass
                     key += (op.phase,)

@@ -66,13 +66,18 @@ def partition_specs(layout: Layout, graph: Graph, tree: Any, arg: int = 0, name:
     """PartitionSpecs laying out ``tree`` (argument ``arg`` of the function ``graph`` was imported from,
     e.g. a Flax ``params`` dict or an ``nnx.State``) as ``layout`` lays out the graph's tensors: a pytree
     like ``tree`` to pass to ``jax.device_put`` (with ``NamedSharding``) or ``jax.jit(in_shardings=...)``.
-    Arrays the graph does not read (dead code) are replicated."""
+    A stack of layers a ``scan`` read one slice per iteration (``ws`` read as ``ws[0]``, ``ws[1]``, ...)
+    gets its slices' spec with the stacked axis whole. Arrays the graph does not read are replicated."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     specs = []
     for path, _ in flat:
         key = _path_name(path) or name or f"arg{arg}"
-        t = graph.tensors.get(key)
-        specs.append(layout.partition_spec(t) if t is not None else jax.sharding.PartitionSpec())
+        if key in graph.tensors:
+            specs.append(layout.partition_spec(graph.tensors[key]))
+        elif f"{key}[0]" in graph.tensors:
+            specs.append(jax.sharding.PartitionSpec(None, *layout.partition_spec(graph.tensors[f"{key}[0]"])))
+        else:
+            specs.append(jax.sharding.PartitionSpec())
     return jax.tree_util.tree_unflatten(treedef, specs)
 
 
