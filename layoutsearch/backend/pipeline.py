@@ -49,7 +49,6 @@ split the batch; layer tensors take the layout of ``layer.0``'s.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +67,7 @@ from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import BLOCK_PREFIX, block_index, block_name, scope_prefix, scoped
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
@@ -101,11 +101,6 @@ class PipelineParts:
     layer_names: dict[str, str]
 
 
-def _block_index(op: O.Op, prefix: str) -> int | None:
-    m = re.fullmatch(rf"{re.escape(prefix)}\.(\d+)", (op.block or "").split("/")[0])
-    return int(m.group(1)) if m else None
-
-
 def _subgraph(graph: Graph, name: str, ops: list[O.Op], rename: Mapping[str, str], batch_dim: str, batch: int,
               loss: str | None = None) -> Graph:
     """The graph of ``ops`` (tensors renamed, ``batch_dim`` resized to ``batch``); tensors read but not
@@ -133,7 +128,7 @@ def _check_batch_local(graph: Graph, ops: list[O.Op], batch_dim: str, allowed: s
 
 
 def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, batch_dim: str = "batch",
-                block_prefix: str = "layer") -> PipelineParts:
+                block_prefix: str = BLOCK_PREFIX) -> PipelineParts:
     """Cut ``graph`` into pre / one template layer / post; GraphError says what does not fit."""
     if graph.loss is None:
         raise GraphError(f"graph {graph.name!r} has no loss to pipeline")
@@ -142,16 +137,17 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
         raise GraphError(f"batch {B} is not divisible by data {data} x microbatches {microbatches}")
     blocks: dict[int, list[O.Op]] = {}
     for op in graph.ops:
-        if (i := _block_index(op, block_prefix)) is not None:
+        if (i := block_index(op.block, block_prefix)) is not None:
             blocks.setdefault(i, []).append(op)
     L = len(blocks)
     if L == 0 or sorted(blocks) != list(range(L)):
-        raise GraphError(f"graph {graph.name!r} needs blocks {block_prefix}.0 .. {block_prefix}.N-1, "
-                         f"found {sorted(blocks)}")
+        raise GraphError(f"graph {graph.name!r} needs blocks {block_name(0, block_prefix)} .. "
+                         f"{block_name('N-1', block_prefix)}, found {sorted(blocks)}")
     in_block = {op.name for ops in blocks.values() for op in ops}
     templates, entries, exits, canon = [], [], [], []
     for i in range(L):
-        ops, pre = blocks[i], f"{block_prefix}.{i}/"
+        block = block_name(i, block_prefix)
+        ops, pre = blocks[i], scope_prefix(block)
         produced = {op.output for op in ops}
         external = list(dict.fromkeys(t for op in ops for t in op.inputs if t not in produced))
         acts = [t for t in external if graph.tensors[t].role != "parameter"]
@@ -159,10 +155,10 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
         names = {op.name for op in ops}
         outs = [t for t in produced if t == graph.loss or any(c.name not in names for c in graph.consumers[t])]
         if len(acts) != 1 or len(outs) != 1 or foreign:
-            raise GraphError(f"block {pre[:-1]} must read one activation and its own parameters and produce "
+            raise GraphError(f"block {block} must read one activation and its own parameters and produce "
                              f"one activation; it reads {acts + foreign} and produces {outs}")
         if i and acts[0] != exits[-1]:
-            raise GraphError(f"block {pre[:-1]} reads {acts[0]!r}, not the output of the previous block")
+            raise GraphError(f"block {block} reads {acts[0]!r}, not the output of the previous block")
         entries.append(acts[0])
         exits.append(outs[0])
         rename = {n: n.removeprefix(pre) for n in [*produced, *external, *(op.name for op in ops)]}
@@ -172,7 +168,8 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
         canon.append(([dataclasses.replace(op, block=None) for op in g.ops], g.tensors, rename[outs[0]]))
     for i in range(1, L):
         if canon[i] != canon[0]:
-            raise GraphError(f"block {block_prefix}.{i} differs from {block_prefix}.0 (ops, shapes or names); "
+            raise GraphError(f"block {block_name(i, block_prefix)} differs from {block_name(0, block_prefix)} "
+                             "(ops, shapes or names); "
                              "pipelining needs identical layers")
     layer, layer_names = templates[0]
     act_in, act_out = layer.tensors[IN], layer.tensors[canon[0][2]]
@@ -207,7 +204,7 @@ class Pipeline:
 
     def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
                  remat: bool | str = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
-                 stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = "layer",
+                 stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = BLOCK_PREFIX,
                  layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None) -> None:
         if stage_axis not in mesh_shape:
             raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
@@ -276,11 +273,15 @@ class Pipeline:
         first = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
         return [[int(first[s]) + (j if j < n else 0) for j in range(self.slots)] for s, n in enumerate(self.counts)]
 
+    def _layer_param(self, i: int, k: str) -> str:
+        """The graph's name of template parameter ``k`` in layer ``i``."""
+        return scoped(block_name(i, self.block_prefix), k)
+
     def stack(self, params: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays]:
         """The graph's parameters as (stacked ``[K, slots, ...]`` layer parameters: stage ``s`` holds its
         ``layers_per_stage[s]`` layers in order, then padding; outer parameters)."""
         slots = self._slot_layers()
-        stacked = {k: jnp.stack([jnp.stack([params[f"{self.block_prefix}.{i}/{k}"] for i in row]) for row in slots])
+        stacked = {k: jnp.stack([jnp.stack([params[self._layer_param(i, k)] for i in row]) for row in slots])
                    for k in self.parts.layer_params}
         return stacked, {k: params[k] for k in self.parts.outer_params}
 
@@ -289,7 +290,7 @@ class Pipeline:
         out = dict(outer)
         for k, v in stacked.items():
             for s, row in enumerate(self._slot_layers()):
-                out.update({f"{self.block_prefix}.{i}/{k}": v[s, j] for j, i in enumerate(row[:self.counts[s]])})
+                out.update({self._layer_param(i, k): v[s, j] for j, i in enumerate(row[:self.counts[s]])})
         return out
 
     def place(self, params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays, Arrays]:

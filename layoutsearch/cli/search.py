@@ -4,7 +4,6 @@ with runner-ups, the best plan of each decision and the baselines."""
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from typing import Any
@@ -27,6 +26,7 @@ from layoutsearch.cli.common import (
 )
 from layoutsearch.cli.cost import render_microbatched
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir.names import fold_block_numbers, is_derived
 from layoutsearch.ir.precision import DEFAULT_PRECISION
 from layoutsearch.layout import format_rules
 from layoutsearch.mesh import hardware
@@ -272,10 +272,10 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
                          "layout rules" + (" (inside a pipeline stage)" if result["stage_axis"] else "")))
     folded: dict[tuple[str, str], int] = {}
     for name, spec in lay["tensors"].items():
-        key = (re.sub(r"(?<=[A-Za-z_])\.\d+(?=/)", ".*", name), spec_text(spec))
+        key = (fold_block_numbers(name), spec_text(spec))
         folded[key] = folded.get(key, 0) + 1
     rows = [[n, spec, count] for (n, spec), count in folded.items()
-            if not n.startswith(("grad/", "new/", "adam_"))]
+            if not is_derived(n)]
     out.append(table(["tensor", "PartitionSpec", "count"], rows,
                      "per-tensor PartitionSpecs (inputs, parameters, activations; layers folded; --json: all)"))
     if result["decisions"]:

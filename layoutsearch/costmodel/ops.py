@@ -46,8 +46,8 @@ conceivable choice:
   result resharded), or, for a scatter-add, keeps its updates as stored (the
   zero table it adds into is laid out to match, the result resharded), or,
   for a gather with split ids, is split like the ids (the table all-gathered),
-  whichever moves fewer bytes (a table split over a dim other than the
-  gathered one always runs as stored: XLA tries that first); a gathered dim split over
+  whichever moves fewer bytes (a table split over other dims than the
+  gathered one, and not over it, always runs as stored: XLA tries that first); a gathered dim split over
   axes is masked locally and all-reduced (Megatron's vocab-parallel embedding);
 * a collective names its group's axes in mesh order, without axes of size 1;
   one over a group of one device is no collective (:func:`on_mesh`);
@@ -348,8 +348,8 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
     and ``seq`` on ``seq`` is all-reduced over ``seq``, then over ``data``).
     With ``reduce_scatter``, the axes the stored output keeps split are first
     reduce-scattered (one collective), and each dim's remaining axes all-reduced. Without it, ``kept_first``
-    (an einsum: XLA's dot partitioner): a dim's axes that the stored output keeps split are all-reduced first,
-    the result sliced, and the slice all-reduced over the dim's other axes."""
+    (an einsum: XLA's dot partitioner): the axes that the stored output keeps split, of every reduced dim, are
+    all-reduced first (one collective), the result sliced, and each dim's other axes all-reduced."""
     if not partial:
         return [], produced
     axes_all = tuple(a for _, axes in partial for a in axes)
@@ -362,18 +362,17 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
                           f"{cause}; output keeps {', '.join(f'{kept[a]} split over {a}' for a in rs)}"))
         for a in rs:
             after[kept[a]] = (*after.get(kept[a], ()), a)
+    first = tuple(a for a in mesh.names if a in kept and a in axes_all) if kept_first and not reduce_scatter else ()
+    if first:
+        # without reduce-scatter, XLA's dot partitioner all-reduces over the axes the stored output keeps split
+        # (of every reduced dim at once), slices, and all-reduces the slice over each dim's other axes (hybrid
+        # FSDP: the gradient over fsdp, then half of it over data, rather than all of it over both)
+        comms.append(Comm("all-reduce", first, local_bytes(out, after, mesh), out.name,
+                          f"{cause} (over {'+'.join(first)}, kept split)"))
+        for a in first:
+            after[kept[a]] = (*after.get(kept[a], ()), a)
     for d, axes in partial:
-        ar = tuple(a for a in axes if a not in rs)
-        first = tuple(a for a in ar if a in kept)
-        if kept_first and not reduce_scatter and first and len(first) < len(ar):
-            # without reduce-scatter, XLA all-reduces over the axes the stored output keeps split, slices, and
-            # all-reduces the slice over the others (FSDP over fsdp, data-parallel over data: the gradient
-            # over fsdp, then half of it over data), rather than all of it over both
-            comms.append(Comm("all-reduce", first, local_bytes(out, after, mesh), out.name,
-                              f"{cause} ({d} over {'+'.join(first)}, kept split)"))
-            for a in first:
-                after[kept[a]] = (*after.get(kept[a], ()), a)
-            ar = tuple(a for a in ar if a not in first)
+        ar = tuple(a for a in axes if a not in rs and a not in first)
         if ar:
             comms.append(Comm("all-reduce", ar, local_bytes(out, after, mesh), out.name,
                               f"{cause} ({d} over {'+'.join(ar)})"))
@@ -471,12 +470,13 @@ class OpRules:
         all-gathered, each device looking up its own ids), and takes the
         cheaper; so does this rule (fewer bytes moved; ties keep
         ``iteration``, then the table's layout), except that a table stored
-        split over a dim other than ``dim`` always runs as stored (XLA tries
-        operand passthrough first)."""
+        split over other dims than ``dim`` (and not over ``dim``) always runs as
+        stored (XLA tries operand passthrough first)."""
         if isinstance(op, (O.Gather, O.ScatterAdd)):
             table = output if isinstance(op, O.ScatterAdd) else inputs[0]
-            if any(d != op.dim and self.mesh.group_size(axes) > 1 for d, axes in table.items()):
-                # the table split over a dim the ids do not index: XLA's partitioner tries operand passthrough
+            split = {d for d, axes in table.items() if self.mesh.group_size(axes) > 1}
+            if split and op.dim not in split:
+                # the table split only over dims the ids do not index: XLA's partitioner tries operand passthrough
                 # first and takes it whatever the bytes
                 return self._cost(op, self._passthrough(op, inputs, output), inputs, output)
             best = None

@@ -92,6 +92,7 @@ from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.gantt import render_gantt
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import BLOCK_PREFIX, block_index, grad_name, top_block
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
@@ -104,7 +105,7 @@ PRE, POST = "pre", "post"
 def unit_of_ops(g: Graph) -> dict[str, str]:
     """Op name -> pipeline unit (``pre``, a top-level block name, ``post``) of a training graph."""
     unit: dict[str, str] = {}
-    block_op = {op.name: op.block.split("/")[0] for op in g.ops if op.block}
+    block_op = {op.name: top_block(op.block) for op in g.ops if op.block}
     after_block: dict[str, bool] = {}
     for op in g.ops:  # forward: an unblocked op after any block op is post
         if op.phase != "forward":
@@ -284,12 +285,12 @@ class PipelineReport:
     def fits(self) -> bool:
         return self.memory_bytes <= self.inner.hardware.usable_bytes
 
-    def layers_per_stage(self, prefix: str = "layer") -> tuple[int, ...]:
+    def layers_per_stage(self, prefix: str = BLOCK_PREFIX) -> tuple[int, ...]:
         """How many ``prefix.i`` blocks each stage runs: the partition as the GPipe executor takes it
         (``backend.pipeline.Pipeline(layers_per_stage=...)``); one chunk per device schedules only."""
         if self.schedule.kind == "interleaved":
             raise CostModelError("an interleaved schedule runs several chunks per device; the executor runs one")
-        return tuple(sum(u.startswith(prefix + ".") for u in s.units) for s in self.stages)
+        return tuple(sum(block_index(u, prefix) is not None for u in s.units) for s in self.stages)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -358,7 +359,7 @@ def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], rema
     recomputed = set(plan.recomputed)
     lb = layout.local_bytes
     master = g.meta.get("training", {}).get("master_weights") or {}
-    grads = {f"grad/{p.name}": p for p in g.parameters}
+    grads = {grad_name(p.name): p for p in g.parameters}
     acc_itemsize = {p: g.tensors[m].itemsize for p, m in master.items()}
     fed = {t.name for t in g.fed}
     counted: set[tuple[str, str]] = set()

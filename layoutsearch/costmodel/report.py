@@ -45,7 +45,6 @@ collective and group of axes, and memory per category at the peak.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +58,7 @@ from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
 from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import fold_block_numbers
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
@@ -228,7 +228,7 @@ class CostReport:
             g["count"] += 1
             g["bytes"] += c.bytes
             g["seconds"] += c.seconds
-            cause = g["causes"][(c.phase, _fold(c.cause))]
+            cause = g["causes"][(c.phase, fold_block_numbers(c.cause))]
             cause[0] += 1
             cause[1] += c.bytes
             cause[2] += c.seconds
@@ -289,14 +289,6 @@ class _Null:
 
     def flush(self) -> None:
         pass
-
-
-_LAYER = re.compile(r"(?<=[A-Za-z_])\.\d+(?=/)")
-
-
-def _fold(cause: str) -> str:
-    """A cause with block numbers folded (``layer.3/ff_in`` -> ``layer.*/ff_in``)."""
-    return _LAYER.sub(".*", cause)
 
 
 # -- estimation -----------------------------------------------------------------------------------------------------

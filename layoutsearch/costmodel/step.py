@@ -27,6 +27,7 @@ from typing import Any
 from layoutsearch.costmodel.ops import OpCost, OpRules
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import SEP, scope_prefix
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer, training_graph
 from layoutsearch.layout import Layout
@@ -93,7 +94,7 @@ def _maps(rep: O.Op, op: O.Op) -> bool:
     """Whether ``op``'s names are ``rep``'s with the block prefix swapped."""
     if rep.block is None or op.block is None:
         return False
-    old, new = rep.block + "/", op.block + "/"
+    old, new = scope_prefix(rep.block), scope_prefix(op.block)
     return all(b == a.replace(old, new) for a, b in zip(_names(rep), _names(op), strict=True))
 
 
@@ -132,7 +133,7 @@ def repeats(graph: Graph) -> tuple[int, ...]:
         ops = graph.ops
         tagged = {op.block for op in ops if op.block is not None}
         # blocks whose prefix cannot overlap itself: their ops take the indexed path
-        fast = {b for b in tagged if b and not _bordered(b + "/")}
+        fast = {b for b in tagged if b and not _bordered(scope_prefix(b))}
         lengths = sorted({len(b) for b in fast})
         canonical: dict[tuple[Any, ...], int] = {}  # canonical key -> its representative
         containing: dict[tuple[Any, str], list[int]] = {}  # (signature, block) -> reps whose names contain block/
@@ -145,7 +146,7 @@ def repeats(graph: Graph) -> tuple[int, ...]:
                 continue
             sig = op_signature(op, graph)
             names = _names(op)
-            prefix = block + "/"
+            prefix = scope_prefix(block)
             key = (sig, tuple(tuple(n.split(prefix)) for n in names))
             j = None
             if block in fast:
@@ -166,7 +167,7 @@ def repeats(graph: Graph) -> tuple[int, ...]:
                 reps.setdefault(sig, []).append(i)
                 seen: set[str] = set()
                 for n in names:
-                    p = n.find("/")
+                    p = n.find(SEP)
                     while p >= 0:
                         for n_len in lengths:
                             if n_len > p:
@@ -175,7 +176,7 @@ def repeats(graph: Graph) -> tuple[int, ...]:
                             if b in fast and b != block and b not in seen:
                                 seen.add(b)
                                 containing.setdefault((sig, b), []).append(i)
-                        p = n.find("/", p + 1)
+                        p = n.find(SEP, p + 1)
             out.append(j)
         return tuple(out)
 
@@ -192,7 +193,7 @@ def _rename_key(key: Any, old: str, new: str) -> Any:
 
 def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
     """``rep``'s cost as the cost of its repeat ``op``."""
-    old, new = rep.block + "/", op.block + "/"  # type: ignore[operator]
+    old, new = scope_prefix(rep.block), scope_prefix(op.block)  # type: ignore[arg-type]
     comms = []
     for c in cost.comms:
         changes: dict[str, Any] = {"tensor": c.tensor.replace(old, new), "cause": c.cause.replace(old, new)}

@@ -25,6 +25,7 @@ from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim, Shape
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import scoped
 from layoutsearch.ir.tensor import Tensor
 
 DimLike = Dim | str
@@ -94,7 +95,7 @@ class GraphBuilder:
         return tuple(out)
 
     def _scoped(self, name: str) -> str:
-        full = f"{self._block}/{name}" if self._block else name
+        full = scoped(self._block, name)
         if full in self._names:
             raise GraphError(f"name {full!r} is used twice")
         self._names.add(full)
@@ -127,7 +128,7 @@ class GraphBuilder:
     def block(self, name: str) -> Iterator[None]:
         """Names ops and tensors ``name/...`` and tags ops as part of block ``name``."""
         outer = self._block
-        self._block = f"{outer}/{name}" if outer else name
+        self._block = scoped(outer, name)
         try:
             yield
         finally:

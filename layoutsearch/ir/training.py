@@ -53,6 +53,7 @@ from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Shape
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import ADAM_M, ADAM_V, MASTER, grad_name, is_grad_sum, new_name, state_name
 from layoutsearch.ir.precision import Precision, with_precision
 from layoutsearch.ir.tensor import Tensor
 
@@ -143,15 +144,14 @@ def parameter_gradients(graph: Graph) -> set[str]:
     parameter and the contributions its sum chain adds up."""
     out: set[str] = set()
     for p in graph.parameters:
-        stack = [f"grad/{p.name}"]
+        stack = [grad_name(p.name)]
         while stack:
             t = stack.pop()
             if t not in graph.tensors or t in out:
                 continue
             out.add(t)
             op = graph.producer(t)
-            if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and (
-                    t == f"grad/{p.name}" or t.startswith(f"grad/{p.name}/add")):
+            if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and is_grad_sum(t, p.name):
                 stack.extend(op.inputs)
     return out
 
@@ -215,7 +215,7 @@ class _Derivation:
     def _target(self, op: O.Op, i: int) -> str:
         """Where the contribution of forward ``op`` to the gradient of its input ``i`` goes."""
         t = op.inputs[i]
-        return f"grad/{t}" if self.expected[t] == 1 else f"grad/{op.name}/{i}"
+        return grad_name(t) if self.expected[t] == 1 else grad_name(op.name, i)
 
     def _add(self, op: O.Op, i: int, contribution: str) -> None:
         self.contribs[op.inputs[i]].append(contribution)
@@ -229,7 +229,7 @@ class _Derivation:
         if {d.name for d in full} <= set(x.dim_names):
             self._emit(O.Elementwise, target, inputs, x.dims, x.dtype, op.block, **kw)
         else:
-            tmp = self._emit(O.Elementwise, f"grad/{op.name}/{i}/full", inputs, full, x.dtype, op.block, **kw)
+            tmp = self._emit(O.Elementwise, grad_name(op.name, i, "full"), inputs, full, x.dtype, op.block, **kw)
             self._emit(O.Reduce, target, [tmp], x.dims, x.dtype, op.block, fn="sum")
         self._add(op, i, target)
 
@@ -248,13 +248,13 @@ class _Derivation:
         parts = self.contribs[t]
         if len(parts) != self.expected[t]:  # pragma: no cover - a bug in this module
             raise AssertionError(f"gradient of {t!r}: {len(parts)} contributions, expected {self.expected[t]}")
-        out = f"grad/{t}"
+        out = grad_name(t)
         if len(parts) == 1:
             return out
         x = self.tensors[t]
         acc = parts[0]
         for k, part in enumerate(parts[1:], start=1):
-            dst = out if k == len(parts) - 1 else f"{out}/add{k}"
+            dst = out if k == len(parts) - 1 else grad_name(t, f"add{k}")
             acc = self._emit(O.Elementwise, dst, [acc, part], x.dims, x.dtype, block, fn="add")
         return acc
 
@@ -266,7 +266,7 @@ class _Derivation:
         if loss in self.needs:
             producer = f.producer(loss)
             lt = self.tensors[loss]
-            seed = self._emit(O.Elementwise, f"grad/{loss}", [loss], lt.dims, lt.dtype,
+            seed = self._emit(O.Elementwise, grad_name(loss), [loss], lt.dims, lt.dtype,
                               producer.block if producer else None, fn="fill", params=(("value", 1.0),))
             self.contribs[loss].append(seed)
             self.expected[loss] = 1
@@ -282,7 +282,7 @@ class _Derivation:
             if p.name in self.needs:
                 self._finish(p.name, block)
             else:
-                self._emit(O.Elementwise, f"grad/{p.name}", [p.name], p.dims, p.dtype, block,
+                self._emit(O.Elementwise, grad_name(p.name), [p.name], p.dims, p.dtype, block,
                            fn="fill", params=(("value", 0.0),))
 
     def _rule(self, op: O.Op, dy: str, wanted: list[int]) -> None:
@@ -337,7 +337,7 @@ class _Derivation:
                 return
             self._emit(O.Einsum, target, [dy, *others], a.dims, a.dtype, op.block)
         else:
-            part = self._emit(O.Einsum, f"grad/{op.name}/{i}/partial", [dy, *others], kept, a.dtype, op.block)
+            part = self._emit(O.Einsum, grad_name(op.name, i, "partial"), [dy, *others], kept, a.dtype, op.block)
             self._emit(O.Elementwise, target, [part], a.dims, a.dtype, op.block, fn="identity")
         self._add(op, i, target)
 
@@ -381,10 +381,9 @@ class _Derivation:
                 self._elementwise(op, 0, "scale", [dy], y.dims, factor=1.0 / n)
         else:
             # max: the gradient is shared equally by the tied maxima (jax's convention)
-            base = f"grad/{op.name}"
-            mask = self._emit(O.Elementwise, f"{base}/mask", [x.name, y.name], x.dims, x.dtype, op.block, fn="eq")
-            count = self._emit(O.Reduce, f"{base}/count", [mask], y.dims, x.dtype, op.block, fn="sum")
-            share = self._emit(O.Elementwise, f"{base}/share", [dy, count], y.dims, x.dtype, op.block, fn="div")
+            mask = self._emit(O.Elementwise, grad_name(op.name, "mask"), [x.name, y.name], x.dims, x.dtype, op.block, fn="eq")
+            count = self._emit(O.Reduce, grad_name(op.name, "count"), [mask], y.dims, x.dtype, op.block, fn="sum")
+            share = self._emit(O.Elementwise, grad_name(op.name, "share"), [dy, count], y.dims, x.dtype, op.block, fn="div")
             self._elementwise(op, 0, "mul", [mask, share], x.dims)
 
     # -- the optimizer
@@ -397,26 +396,29 @@ class _Derivation:
                 continue
             first = self.fwd.consumers[p.name]
             block = first[0].block if first else None
-            g = f"grad/{p.name}"
+            g = grad_name(p.name)
             target = p
             if policy is not None and policy.master is not None:
-                target = self._state("master", p, policy.master)
+                target = self._state(MASTER, p, policy.master)
                 masters[p.name] = target.name
             if opt.kind == "sgd":
                 new = self._update(target, "sgd", [target.name, g], block, lr=opt.lr)
             else:
-                m = self._update(self._state("adam_m", p, state_dtype), "adam_m", [f"adam_m/{p.name}", g], block,
-                                 b1=opt.b1)
-                v = self._update(self._state("adam_v", p, state_dtype), "adam_v", [f"adam_v/{p.name}", g], block,
-                                 b2=opt.b2)
+                m = self._moment(ADAM_M, p, state_dtype, g, block, b1=opt.b1)
+                v = self._moment(ADAM_V, p, state_dtype, g, block, b2=opt.b2)
                 new = self._update(target, "adam_update", [target.name, m, v], block, lr=opt.lr, b1=opt.b1,
                                    b2=opt.b2, eps=opt.eps, step=float(opt.step))
             if target is not p:  # the parameter is the master copy cast to its dtype
                 self._update(p, "identity", [new], block)
         return masters
 
+    def _moment(self, kind: str, p: Tensor, dtype: str, g: str, block: str | None, **beta: float) -> str:
+        """Adam moment ``kind`` of ``p`` updated with gradient ``g``: ``new/kind/p = kind(kind/p, g)``."""
+        state = self._state(kind, p, dtype)
+        return self._update(state, kind, [state.name, g], block, **beta)
+
     def _state(self, kind: str, p: Tensor, dtype: str) -> Tensor:
-        state = Tensor(f"{kind}/{p.name}", p.dims, dtype, "optimizer_state")
+        state = Tensor(state_name(kind, p.name), p.dims, dtype, "optimizer_state")
         if state.name in self.tensors:
             raise GraphError(f"cannot derive the training graph: the optimizer state name {state.name!r} "
                              "is already used in the forward graph")
@@ -425,7 +427,7 @@ class _Derivation:
 
     def _update(self, old: Tensor, fn: str, inputs: Sequence[str], block: str | None, **params: float) -> str:
         """``new/<old> = fn(inputs)``, the value replacing ``old`` after the step."""
-        return self._emit(O.Elementwise, f"new/{old.name}", inputs, old.dims, old.dtype, block, phase="optimizer",
+        return self._emit(O.Elementwise, new_name(old.name), inputs, old.dims, old.dtype, block, phase="optimizer",
                           role=old.role, updates=old.name, fn=fn, params=tuple(params.items()))
 
 

@@ -69,6 +69,7 @@ from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.step import op_signature
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import SEP, scope_prefix
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.layout import Axes, DimLayout, Layout
 from layoutsearch.mesh import Hardware, Mesh
@@ -326,9 +327,10 @@ def to_dim_layout(amap: Sequence[int], dims: Sequence[str], mesh: Mesh) -> DimLa
 def _strip(name: str, block: str | None) -> str:
     if block is None:
         return name
-    if name.startswith(block + "/"):
-        return name[len(block) + 1:]
-    return name.replace("/" + block + "/", "/", 1)
+    prefix = scope_prefix(block)
+    if name.startswith(prefix):
+        return name[len(prefix):]
+    return name.replace(SEP + prefix, SEP, 1)
 
 
 def block_families(graph: Graph, tie: bool = True) -> dict[str, str]:

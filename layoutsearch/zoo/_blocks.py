@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import GraphBuilder, Ref
 from layoutsearch.ir.dims import MAX_DIM_SIZE, Dim, short_repr
+from layoutsearch.ir.names import block_name
 from layoutsearch.ir.tensor import FLOAT_DTYPES
 
 MAX_LAYERS = 10_000
@@ -281,7 +282,7 @@ def decoder_stack(b: GraphBuilder, x: Ref, d: Dims, style: LayerStyle, layers: i
                   rope: Rotary | None = None) -> Ref:
     """``layers`` decoder layers, layer ``i`` in block ``layer.i``."""
     for i in range(layers):
-        with b.block(f"layer.{i}"):
+        with b.block(block_name(i)):
             x = decoder_layer(b, x, d, style, rope, i)
     return x
 

@@ -16,6 +16,7 @@ Parameters: features · hidden + (layers - 1) · hidden² + hidden · classes
 from __future__ import annotations
 
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.ir.names import block_name
 from layoutsearch.zoo._blocks import check_dtype, check_sizes
 
 NAME = "mlp"
@@ -34,7 +35,7 @@ def mlp(*, batch: int = 16, features: int = 32, hidden: int = 64, classes: int =
     d_in = d_feat
     for i in range(layers):
         d_out = widths[i % 2]
-        with b.block(f"layer.{i}"):
+        with b.block(block_name(i)):
             w = b.parameter("w", [d_in, d_out])
             h = b.einsum([x, w], [d_batch, d_out], name="h")
             h = b.binary("add", h, b.parameter("bias", [d_out]), name="h_biased")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 
 from layoutsearch.ir import Graph, GraphBuilder
+from layoutsearch.ir.names import block_name
 from layoutsearch.zoo._blocks import check_dtype, check_sizes, norm
 
 NAME = "moe"
@@ -57,7 +58,7 @@ def moe(*, batch: int = 8, seq: int = 16, d_model: int = 32, d_ff: int = 64, exp
     x = b.input("x", [d_batch, d_seq, d_model_d])
     target = b.input("target", [d_batch, d_seq, d_model_d])
     for i in range(layers):
-        with b.block(f"layer.{i}"):
+        with b.block(block_name(i)):
             xn = norm(b, x, d_model_d, "ln", bias=False)
             gate_w = b.parameter("gate_w", [d_model_d, d_exp])
             gate_logits = b.einsum([xn, gate_w], [d_batch, d_seq, d_exp], name="gate_logits")
