@@ -242,8 +242,8 @@ def _devices(mesh: Mesh | None) -> list[Any]:
     have = default if accel else jax.devices("cpu")
     hint = (f" (on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)"
             if not accel else "")
-    raise MeshError(f"mesh {mesh} needs {mesh.size} devices and JAX has {len(have)} {have[0].platform} "
-                    f"devices: use a smaller --mesh{hint}")
+    raise _setting(MeshError(f"mesh {mesh} needs {mesh.size} devices and JAX has {len(have)} {have[0].platform} "
+                             f"devices: use a smaller mesh{hint}"), "mesh")
 
 
 def _base(base: str | Hardware | None) -> Hardware | None:
@@ -252,8 +252,15 @@ def _base(base: str | Hardware | None) -> Hardware | None:
     from layoutsearch.hwprofile import is_profile_path
 
     if is_profile_path(base):
-        raise HardwareError(f"--base takes a preset name ({', '.join(PRESETS)}), not a profile file: {base!r}")
+        raise _setting(HardwareError(f"the base of a calibration is a preset name ({', '.join(PRESETS)}), not a "
+                                     f"profile file: {base!r}"), "base")
     return hardware(base)
+
+
+def _setting(err: LayoutSearchError, name: str) -> LayoutSearchError:
+    """``err``, marked as caused by parameter ``name`` (the CLI names the flag that sets it)."""
+    err.setting = name  # type: ignore[attr-defined]
+    return err
 
 
 # -- calibration ----------------------------------------------------------------------------------------------------

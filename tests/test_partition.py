@@ -481,11 +481,8 @@ def test_ilp_memory_limits_in_gib_agree_with_the_dp(seed):
 
 
 @pytest.mark.parametrize("objective", ["throughput", "gpipe"])
-def test_dp_with_bit_packed_ideals_gives_the_same_answer(monkeypatch, objective):
-    from layoutsearch.solvers.partition import ideals as module
-
-    dag = layered_dag(10, 3, 7)
-    unpacked = partition(dag, 5, objective=objective, solver="dp")
-    monkeypatch.setattr(module, "_UNPACKED_BYTES", 0)
-    packed = partition(dag, 5, objective=objective, solver="dp")
-    assert packed.objective == unpacked.objective and packed.info["pairs"] == unpacked.info["pairs"]
+def test_dp_over_several_bitset_words_agrees_with_the_ilp(objective):
+    dag = layered_dag(35, 2, 7)  # 70 units: ideals span two 64-bit words
+    dp = partition(dag, 3, objective=objective, solver="dp")
+    ilp = partition(dag, 3, objective=objective, solver="ilp-ortools")
+    assert ilp.optimal and dp.objective == pytest.approx(ilp.objective, rel=1e-9)

@@ -1,4 +1,5 @@
-"""GPipe execution (layoutsearch.backend.pipeline) on 8 simulated CPU devices, equal and unequal stages.
+"""Pipeline execution (layoutsearch.backend.pipeline) on 8 simulated CPU devices: GPipe and 1F1B, equal and
+unequal stages. The GPipe formulas follow; the 1F1B ones are stated at its tests, at the end of the file.
 
 Each case compiles the pipelined training step once and checks both that it
 computes the unpipelined step and that its compiled program has exactly the
@@ -100,14 +101,15 @@ MEGATRON = "heads:model,d_ff:model"
 
 
 @functools.cache
-def _compiled(model: str, K: int, D: int, M: int, remat: bool, layout: str | None = None):
+def _compiled(model: str, K: int, D: int, M: int, remat: bool | str, layout: str | None = None,
+              schedule: str = "gpipe", counts: tuple[int, ...] | None = None):
     g, params, inputs, _ = _model(model)
     mesh = {**_mesh(K, D), "model": 2} if layout else _mesh(K, D)
+    kw = {"remat": remat, "layout": layout, "schedule": schedule, "layers_per_stage": counts}
     # The function API and compile_pipeline build equal pipelines: run one's program through the other.
-    fn, pipe = pipelined_loss_and_grads(g, mesh, microbatches=M, stages=K, remat=remat, layout=layout)
+    fn, pipe = pipelined_loss_and_grads(g, mesh, microbatches=M, stages=K, **kw)
     assert fn == pipe.loss_and_grads
-    compiled, jax_mesh = compile_pipeline(g, mesh, params, inputs, microbatches=M, remat=remat, layout=layout,
-                                          compiler_options=FAST)
+    compiled, jax_mesh = compile_pipeline(g, mesh, params, inputs, microbatches=M, compiler_options=FAST, **kw)
     assert jax_mesh.shape == pipe.mesh.shape
     return pipe, compiled
 
@@ -292,3 +294,158 @@ def test_pipeline_cost_model_predicts_the_compiled_collectives():
     predicted_sync = sum(b for kind, axes, b, n in middle if kind == "all-reduce" and axes == ("data",))
     assert all(n == 1 for kind, _, _, n in middle if kind == "all-reduce")
     assert predicted_sync == summary.bytes_by()[("all-reduce", ("data",))]  # P_s: this stage's layer
+
+
+# -- 1F1B (PipeDream-flush) and unequal stages --------------------------------------------------------------
+# (model, K, D, M, remat, layout, schedule, layers per stage): K = 2 and 4, with and without a data axis,
+# remat none / selective / full, a tensor-parallel layout, and unequal stages (1 + 3 on two stages with a data
+# axis, 1 + 2 + 1 on three).
+ONE_F_ONE_B = [
+    ("gpt", 2, 1, 2, True, None, "1f1b", None),
+    ("gpt", 4, 2, 4, False, None, "1f1b", None),
+    ("moe", 2, 2, 2, True, None, "1f1b", None),
+    ("gpt", 2, 2, 2, True, MEGATRON, "1f1b", None),
+    ("gpt", 2, 2, 4, "selective", None, "1f1b", (1, 3)),
+    ("gpt", 3, 1, 4, False, None, "1f1b", (1, 2, 1)),
+]
+ONE_F_ONE_B_IDS = ["gpt-K2-M2-remat", "gpt-K4-D2-M4", "moe-K2-D2-M2-remat", "gpt-K2-D2-M2-megatron",
+                   "gpt-K2-D2-M4-selective-1+3", "gpt-K3-M4-1+2+1"]
+
+
+def _assert_equal_to_reference(model, loss, grads):
+    _, _, _, (ref_loss, ref_grads) = _model(model)
+    np.testing.assert_allclose(loss, ref_loss, rtol=2e-6)
+    assert set(grads) == set(ref_grads)
+    for name, ref in ref_grads.items():
+        np.testing.assert_allclose(grads[name], ref, rtol=2e-5, atol=2e-6 * max(1.0, float(np.max(np.abs(ref)))),
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("case", ONE_F_ONE_B, ids=ONE_F_ONE_B_IDS)
+def test_1f1b_loss_and_grads_equal_the_unpipelined_step_and_gpipe(case):
+    """The 1F1B step (backward written out, post ops per micro-batch) computes the unpipelined loss and
+    gradients (the tolerances of the module docstring) and GPipe's loss (rtol 2e-6: the loss of the local
+    batch is the mean of the micro-batches' losses rather than one mean, a different float32 summation order)."""
+    model, params, inputs = case[0], *_model(case[0])[1:3]
+    pipe, compiled = _compiled(*case)
+    assert pipe.schedule == "1f1b"
+    loss, grads = pipe.loss_and_grads(params, inputs, compiled)
+    _assert_equal_to_reference(model, loss, grads)
+    gpipe = (*case[:6], "gpipe", case[7])
+    if gpipe[:5] in CASES or gpipe[:6] == TP_CASE:  # compiled already by the GPipe tests
+        g_pipe, g_compiled = _compiled(*gpipe)
+        np.testing.assert_allclose(loss, g_pipe.loss_and_grads(params, inputs, g_compiled)[0], rtol=2e-6)
+
+
+@pytest.mark.parametrize("case", [c for c in ONE_F_ONE_B if c[5] is None],
+                         ids=[i for c, i in zip(ONE_F_ONE_B, ONE_F_ONE_B_IDS, strict=True) if c[5] is None])
+def test_1f1b_compiled_collectives_match_the_formulas(case):
+    """1F1B runs 2T ticks (T = M + K - 1 loop steps of two ticks): at each tick, the neighbours (k, k+1) with k
+    of the tick's parity swap an activation (forward) and a gradient (backward), one collective-permute of
+    ``b`` per tick: two instructions (even and odd ticks), T executions each; with K = 2 the odd ticks have no
+    pair, one instruction. Per device that is what the pipeline cost model charges a stage (``b`` per loop step
+    and neighbour: 2T·b in the middle, T·b at an end). The gradient all-reduces are GPipe's, once per step."""
+    model, K, D, M, _, _, _, counts = case
+    g, *_ = _model(model)
+    pipe, compiled = _compiled(*case)
+    b, T, P_s, P_o = _sizes(g, pipe, model, K, D, M)
+    P_s = P_s * K // MODEL_SIZES[model]["layers"] * pipe.slots  # a stage's stacked slots, padding included
+    summary = hlo.summarize(compiled, pipe.mesh)
+    permutes = [c for c in summary.collectives if c.kind == "collective-permute"]
+    assert [(c.axes, c.bytes, c.count) for c in permutes] == [(("stage",), b, T)] * (2 if K > 2 else 1)
+    assert all(c.kind in ("collective-permute", "all-reduce") for c in summary.collectives)
+    assert all(c.count == 1 for c in summary.collectives if c.kind == "all-reduce")
+    expected = {("stage", "data"): P_o + 4, ("data",): P_s} if D > 1 else {("stage",): P_o + 4}
+    assert {axes: n for (kind, axes), n in summary.bytes_by().items() if kind == "all-reduce"} == expected
+
+
+@pytest.mark.parametrize("counts", [(1, 3), (2, 2)])
+def test_pipeline_cost_model_predicts_the_1f1b_collectives(counts):
+    """The pipeline cost model prices each stage's permutes (b per loop step and neighbour) and its layer-gradient
+    all-reduce over data; for K = 2 every stage is an end stage and sends T·b, exactly the compiled program's
+    one instruction. Unequal stages: the compiled all-reduce covers the padded slots, max(counts) layers, which is
+    the layers of the largest stage (the one that sets the step time); the cost model prices a smaller stage's
+    (count) layers, the executor all-reduces max(counts) (see the module docstring of backend/pipeline.py)."""
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
+
+    case = ("gpt", 2, 2, 4, "selective", None, "1f1b", counts)
+    g, *_ = _model("gpt")
+    pipe, compiled = _compiled(*case)
+    summary = hlo.summarize(compiled, pipe.mesh)
+    groups = [["pre", *[f"layer.{i}" for i in range(counts[0])]], [f"layer.{i}" for i in range(counts[0], 4)]]
+    groups[-1].append("post")
+    rep = estimate_pipeline(g, Layout.from_rules("stage:2,data:2", "batch:data"), "cpu-sim", stage_axis="stage",
+                            microbatches=4, stages=groups, precision="fp32", schedule="1f1b", remat="selective")
+    compiled_permute = sum(c.total_bytes for c in summary.collectives if c.kind == "collective-permute")
+    for stage in rep.stages:
+        assert sum(b * n for kind, _, b, n in stage.collectives if kind == "collective-permute") == compiled_permute
+    # once per step over data: the stage's layers' gradients and those of its pre / post parameters (which the
+    # executor all-reduces over stage x data instead: the known deviation of the GPipe test above)
+    sync = [sum(b for kind, axes, b, n in s.collectives if kind == "all-reduce" and axes == ("data",) and n == 1)
+            for s in rep.stages]
+    outer = [sum(t.nbytes for t in part.parameters) for part in (pipe.parts.pre, pipe.parts.post)]
+    layer = sum(t.nbytes for t in g.parameters if t.name.startswith("layer.0/"))
+    assert sum(sync) - sum(outer) == sum(counts) * layer  # (the cost model books a gradient of a parameter
+    # of post, or of the tied embedding, on the stage where its backward ends: compare the sum over stages)
+    assert summary.bytes_by()[("all-reduce", ("data",))] == max(counts) * layer
+
+
+def test_1f1b_holds_fewer_micro_batches_than_gpipe():
+    """M = 8 > K = 2, no remat (every activation of a layer is kept for the backward): the cost model says 1F1B
+    holds K = 2 micro-batches in flight on stage 0 where GPipe holds M = 8, and the compiled programs agree in
+    direction: XLA's temporary buffers per device (``memory_analysis().temp_size_in_bytes``; arguments and
+    outputs are the same) are smaller for 1F1B. GPipe's scan keeps the residuals of all M + K - 1 loop steps,
+    1F1B a stash of K slots (see the module docstring of backend/pipeline.py for the measured sizes)."""
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
+
+    g, *_ = _model("gpt")
+    temp, predicted = {}, {}
+    groups = [["pre", "layer.0", "layer.1"], ["layer.2", "layer.3", "post"]]
+    for schedule in ("gpipe", "1f1b"):
+        pipe, compiled = _compiled("gpt", 2, 1, 8, "none", None, schedule, None)
+        m = compiled.memory_analysis()
+        temp[schedule] = m.temp_size_in_bytes
+        rep = estimate_pipeline(g, Layout.from_rules("stage:2", ""), "cpu-sim", stage_axis="stage", microbatches=8,
+                                stages=groups, precision="fp32", schedule=schedule, remat="none")
+        predicted[schedule] = rep.stages[0].memory["activations"]
+        assert rep.stages[0].in_flight == (8 if schedule == "gpipe" else 2)
+    assert predicted["1f1b"] * 4 == predicted["gpipe"]
+    assert temp["1f1b"] < 0.7 * temp["gpipe"], temp
+
+
+def test_a_searched_plan_with_unequal_stages_and_1f1b_trains(tmp_path, capsys):
+    """``ls.search(..., pipeline=2)`` on a 3-layer gpt picks stages of 2 + 1 layers and the 1F1B schedule: the
+    program runs them as chosen, trains 3 steps (the same losses through ``layoutsearch run PLAN.json``), and its
+    first step's loss and gradients are the unpipelined step's."""
+    from clirun import run_json
+
+    import layoutsearch as ls
+
+    g = zoo.build("gpt", layers=3, d_model=32, heads=4, seq=8, batch=16, vocab=128)
+    plan = ls.search(g, "stage:2,data:4", hardware="cpu-sim", pipeline=2, schedule="1f1b", precision="fp32",
+                     remat="none", microbatches=4)
+    assert (plan.chosen.stage_axis, plan.chosen.schedule, plan.layers_per_stage) == ("stage", "1f1b", (2, 1))
+    program = plan.compile()
+    assert program.pipeline.schedule == "1f1b" and program.pipeline.counts == [2, 1]
+    ref_loss, ref_grads = jax.value_and_grad(forward_fn(g))(init_params(g, 0), random_inputs(g, 0))
+    state = program.init(0)
+    loss, grads = jax.jit(program._loss_and_grads)(state.params, program.random_batch(0))
+    grads = program.pipeline.unstack(grads["stacked"], grads["outer"])
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=2e-6)
+    assert set(grads) == set(ref_grads)
+    for name, r in ref_grads.items():
+        np.testing.assert_allclose(grads[name], r, rtol=2e-5, atol=2e-6, err_msg=name)
+    losses = []
+    for i in range(3):
+        state, metrics = program.train_step(state, program.random_batch(i))
+        losses.append(float(metrics["loss"]))
+    assert losses[-1] < losses[0]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    out = run_json(capsys, "run", path, "--steps", "3", "--seed", "0")
+    assert [s["loss"] for s in out["steps"]] == losses
+
+
+def test_unknown_schedules_fail_clearly():
+    with pytest.raises(LayoutError, match="runs the schedules gpipe, 1f1b, not 'interleaved:2'"):
+        Pipeline(zoo.build("gpt", **SIZES), {"stage": 2}, microbatches=2, schedule="interleaved:2")

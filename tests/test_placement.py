@@ -408,3 +408,15 @@ def test_sigint_during_a_long_solve_exits_130_and_leaves_nothing_behind(tmp_path
     assert "interrupted" in err
     assert not any(alive(k) for k in kids)
     assert list(tmp.iterdir()) == []
+
+
+def test_the_documented_placement_example(tmp_path):
+    """docs/costdag.md's v2 example: CPU-only lookup on the CPU core (no transfer paid there), the group together."""
+    text = (ROOT / "docs" / "costdag.md").read_text()
+    path = tmp_path / "toy.json"
+    path.write_text(text.split("```json\n")[2].split("```", 1)[0])
+    dag = load_costdag(path)
+    place = {"embed": 0, "w": 1, "mlp": 1, "lookup": 2}
+    assert score(dag, place, devices_of(dag), "throughput") == 3.75  # mlp 3 + receives 0.5 + 0.25
+    assert partition(dag).objective == 3.75
+    assert partition(dag, objective="latency", solver="ilp-pulp").objective == 5.75  # max(1.5, 2) + 3.75

@@ -1,49 +1,116 @@
-"""GPipe execution of an IR graph: stages over a ``stage`` mesh axis, in one jit.
+"""Pipelined training steps of an IR graph: stages over a ``stage`` mesh axis, GPipe or 1F1B, in one jit.
 
 The graph's repeated blocks ``layer.0 .. layer.{L-1}`` (ops tagged
 ``block="layer.i"``, tensors named ``layer.i/<name>``) must be structurally
 identical: the same ops and tensors after the prefix, one activation entering
 and one leaving each block with the same dims, and parameters of their own.
 Stage ``s`` of ``K`` holds a contiguous run of ``layers_per_stage[s]`` layers
-(default ``L/K`` each); their parameters are stacked ``[K, S, ...]`` (``S``
-the largest count; a shorter stage's extra slots are padding, skipped by a
-``lax.cond`` when run) and sharded over ``stage`` on axis 0.
+(any partition the search picks; default ``L/K`` each).
 
-Everything else runs outside the pipeline, inside the same ``shard_map`` body,
-on every device: the *pre* ops (before the first block: embedding) and the
-*post* ops (after the last block: head and loss) are computed by every stage
-on its local batch (their parameters are replicated over ``stage``; the post
-ops' result counts only on the last stage). The batch dim (``batch_dim``) is
+Unequal stages (e.g. 3 + 5 layers on 2 stages). One SPMD program gives every
+device the same local shapes, so the layer parameters are stacked
+``[K, S, ...]`` with ``S = max(layers_per_stage)`` slots per stage, sharded
+over ``stage`` on axis 0; a shorter stage's extra slots are padding, and the
+stage function scans its slots with a ``lax.cond`` on a constant mask
+``[K, S]`` indexed by the stage index: a padding slot passes its input through
+without computing. Chosen over the alternatives: identity layers under a
+multiplicative mask would compute (and, with remat, recompute) the padding, so
+every stage would run ``S`` layers of FLOPs; a ``lax.switch`` over per-stage
+functions still needs uniform parameter shapes (the same padding) and compiles
+K stage bodies; grouping layers only works for partitions with a common
+divisor. What the padding costs, against the pipeline cost model (which prices
+each stage's own layers): executed FLOPs and the loop time are exact (a stage
+computes its own layers; the loop runs at the pace of the largest stage, which
+has ``S`` layers, as the cost model's slowest stage); collectives are exact for
+the largest stage (the permutes do not depend on the partition; the
+layer-gradient all-reduce over the data axis is ``S`` layers on every device,
+what the cost model prices for the largest stage; a smaller stage all-reduces
+``S - n_s`` padded layers of zeros more than priced); memory of a smaller stage
+holds ``S - n_s`` layers of parameters, gradients and optimizer state beyond
+what the cost model prices for it (the largest stage is exact). XLA's
+``cost_analysis`` counts both branches of a ``cond`` and loop bodies once, so
+it cannot show the skipped padding.
+
+Everything else runs outside the layers, inside the same ``shard_map`` body:
+the *pre* ops (before the first block: embedding) on every stage on its local
+batch; the *post* ops (after the last block: head and loss) on every stage on
+the local batch after the loop (GPipe; their result counts only on the last
+stage) or on the last stage per micro-batch inside the loop (1F1B). Their
+parameters are replicated over ``stage``. The batch dim (``batch_dim``) is
 split over the optional data axis; the local batch ``B/D`` is cut into ``M``
 micro-batches of ``B/(D·M)`` examples.
 
-Schedule (GPipe, forward; ``jax.grad`` derives the reversed backward loop):
-``lax.scan`` over ``T = M + K - 1`` steps; at step ``t`` stage ``s`` runs its
-layers on micro-batch ``t - s`` (stage 0 reads it from the input, the others
-from their left neighbour; bubble steps compute on zeros and are discarded)
-and ``ppermute`` s its output to stage ``s + 1``. The last stage's outputs of
-steps ``K-1 .. T-1`` are the M micro-batches in order. With ``remat`` the
-stage function is wrapped in ``jax.checkpoint``: only stage inputs are saved
-per step and the layers are recomputed in the backward loop (``remat="full"``
-or True); ``"selective"`` also keeps the projections' outputs.
+GPipe (``schedule="gpipe"``; forward written, ``jax.grad`` derives the
+reversed backward loop): ``lax.scan`` over ``T = M + K - 1`` steps; at step
+``t`` stage ``s`` runs its layers on micro-batch ``t - s`` (stage 0 reads it
+from the input, the others from their left neighbour; bubble steps compute on
+zeros and are discarded) and ``ppermute`` s its output to stage ``s + 1``.
+The last stage's outputs of steps ``K-1 .. T-1`` are the M micro-batches in
+order. The backward loop keeps what the forward saved at every one of the
+``T`` steps: all M micro-batches are in flight.
+
+1F1B (``schedule="1f1b"``, PipeDream-flush; loss and gradients written out,
+``jax.vjp`` per stage and micro-batch): ``2T`` ticks, as a ``lax.scan`` over
+``T`` steps of two ticks. Stage ``s`` runs the forward of micro-batch ``i``
+at tick ``s + 2i`` and its backward at tick ``2K - 1 - s + 2i`` (idle
+otherwise): in steady state it alternates one forward and one backward, and
+micro-batch ``i`` is in flight on stage ``s`` for ``2(K - s) - 1`` ticks, so
+at most ``K - s`` micro-batches are, as the cost model's ``min(M, K - s)``.
+At each tick the neighbours ``(k, k+1)`` with ``k`` of the tick's parity are
+the pairs that exchange (the one that ran a forward sends its activation
+right, the other its input gradient left): one ``ppermute`` per tick, a swap
+between the pairs, static per parity. A forward stashes the residuals of the
+stage's VJP in slot ``i mod K`` of a ``K``-slot buffer (under the remat policy:
+the stage input alone with ``full``, also the projections with ``selective``,
+every activation with ``none``; the parameters are not stashed: JAX forwards
+them into the residuals as the very arrays passed in, and they are put back);
+the backward rebuilds the VJP from the slot and adds the parameter gradients to
+float32 accumulators. The last stage runs the post ops and their gradient
+right after its forward of a micro-batch (their output gradient is its next
+tick's backward input); stage 0's input gradients are gathered per
+micro-batch and run through the pre ops' VJP after the loop. The loss of the
+local batch is the mean (or sum, as the loss reduces the batch) of the
+micro-batches' losses, equal to GPipe's up to float32 rounding.
+
+Remat (both schedules): ``remat="full"`` (or True) wraps the stage function
+in ``jax.checkpoint`` (only stage inputs are saved per micro-batch; the layers
+are recomputed in the backward), ``"selective"`` also keeps the projections'
+outputs, ``"none"`` keeps everything.
 
 Gradients: parameters are cast to "varying" over the data axis (the stacked
 ones) or over ``stage`` and data (the outer ones) at the top of the body,
-outside the loop, so their transposes (the gradient all-reduces, ``psum``)
-run once on the gradients accumulated over all micro-batches rather than
-once per loop iteration. Compiled-program collectives per device (``b`` =
-bytes of one micro-batch activation per device, ``P_s`` / ``P_o`` = local
-bytes of a stage's stacked / the outer parameters): ``2·(M+K-1)``
-collective-permutes of ``b`` over ``stage`` (forward and backward loops); one
-all-reduce of ``P_s`` over the data axis; one of ``P_o`` + 4 (the loss) over
-``stage`` and data (see ``tests/test_pipeline_exec.py`` for the exact forms).
+outside the loop, so the gradient all-reduces (``psum``: derived by
+``jax.grad`` for GPipe, written for 1F1B) run once on the gradients
+accumulated over all micro-batches rather than once per loop iteration.
+Compiled-program collectives per device (``b`` = bytes of one micro-batch
+activation per device, ``P_s`` / ``P_o`` = local bytes of a stage's stacked
+slots / the outer parameters): GPipe ``2·(M+K-1)`` collective-permutes of
+``b`` over ``stage`` (forward and backward loops); 1F1B the same for K > 2
+(an even-tick and an odd-tick swap, ``M+K-1`` each; ``M+K-1`` for K = 2,
+whose odd ticks have no pair): per device, what the cost model charges a
+middle stage (an end stage: half); one all-reduce of ``P_s`` over the data
+axis; one of ``P_o`` + 4 (the loss) over ``stage`` and data (see
+``tests/test_pipeline_exec.py`` for the exact forms).
+
+Memory as XLA:CPU compiles it (gpt, 4 layers, d_model 32, batch 16, seq 8,
+float32; ``memory_analysis().temp_size_in_bytes`` per device, GPipe -> 1F1B;
+arguments and outputs are the same): K=2, M=8, remat none 1.80 MB -> 1.07 MB;
+K=4, M=8, remat none 1.21 MB -> 0.80 MB; K=4 x data 2, M=4 (M = K: no saving
+expected), remat none 0.73 MB -> 0.77 MB; K=2, M=8, remat full 0.41 MB -> 0.44
+MB. With full remat a micro-batch in flight is one stage input (2 KB here),
+so the in-flight saving (14 KB) is smaller than what the 1F1B loop carries
+besides (the stage-0 input gradients of all M micro-batches, float32
+accumulators, and the copies XLA:CPU makes of the carry around the
+``lax.switch``); the cost model's 1F1B saving is the in-flight term alone.
 
 Other mesh axes: ``shard_map`` is manual over ``stage`` and data only; a
 ``layout`` (rules such as ``"heads:model,d_ff:model"``, or a Layout) splits
 dims over the remaining axes, applied to every tensor by
 ``with_sharding_constraint`` (XLA's partitioner inserts the tensor-parallel
-collectives, inside the loops). The layout may not use ``stage`` or data nor
-split the batch; layer tensors take the layout of ``layer.0``'s.
+collectives, inside the loops; with 1F1B, inside the forward and backward
+branches of the tick). The layout may not use ``stage`` or data nor split the
+batch; layer tensors take the layout of ``layer.0``'s. ``interleaved:V`` is
+priced by the cost model but not executed.
 """
 
 from __future__ import annotations
@@ -73,6 +140,8 @@ from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
 IN = "__in__"
+SCHEDULES = ("gpipe", "1f1b")
+"""The schedules the executor runs (the cost model also prices ``interleaved:V``)."""
 """Name of the activation entering a block, in the template layer graph."""
 
 
@@ -205,7 +274,8 @@ class Pipeline:
     def __init__(self, graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int, stages: int | None = None,
                  remat: bool | str = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
                  stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = BLOCK_PREFIX,
-                 layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None) -> None:
+                 layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None,
+                 schedule: str = "gpipe") -> None:
         if stage_axis not in mesh_shape:
             raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
         if stages is not None and stages != mesh_shape[stage_axis]:
@@ -213,6 +283,9 @@ class Pipeline:
                               f"({mesh_shape[stage_axis]})")
         if microbatches < 1:
             raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
+        if schedule not in SCHEDULES:
+            raise LayoutError(f"the pipeline executor runs the schedules {', '.join(SCHEDULES)}, not {schedule!r}")
+        self.schedule = schedule
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
         if self.remat not in REMAT_POLICIES:
             raise LayoutError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
@@ -227,6 +300,16 @@ class Pipeline:
         self.layout = self._check_layout(layout, mesh_shape)
         self.loss_scale = self._data_scale()
         self.block_prefix = block_prefix
+        if schedule == "1f1b":  # the post ops run per micro-batch, on the last stage, inside the loop
+            self.reduction = batch_reduction(graph, batch_dim)
+            post = self.parts.post
+            _check_batch_local(graph, [graph.op(op.name) for op in post.ops], batch_dim, graph.loss, "post ops")
+            foreign = [t.name for t in post.fed if t.name != self.parts.exit and t.role == "input"
+                       and graph.producer(t.name) is not None]
+            if foreign:
+                raise GraphError(f"the 1F1B executor runs the ops after the last block per micro-batch; they may "
+                                 f"read the last block's output, inputs and parameters, not {foreign}")
+            self.post_micro = post.with_sizes({batch_dim: post.dims[batch_dim] // microbatches})
         devs = list(devices if devices is not None else jax.devices())
         n = int(np.prod(list(mesh_shape.values())))
         if len(devs) < n:
@@ -234,7 +317,7 @@ class Pipeline:
         names = tuple(mesh_shape)
         self.mesh = jax.sharding.Mesh(np.array(devs[:n], dtype=object).reshape(list(mesh_shape.values())), names,
                                       axis_types=(AxisType.Auto,) * len(names))
-        self.step = jax.jit(jax.value_and_grad(self.sharded_loss, argnums=(0, 1)))
+        self.step = jax.jit(self.sharded_loss_and_grads)
 
     # -- layouts
     def _check_layout(self, layout: Layout | str | Mapping[str, Any] | None, mesh_shape: Mapping[str, int]) -> Layout:
@@ -318,6 +401,20 @@ class Pipeline:
                            axis_names=set(self.manual), check_vma=True)
         return fn(stacked, outer, inputs)
 
+    def sharded_loss_and_grads(self, stacked: Arrays, outer: Arrays, inputs: Arrays
+                               ) -> tuple[jax.Array, tuple[Arrays, Arrays]]:
+        """Loss and gradients of laid-out parameters (the gradients laid out as the parameters) under the
+        schedule: GPipe by ``jax.value_and_grad`` of :meth:`sharded_loss`, 1F1B with the backward written out."""
+        if self.schedule == "gpipe":
+            return jax.value_and_grad(self.sharded_loss, argnums=(0, 1))(stacked, outer, inputs)
+        s_spec, o_spec, _ = self.specs(manual_only=True)
+        fn = jax.shard_map(self._body_1f1b, mesh=self.mesh, in_specs=self.specs(manual_only=True),
+                           out_specs=(P(), s_spec, o_spec), axis_names=set(self.manual), check_vma=True)
+        loss, d_stacked, d_outer = fn(stacked, outer, inputs)
+        cast = lambda g, like: {k: v.astype(like[k].dtype) for k, v in g.items()}
+        return loss.astype(jax_dtype(self.graph.tensors[self.graph.loss])), (cast(d_stacked, stacked),
+                                                                              cast(d_outer, outer))
+
     def _split(self, x: jax.Array, dims: tuple[str, ...]) -> jax.Array:
         """``[..., B_local, ...] -> [M, ..., B_local/M, ...]``."""
         a = dims.index(self.batch_dim)
@@ -329,8 +426,11 @@ class Pipeline:
         y = jnp.moveaxis(y, 0, a)
         return y.reshape(*y.shape[:a], y.shape[a] * y.shape[a + 1], *y.shape[a + 2:])
 
-    def _body(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
-        p, K, st = self.parts, self.K, self.stage_axis
+    def _prepare(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> _Prepared:
+        """What both schedules share at the top of the ``shard_map`` body: parameters cast to varying (outside
+        the loops, so that the gradient psums run once) and to the forward dtypes, the pre ops run on the local
+        batch, and the stage function under the remat policy."""
+        p, st = self.parts, self.stage_axis
         everywhere = self.manual
         auto = jax.sharding.get_abstract_mesh()
 
@@ -347,12 +447,6 @@ class Pipeline:
         # gradient psums then run in the parameters' dtype (XLA:CPU cannot compile bfloat16 ones here).
         stacked = {k: v.astype(jax_dtype(p.layer.tensors[k])) for k, v in stacked.items()}
         outer = {k: v.astype(jax_dtype(self.graph.tensors[k])) for k, v in outer.items()}
-        env = run_graph(p.pre, {**{k: outer[k] for k in outer if k in p.pre.tensors},
-                                **{k: v for k, v in inputs.items() if k in p.pre.tensors}}, constrain({}))
-        env = {**inputs, **outer, **env}
-        dims = p.layer.tensors[IN].dim_names
-        xs = self._split(env[p.entry], dims)
-        xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
         stage = lax.axis_index(st)
 
         layer_constrain = constrain(p.layer_names)
@@ -378,7 +472,21 @@ class Pipeline:
                     return lax.cond(on, lambda x: layer(x, ps)[0], lambda x: x, x), None
                 return lax.scan(slot, x, (params, real))[0]
 
-        run_stage = self._remat(stage_fn)
+        return _Prepared(stacked, outer, inputs, stage, constrain, self._remat(stage_fn))
+
+    def _body(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
+        """GPipe: the forward loop; ``jax.grad`` of the ``shard_map`` derives the backward loop."""
+        p, K, st = self.parts, self.K, self.stage_axis
+        everywhere = self.manual
+        c = self._prepare(stacked, outer, inputs)
+        stacked, outer, inputs, stage = c.stacked, c.outer, c.inputs, c.stage
+        env = run_graph(p.pre, {**{k: outer[k] for k in outer if k in p.pre.tensors},
+                                **{k: v for k, v in inputs.items() if k in p.pre.tensors}}, c.constrain({}))
+        env = {**inputs, **outer, **env}
+        dims = p.layer.tensors[IN].dim_names
+        xs = self._split(env[p.entry], dims)
+        xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
+        run_stage = c.run_stage
         perm = [(i, i + 1) for i in range(K - 1)]
 
         def tick(carry: jax.Array, x_t: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -388,8 +496,101 @@ class Pipeline:
         carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
         _, ys = lax.scan(tick, carry, xs)
         env[p.exit] = self._merge(ys[K - 1:], dims)
-        loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, constrain({}))[p.post.loss]
+        loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, c.constrain({}))[p.post.loss]
         return lax.psum(jnp.where(stage == K - 1, loss * self.loss_scale, jnp.zeros_like(loss)), everywhere)
+
+    def _body_1f1b(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> tuple[jax.Array, Arrays, Arrays]:
+        """1F1B (PipeDream-flush): loss and gradients, the backward written out (see the module docstring)."""
+        p, K, M, st = self.parts, self.K, self.M, self.stage_axis
+        everywhere = self.manual
+        c = self._prepare(stacked, outer, inputs)
+        stacked, outer, inputs, stage, run_stage = c.stacked, c.outer, c.inputs, c.stage, c.run_stage
+        pre_params = [k for k in outer if k in p.pre.tensors]
+        pre_inputs = {k: v for k, v in inputs.items() if k in p.pre.tensors}
+
+        def pre_fn(o: Arrays) -> jax.Array:
+            return {**inputs, **run_graph(p.pre, {**o, **pre_inputs}, c.constrain({}))}[p.entry]  # or an input
+
+        entry, pre_vjp = jax.vjp(pre_fn, {k: outer[k] for k in pre_params})
+        dims = p.layer.tensors[IN].dim_names
+        xs = self._split(entry, dims)                            # [M, micro-batch activation]
+        post_params = [t.name for t in self.post_micro.parameters]
+        post_feeds = {}  # the post ops' fed tensors but the exit activation, per micro-batch
+        for t in self.post_micro.fed:
+            if t.name != p.exit and t.role != "parameter":
+                v = inputs[t.name]
+                post_feeds[t.name] = (self._split(v, t.dim_names) if self.batch_dim in t.dim_names
+                                      else jnp.broadcast_to(v, (M, *v.shape)))
+        weight = self.loss_scale * (1.0 / M if self.reduction == "mean" else 1.0)
+
+        def post_loss(o: Arrays, y: jax.Array, i: jax.Array) -> jax.Array:
+            feeds = {**o, p.exit: y, **{k: v[i] for k, v in post_feeds.items()}}
+            loss = run_graph(self.post_micro, feeds, c.constrain({}))[p.post.loss]
+            return loss.astype(jnp.float32) * weight
+
+        # What the backward of a stage needs from its forward: the residuals of its VJP (under the remat policy:
+        # the stage input alone for ``full``), less the parameters (the same arrays every micro-batch).
+        pattern = _ResidualPattern()
+        zero_x = jnp.zeros_like(xs[0])
+        stash = [_vary(jnp.zeros((K, *r.shape), r.dtype), everywhere)
+                 for r in pattern.split(stacked, jax.vjp(run_stage, stacked, zero_x)[1])]
+        f32 = lambda tree: jax.tree.map(lambda v: _vary(jnp.zeros(v.shape, jnp.float32), everywhere), tree)
+        state = _State(stash=stash, grads=f32(stacked), post_grads=f32({k: outer[k] for k in post_params}),
+                       loss=_vary(jnp.zeros((), jnp.float32), everywhere),
+                       pending=_vary(jnp.zeros_like(zero_x), everywhere),
+                       d_xs=_vary(jnp.zeros_like(xs), everywhere), recv=_vary(jnp.zeros_like(zero_x), everywhere))
+
+        def forward(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
+            x = jnp.where(stage == 0, xs[i], s.recv)
+            y, vjp = jax.vjp(run_stage, stacked, x)
+            res = pattern.split(stacked, vjp)
+            stash = [buf.at[i % K].set(_vary(r, everywhere)) for buf, r in zip(s.stash, res, strict=True)]
+
+            def last(s: _State) -> tuple[jax.Array, Arrays, jax.Array]:
+                loss, (dpost, dy) = jax.value_and_grad(post_loss, argnums=(0, 1))(
+                    {k: outer[k] for k in post_params}, y, i)
+                return s.loss + loss, jax.tree.map(lambda a, g: a + g.astype(a.dtype), s.post_grads, dpost), dy
+
+            loss, post_grads, pending = lax.cond(stage == K - 1, last, lambda s: (s.loss, s.post_grads, s.pending), s)
+            return dataclasses.replace(s, stash=stash, loss=loss, post_grads=post_grads, pending=pending), y
+
+        def backward(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
+            dy = jnp.where(stage == K - 1, s.pending, s.recv)
+            vjp = pattern.join(stacked, [buf[i % K] for buf in s.stash])
+            dparams, dx = vjp(dy)
+            grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), s.grads, dparams)
+            d_xs = s.d_xs.at[i].set(jnp.where(stage == 0, dx, jnp.zeros_like(dx)))
+            return dataclasses.replace(s, grads=grads, d_xs=d_xs), dx
+
+        def idle(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
+            return s, jnp.zeros_like(s.recv)
+
+        def tick(s: _State, t: jax.Array, perm: list[tuple[int, int]]) -> _State:
+            # stage k runs the forward of micro-batch i at tick k + 2i and its backward at tick 2K - 1 - k + 2i
+            odd = (t - stage) % 2
+            i = jnp.where(odd == 0, (t - stage) // 2, (t - (2 * K - 1 - stage)) // 2)
+            on = (i >= 0) & (i < M)
+            s, out = lax.switch(jnp.where(on, 1 + odd, 0), [idle, forward, backward], s, jnp.clip(i, 0, M - 1))
+            recv = lax.ppermute(out, st, perm) if perm else jnp.zeros_like(out)
+            return dataclasses.replace(s, recv=recv)
+
+        # one loop step = two ticks; at each tick the neighbours (k, k + 1) with k of the tick's parity swap
+        # what they computed (an activation forward, a gradient backward): one collective-permute per tick
+        perms = [[(k + d, k + 1 - d) for k in range(par, K - 1, 2) for d in (0, 1)] for par in (0, 1)]
+
+        def step(s: _State, j: jax.Array) -> tuple[_State, None]:
+            return tick(tick(s, 2 * j, perms[0]), 2 * j + 1, perms[1]), None
+
+        s, _ = lax.scan(step, state, jnp.arange(M + K - 1))
+        (d_pre,) = pre_vjp(self._merge(s.d_xs, dims))
+        d_outer = {k: jnp.zeros(v.shape, jnp.float32) for k, v in outer.items()}
+        for src in (d_pre, s.post_grads):
+            d_outer.update({k: d_outer[k] + v.astype(jnp.float32) for k, v in src.items()})
+        loss = jnp.where(stage == K - 1, s.loss, jnp.zeros_like(s.loss))
+        loss, d_outer = lax.psum((loss, d_outer), everywhere)
+        others = tuple(a for a in everywhere if a != st)  # the data axis: the layers' gradients sum over it
+        d_stacked = lax.psum(s.grads, others) if others else s.grads
+        return loss, {k: v[None] for k, v in d_stacked.items()}, d_outer
 
     def _remat(self, stage_fn: Callable[[Arrays, jax.Array], jax.Array]) -> Callable[[Arrays, jax.Array], jax.Array]:
         """The stage function under the remat policy: ``full`` saves only the stage's input per micro-batch,
@@ -406,6 +607,62 @@ class Pipeline:
         if self.D == 1:
             return 1.0
         return 1.0 / self.D if batch_reduction(self.graph, self.batch_dim) == "mean" else 1.0
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """The top of a schedule's ``shard_map`` body (:meth:`Pipeline._prepare`)."""
+
+    stacked: Arrays
+    outer: Arrays
+    inputs: Arrays
+    stage: jax.Array
+    constrain: Callable[[Mapping[str, str]], Callable[[str, jax.Array], jax.Array] | None]
+    run_stage: Callable[[Arrays, jax.Array], jax.Array]
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class _State:
+    """The 1F1B loop's carry on one device: ``stash`` (per residual of a stage's VJP, ``K`` slots: micro-batch
+    ``i`` in slot ``i % K``), the float32 gradient accumulators of the stage's layers and of the post ops'
+    parameters, the loss, the last stage's ``pending`` output gradient (from its post ops, for its next tick),
+    ``d_xs`` (the gradients of the micro-batches entering stage 0) and ``recv`` (what the neighbour sent)."""
+
+    stash: list[jax.Array]
+    grads: Arrays
+    post_grads: Arrays
+    loss: jax.Array
+    pending: jax.Array
+    d_xs: jax.Array
+    recv: jax.Array
+
+
+class _ResidualPattern:
+    """The residuals of a stage's VJP (``jax.vjp`` returns its backward as a pytree whose leaves are the
+    residuals) split into what is stashed per micro-batch and the parameters, which JAX forwards as the very
+    arrays passed in: they are not stashed (the same every micro-batch) but put back by :meth:`join`."""
+
+    def __init__(self) -> None:
+        self.treedef: Any = None
+        self.kinds: list[int | None] = []  # per leaf: the index of the parameter it is, or None (stashed)
+        self.avals: list[tuple[tuple[int, ...], Any]] = []
+
+    def split(self, params: Arrays, vjp: Any) -> list[jax.Array]:
+        leaves, treedef = jax.tree.flatten(vjp)
+        plist = jax.tree.leaves(params)
+        kinds = [next((n for n, q in enumerate(plist) if leaf is q), None) for leaf in leaves]
+        stashed = [leaf for leaf, k in zip(leaves, kinds, strict=True) if k is None]
+        avals = [(tuple(x.shape), x.dtype) for x in stashed]
+        if self.treedef is None:
+            self.treedef, self.kinds, self.avals = treedef, kinds, avals
+        elif kinds != self.kinds or avals != self.avals:  # the same function traced twice: cannot happen
+            raise RuntimeError("the stage's VJP residuals differ between two traces")
+        return stashed
+
+    def join(self, params: Arrays, stashed: Sequence[jax.Array]) -> Callable[[jax.Array], tuple[Arrays, jax.Array]]:
+        plist, rest = jax.tree.leaves(params), iter(stashed)
+        return jax.tree.unflatten(self.treedef, [plist[k] if k is not None else next(rest) for k in self.kinds])
 
 
 def _stage_counts(layers: int, stages: int, given: Sequence[int] | None) -> list[int]:

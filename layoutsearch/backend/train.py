@@ -12,9 +12,9 @@ whose state (parameters, optimizer state, step count) keeps the layout's shardin
 The step executes the plan's decisions: the remat policy (each block under ``jax.checkpoint``:
 :func:`~layoutsearch.backend.program.run_graph`), gradient accumulation over ``microbatches``
 micro-batches (a ``lax.scan``; micro-batch ``i`` holds examples ``i, i + M, ...`` so a batch split over
-data axes needs no communication) and pipelines (the GPipe executor,
-:class:`~layoutsearch.backend.pipeline.Pipeline`; a plan priced with the 1F1B or interleaved schedule
-computes the same gradients, executed as GPipe).
+data axes needs no communication) and pipelines (:class:`~layoutsearch.backend.pipeline.Pipeline`: the
+plan's partition of the layers into stages, equal or not, run by the plan's schedule, ``gpipe`` or ``1f1b``;
+``interleaved:V`` is not executed).
 
 Precision: with a policy that keeps master weights (``mixed``), the state holds float32 parameters and
 the forward pass casts them to the policy's parameter dtype (bfloat16); the optimizer updates the
@@ -79,15 +79,15 @@ class Program:
 
     ``remat``: ``none``, ``selective`` or ``full``; ``microbatches``: gradient accumulation (without
     ``stage_axis``) or pipeline micro-batches (with it); ``layers_per_stage``: the pipeline's partition
-    (default equal); ``precision``: the policy; ``optimizer``: see :func:`make_optimizer`; ``devices``:
-    the devices of the mesh (default :func:`~layoutsearch.devices.jax_devices`: the accelerators when there
-    are enough, else simulated CPU devices); ``batch_dim``: the dim
-    split into micro-batches.
+    (default equal); ``schedule``: the pipeline's, ``gpipe`` (default) or ``1f1b``; ``precision``: the
+    policy; ``optimizer``: see :func:`make_optimizer`; ``devices``: the devices of the mesh (default
+    :func:`~layoutsearch.devices.jax_devices`: the accelerators when there are enough, else simulated CPU
+    devices); ``batch_dim``: the dim split into micro-batches.
     """
 
     def __init__(self, graph: Graph, layout: Layout, *, remat: str = "none", microbatches: int = 1,
                  stage_axis: str | None = None, layers_per_stage: Sequence[int] | None = None,
-                 precision: Precision | str = DEFAULT_PRECISION,
+                 schedule: str | None = None, precision: Precision | str = DEFAULT_PRECISION,
                  optimizer: Optimizer | str | optax.GradientTransformation = "adam",
                  devices: Sequence[jax.Device] | None = None, batch_dim: str = "batch") -> None:
         if graph.loss is None:
@@ -98,6 +98,7 @@ class Program:
         self.policy = Precision.of(precision)
         self.graph, self.layout, self.remat, self.M = graph, layout, remat, int(microbatches)
         self.stage_axis, self.batch_dim = stage_axis, batch_dim
+        self.schedule = schedule or "gpipe"
         self.forward = with_precision(graph, self.policy)
         self.tx = make_optimizer(optimizer)
         self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
@@ -128,8 +129,8 @@ class Program:
 
     # -- construction
     def _pipeline(self, layers_per_stage: Sequence[int] | None) -> Pipeline:
-        """The GPipe executor for the plan: the batch on at most one data axis, the other rules on the
-        remaining axes."""
+        """The pipeline executor for the plan (its partition and schedule): the batch on at most one data axis,
+        the other rules on the remaining axes."""
         mesh, st = self.layout.mesh, self.stage_axis
         batch_axes = self.layout.rules_layout((self.batch_dim,)).get(self.batch_dim, ())
         if st in batch_axes or len(batch_axes) > 1:
@@ -143,7 +144,8 @@ class Program:
         shape = dict(mesh.shape)
         return Pipeline(self.forward, shape, microbatches=self.M, remat=self.remat, batch_dim=self.batch_dim,
                         layout=Layout(mesh, inner), stage_axis=st, data_axis=data or "",  # "": no data axis
-                        layers_per_stage=layers_per_stage, devices=list(self.mesh.devices.flat))
+                        layers_per_stage=layers_per_stage, devices=list(self.mesh.devices.flat),
+                        schedule=self.schedule)
 
     def _placements(self) -> tuple[Any, dict[str, NamedSharding]]:
         if self.pipeline is not None:
@@ -234,6 +236,10 @@ class Program:
     def _loss_and_grads(self, params: Any, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, Any]:
         if self.pipeline is None and self.M > 1:
             return self._accumulated(params, batch)
+        if self.pipeline is not None:  # the schedule's own loss and gradients (1F1B writes its backward out)
+            loss, (d_stacked, d_outer) = self.pipeline.sharded_loss_and_grads(params["stacked"], params["outer"],
+                                                                              batch)
+            return loss, {"stacked": d_stacked, "outer": d_outer}
         return jax.value_and_grad(self._loss_fn)(params, batch)
 
     def _train_step(self, state: TrainState, batch: Mapping[str, jax.Array]) -> tuple[TrainState, dict[str, Any]]:

@@ -291,7 +291,10 @@ def _flag_hint(e: LayoutSearchError) -> str:
     """The command-line flag that fixes ``e``, where the library says which setting does (library messages name
     settings, not flags)."""
     figure = getattr(e, "hardware_figure", None)
-    return f" (--hw {figure})" if figure else ""
+    if figure:
+        return f" (--hw {figure})"
+    setting = getattr(e, "setting", None)
+    return f" (--{setting.replace('_', '-')})" if setting else ""
 
 
 def _one_line(msg: str) -> str:

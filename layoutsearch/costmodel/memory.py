@@ -219,11 +219,11 @@ def transient_buffers(op: O.Op, cost: OpCost, stored_out: int, deferred: bool = 
         if c.tensor == op.output:
             if deferred and c.kind == "all-reduce":
                 continue
-            if c.kind == "all-to-all":
+            if c.kind in ("all-to-all", "collective-permute"):
                 out += c.bytes
             elif c.kind in ("reduce-scatter", "all-reduce"):
                 out = max(out, c.bytes - stored_out)
-        elif c.kind in ("all-gather", "all-to-all"):
+        elif c.kind in ("all-gather", "all-to-all", "collective-permute"):
             shared = getattr(c, "shared", None)
             last_in[c.tensor] = (shared[:-1] if shared else None, c.bytes)
     own = out + sum(b for key, b in last_in.values() if key is None)

@@ -318,7 +318,11 @@ def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: s
 
     Axes moving to another dim: one all-to-all (payload: the local bytes);
     axes dropped: one all-gather (payload: the local bytes after it); axes
-    added: a free local slice."""
+    added: a free local slice; blocks that only move between devices: one
+    collective-permute (:func:`_permute`)."""
+    permute = _permute(tensor, src, dst, mesh, cause)
+    if permute is not None:
+        return [permute]
     where_src = {a: d for d, axes in src.items() for a in axes}
     where_dst = {a: d for d, axes in dst.items() for a in axes}
     moved = tuple(a for a in mesh.names if a in where_src and a in where_dst and where_src[a] != where_dst[a])
@@ -336,6 +340,26 @@ def reshard(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: s
         out.append(Comm("all-gather", dropped, local_bytes(tensor, cur, mesh), tensor.name,
                         f"{cause}: {', '.join(f'{where_src[a]} unsplit over {a}' for a in dropped)}"))
     return out
+
+
+def _permute(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: str) -> Comm | None:
+    """The one collective-permute XLA reshards ``src`` into ``dst`` with when every device's new block lies
+    within a block some device holds (on every dim the new split is at least as fine as the old one: its number
+    of pieces a multiple of the old number), but not within its own (some dim's old axes are no major prefix of
+    its new axes, e.g. ``d:a`` to ``d:c``, or ``d:a,e:b`` to ``d:b,e:a``): each device receives its new block
+    (payload: the new local bytes) over the axes of the dims that change; None otherwise."""
+    axes: set[str] = set()
+    for d in tensor.dim_names:
+        old = tuple(a for a in src.get(d, ()) if mesh.axis_size(a) > 1)
+        new = tuple(a for a in dst.get(d, ()) if mesh.axis_size(a) > 1)
+        if mesh.group_size(new) % mesh.group_size(old):
+            return None
+        if old and new[:len(old)] != old:
+            axes.update(old + new)
+    if not axes:
+        return None
+    return Comm("collective-permute", tuple(a for a in mesh.names if a in axes), local_bytes(tensor, dst, mesh),
+                tensor.name, f"{cause}: blocks move between devices ({_fmt(src)} to {_fmt(dst)})")
 
 
 def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str, Axes]], stored: DimLayout,

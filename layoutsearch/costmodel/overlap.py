@@ -96,7 +96,7 @@ def classify(c: _Collective, classes: dict[str, str], op: _Op | None = None,
              collective_matmul: bool = False) -> str:
     """The class of one collective of ``op`` (see the module docstring)."""
     cls = classes.get(c.tensor)
-    if cls == "weight" and c.kind in ("all-gather", "all-to-all"):
+    if cls == "weight" and c.kind in ("all-gather", "all-to-all", "collective-permute"):
         return "weight"
     if cls == "gradient" and c.kind in ("all-reduce", "reduce-scatter"):
         return "gradient"

@@ -10,17 +10,10 @@ A step of global batch ``B`` may run as ``M`` micro-batches of ``B / M``:
   position on the stage axis; each stage lays out its ops over the other axes
   with an inner layout, and the micro-batches flow through the stages.
 
-Schedules (:class:`Schedule`)::
-
-    gpipe          (Huang et al. 2019, "GPipe", NeurIPS): all forwards, then all backwards
-                   loop = (M + K - 1) * t,  stage k holds M micro-batches in flight
-    1f1b           (PipeDream-flush, Narayanan et al. 2021, SC'21, section 2.2): one forward, one backward
-                   loop = (M + K - 1) * t,  stage k holds min(M, K - k)
-    interleaved:V  (Narayanan et al. 2021, section 2.2.1): each device holds V chunks of L / (K V) layers
-                   loop = (M + (K - 1) / V) * t,  bubble (K - 1) / (V M); the first device holds
-                   K (1 + (K - 1) / (K V)) micro-batches' worth of its activations (Korthikanti et al.
-                   2022, "Reducing activation recomputation in large transformer models", section 4.2.3);
-                   Megatron-LM requires M to be a multiple of K.
+A schedule (:mod:`layoutsearch.costmodel.schedule`: ``gpipe``, ``1f1b``,
+``interleaved:V``) sets the loop's length, ``loop = steps * t`` with ``steps =
+M + K - 1`` (``M + (K - 1) / V`` interleaved), and how many micro-batches'
+activations each stage holds.
 
 ``t`` is the slowest stage's time for one micro-batch (forward, backward and
 recomputation, with the critical communication of its inner layout and the
@@ -60,9 +53,10 @@ tensors (fused, flash-attention scores) take nothing. Without a stage axis
 the memory is the inner cost model's simulated peak for one micro-batch, plus
 the float32 accumulation buffer when M > 1.
 
-Units: the ops of each top-level block form one unit; ops outside blocks form
-``pre`` (forward ops no block op precedes, e.g. the embedding, and their
-backward) and ``post`` (the head and loss). This module prices given stages
+Units (:mod:`layoutsearch.costmodel.pipeline_units`): the ops of each
+top-level block form one unit; ops outside blocks form ``pre`` (forward ops no
+block op precedes, e.g. the embedding, and their backward) and ``post`` (the
+head and loss). This module prices given stages
 (:func:`price_pipeline`, :meth:`MicrobatchStep.report`); choosing them is the
 solvers' work: :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline`
 partitions the chain ``pre, layer.0, ..., post`` (:meth:`MicrobatchStep.costdag`,
@@ -75,7 +69,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,126 +76,21 @@ from typing import Any
 from layoutsearch.costdag import CostDAG, Edge, Node
 from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
-from layoutsearch.costmodel.memory import remat_plan, transient_buffers
 from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
+from layoutsearch.costmodel.pipeline_units import Unit, unit_chain, unit_costs, unit_of_ops
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
+from layoutsearch.costmodel.schedule import SCHEDULE_KINDS, Schedule, speedup
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.gantt import render_gantt
-from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.names import BLOCK_PREFIX, block_index, grad_name, top_block
+from layoutsearch.ir.names import BLOCK_PREFIX, block_index
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
-
-PRE, POST = "pre", "post"
-
-
-def unit_of_ops(g: Graph) -> dict[str, str]:
-    """Op name -> pipeline unit (``pre``, a top-level block name, ``post``) of a training graph."""
-    unit: dict[str, str] = {}
-    block_op = {op.name: top_block(op.block) for op in g.ops if op.block}
-    after_block: dict[str, bool] = {}
-    for op in g.ops:  # forward: an unblocked op after any block op is post
-        if op.phase != "forward":
-            continue
-        prods = [g.producer(t) for t in op.inputs]
-        after_block[op.name] = any(p is not None and (p.name in block_op or after_block.get(p.name, False))
-                                   for p in prods)
-    feeds_block_bwd: dict[str, bool] = {}
-    for op in reversed(g.ops):  # backward: an unblocked op some block's backward needs is post
-        if op.phase != "backward":
-            continue
-        feeds_block_bwd[op.name] = any(c.phase == "backward" and (c.name in block_op or feeds_block_bwd.get(c.name))
-                                       for c in g.consumers[op.output])
-    for op in g.ops:
-        if op.name in block_op:
-            unit[op.name] = block_op[op.name]
-        elif op.phase == "forward":
-            unit[op.name] = POST if after_block[op.name] else PRE
-        elif op.phase == "backward":
-            unit[op.name] = POST if feeds_block_bwd[op.name] else PRE
-    for op in g.ops:  # optimizer: follows the gradient it applies, or the parameter's first user
-        if op.phase == "optimizer" and op.name not in unit:
-            unit[op.name] = _optimizer_unit(g, op, unit)
-    return unit
-
-
-def _optimizer_unit(g: Graph, op: O.Op, unit: dict[str, str]) -> str:
-    for t in op.inputs:
-        p = g.producer(t)
-        if p is not None and p.name in unit and p.phase == "backward":
-            return unit[p.name]
-    for t in op.inputs:
-        users = [c for c in g.consumers[t] if c.phase == "forward"]
-        if users:
-            return unit[users[0].name]
-    for t in op.inputs:
-        p = g.producer(t)
-        if p is not None and p.name in unit:
-            return unit[p.name]
-    return PRE
-
-
-SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved")
-"""Pipeline schedules (see the module docstring); ``interleaved`` is written ``interleaved:V``."""
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A pipeline schedule: ``kind`` (:data:`SCHEDULE_KINDS`) and ``virtual`` stages per device (V)."""
-
-    kind: str = "1f1b"
-    virtual: int = 1
-
-    @classmethod
-    def parse(cls, spec: Schedule | str) -> Schedule:
-        """``gpipe``, ``1f1b`` or ``interleaved:V`` (V >= 1)."""
-        if isinstance(spec, Schedule):
-            return spec
-        if not isinstance(spec, str):
-            raise CostModelError(f"schedule must be a string like '1f1b', got {spec!r}")
-        name, colon, v = spec.strip().lower().partition(":")
-        if name == "interleaved":
-            if not colon or not v.strip().isdigit() or int(v) < 1:
-                raise CostModelError(f"bad schedule {spec!r}: write interleaved:V with V >= 1 virtual stages "
-                                     "per device, e.g. interleaved:2")
-            return cls("interleaved", int(v))
-        if name in ("gpipe", "1f1b") and not colon:
-            return cls(name)
-        raise CostModelError(f"unknown schedule {spec!r} (known: gpipe, 1f1b, interleaved:V)")
-
-    def __str__(self) -> str:
-        return f"interleaved:{self.virtual}" if self.kind == "interleaved" else self.kind
-
-    def check(self, stages: int, microbatches: int) -> None:
-        """CostModelError if the schedule cannot run ``microbatches`` over ``stages``."""
-        if self.kind == "interleaved" and stages > 1 and microbatches % stages:
-            raise CostModelError(f"the interleaved schedule needs the micro-batches to be a multiple of the "
-                                 f"stages (Megatron-LM's constraint): {microbatches} micro-batches, {stages} stages")
-
-    def steps(self, stages: int, microbatches: int) -> float:
-        """Length of the micro-batch loop in units of the slowest stage's micro-batch time."""
-        bubble = stages - 1
-        return microbatches + (bubble / self.virtual if self.kind == "interleaved" else bubble)
-
-    def bubble(self, stages: int, microbatches: int) -> float:
-        """The idle fraction of the loop with equal stages."""
-        steps = self.steps(stages, microbatches)
-        return (steps - microbatches) / steps
-
-    def in_flight(self, stage: int, stages: int, microbatches: int) -> float:
-        """Micro-batches' worth of activations stage ``stage`` holds at its peak."""
-        if self.kind == "gpipe":
-            return float(microbatches)
-        held = float(min(microbatches, stages - stage))
-        if self.kind == "interleaved" and stages > 1:
-            held *= 1 + (stages - 1) / (stages * self.virtual)
-        return held
 
 
 @dataclass(frozen=True)
@@ -321,21 +209,6 @@ class PipelineReport:
         return text
 
 
-@dataclass
-class _Unit:
-    """What one unit costs, per micro-batch unless said otherwise."""
-
-    ops: list[OpReport] = field(default_factory=list)   # forward, backward, recompute (one micro-batch)
-    parameters: int = 0
-    optimizer_state: int = 0
-    gradients: int = 0
-    accumulator: int = 0    # M > 1: the gradients accumulated in the master dtype, bytes beyond ``gradients``
-    saved: int = 0          # activations kept from the forward to the backward pass
-    workspace: int = 0      # remat: the recomputed activations, live together at the recompute point
-    working: int = 0        # the largest op working set (activation gradients, collective buffers)
-    boundary: int = 0       # bytes of the activations entering the unit (what a stage before it sends)
-
-
 def _once(c: Any, classes: dict[str, str]) -> bool:
     """Whether a collective runs once per step (a gradient all-reduce), not once per micro-batch."""
     return c.kind == "all-reduce" and classify(c, classes) == "gradient"
@@ -347,76 +220,6 @@ def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list
                                                                         if not _once(c, classes))) for o in ops]
 
 
-def _units(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], remat: str, accumulate: bool,
-           on_chip: frozenset[str]) -> dict[str, _Unit]:
-    """Per-unit ops and memory of the micro-batch training graph ``g`` under ``layout`` (see the module
-    docstring); ``accumulate``: gradients accumulate over several micro-batches."""
-    units: dict[str, _Unit] = defaultdict(_Unit)
-    for r in rep.ops:
-        if r.phase != "optimizer":
-            units[unit[r.op]].ops.append(r)
-    plan = remat_plan(g, remat)
-    recomputed = set(plan.recomputed)
-    lb = layout.local_bytes
-    master = g.meta.get("training", {}).get("master_weights") or {}
-    grads = {grad_name(p.name): p for p in g.parameters}
-    acc_itemsize = {p: g.tensors[m].itemsize for p, m in master.items()}
-    fed = {t.name for t in g.fed}
-    counted: set[tuple[str, str]] = set()
-
-    def add(u: str, what: str, t: str, nbytes: int) -> None:
-        if (u, t) not in counted:
-            counted.add((u, t))
-            setattr(units[u], what, getattr(units[u], what) + nbytes)
-
-    for op in g.ops:
-        u = unit[op.name]
-        for t in (*op.inputs, op.output):
-            tensor = g.tensors[t]
-            if t in fed and tensor.role == "parameter" and op.phase == "forward":
-                add(u, "parameters", t, lb(tensor))
-            elif t in fed and tensor.role == "optimizer_state":
-                add(u, "optimizer_state", t, lb(tensor))
-            elif t in grads:
-                add(u, "gradients", t, lb(tensor))
-                if accumulate:
-                    wider = acc_itemsize.get(grads[t].name, tensor.itemsize) - tensor.itemsize
-                    add(u, "accumulator", "acc:" + t, lb(tensor) // tensor.itemsize * wider)
-        if op.phase != "forward" or op.name in recomputed:
-            for t in op.inputs:  # what a backward (or recomputing) op reads from the forward pass is saved
-                tensor = g.tensors[t]
-                producer = g.producer(t)
-                forward = (producer is not None and producer.phase == "forward") or (
-                    t in fed and tensor.role == "input")
-                if forward and t not in on_chip and t not in plan.dropped:
-                    add(u, "saved", "saved:" + t, lb(tensor))
-    for name in plan.recomputed:
-        op = g.op(name)
-        if op.output not in on_chip:
-            units[unit[name]].workspace += lb(g.tensors[op.output])
-    for op, cost in zip(g.ops, rep.op_costs, strict=True):
-        if op.phase == "optimizer":
-            continue
-        u = unit[op.name]
-        own, shared = transient_buffers(op, cost, lb(g.tensors[op.output]))
-        grads_live = sum(lb(g.tensors[t]) for t in (*op.inputs, op.output)
-                         if t not in on_chip and g.tensors[t].role == "gradient" and t not in grads)
-        units[u].working = max(units[u].working, own + sum(shared.values()) + grads_live)
-        if op.phase == "forward":
-            for t in op.inputs:
-                p = g.producer(t)
-                entering = (p is None and g.tensors[t].role == "input") or (p is not None and unit[p.name] != u)
-                if entering:
-                    add(u, "boundary", "in:" + t, lb(g.tensors[t]))
-    return units
-
-
-def _chain(g: Graph, unit: dict[str, str]) -> list[str]:
-    blocks = list(dict.fromkeys(unit[op.name] for op in g.ops if op.phase == "forward"))
-    mid = [b for b in blocks if b not in (PRE, POST)]
-    return ([PRE] if PRE in blocks else []) + mid + ([POST] if POST in blocks else [])
-
-
 @dataclass(frozen=True)
 class _Priced:
     """The micro-batch step priced under the inner layout, split into units."""
@@ -424,7 +227,7 @@ class _Priced:
     graph: Graph
     report: CostReport
     unit: dict[str, str]
-    units: dict[str, _Unit]
+    units: dict[str, Unit]
     chain: list[str]
     classes: dict[str, str]
 
@@ -445,8 +248,8 @@ def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: 
     rep = estimate(mb_graph, inner, hw, remat=remat, attention=attention)
     unit = unit_of_ops(mb_graph)
     on_chip = fusion_plan(mb_graph, hw.fusion, resolve_attention(attention, hw)).on_chip
-    units = _units(mb_graph, rep, inner, unit, remat, microbatches > 1, on_chip)
-    return _Priced(mb_graph, rep, unit, units, _chain(mb_graph, unit), collective_classes(mb_graph))
+    units = unit_costs(mb_graph, rep, inner, unit, remat, microbatches > 1, on_chip)
+    return _Priced(mb_graph, rep, unit, units, unit_chain(mb_graph, unit), collective_classes(mb_graph))
 
 
 def _unit_seconds(p: _Priced, u: str, hw: Hardware) -> float:
@@ -679,11 +482,6 @@ def _tied_sync(p: _Priced, groups: Sequence[Sequence[str]], devices: list[list[i
         if len(users) > 1:
             seconds += collective_time("all-reduce", inner.local_bytes(prm), (stage_axis,), mesh, hw).seconds
     return seconds
-
-
-def speedup(stages: int, microbatches: int) -> float:
-    """GPipe speed-up of K identical stages over one: ``K * M / (M + K - 1)``."""
-    return stages * microbatches / (microbatches + stages - 1)
 
 
 __all__ = ["SCHEDULE_KINDS", "MicrobatchStep", "PipelineReport", "Schedule", "StageReport", "microbatch_step",

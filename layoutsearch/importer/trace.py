@@ -22,6 +22,7 @@ from jax._src import source_info_util
 from jax.extend import core as jcore
 
 from layoutsearch.errors import GraphError
+from layoutsearch.ir.names import block_name, scoped
 
 COMPOSITES = frozenset({"log_softmax", "_one_hot"})
 """Named calls kept whole for the pattern pass: JAX's ``jax.nn.log_softmax`` and ``jax.nn.one_hot``."""
@@ -164,7 +165,7 @@ class _Flattener:
         ys: list[list[Operand]] = []
         order = range(length - 1, -1, -1) if p["reverse"] else range(length)
         for i in order:
-            tag = _join(block or "", f"layer.{i}")
+            tag = scoped(block, block_name(i))
             sliced: list[Operand] = []
             for x in xs:
                 if isinstance(x, Lit):

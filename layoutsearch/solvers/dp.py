@@ -155,92 +155,114 @@ def _viterbi(problem: Problem, hub: int | None, order: list[int], top: int) -> l
 
 def _labels(problem: Problem, hub: int | None, order: list[int], top: int,
             limit: float) -> list[tuple[float, tuple[int, ...]]]:
-    """Exact DP under memory rows: Pareto sets of (cost, partial row sums) per state."""
-    R = len(problem.mem_rows)
-    counts = np.zeros((len(problem.mem_items), R))
-    for r, row in enumerate(problem.mem_rows):
-        for i, c in row.items:
-            counts[i, r] += c
-    consts = np.array([row.const for row in problem.mem_rows])
-    # per-node and per-edge row contributions
-    node_rows = [np.zeros((len(u), R)) for u in problem.unary]
-    pair_items: list[tuple[int, int, np.ndarray]] = []  # (a, b, [K_a, K_b, R])
-    for i, it in enumerate(problem.mem_items):
-        if not counts[i].any():
-            continue
-        if it.factor is None:
-            node_rows[it.node] += it.bytes[:, None] * counts[i][None, :]
-        else:
-            f = problem.factors[it.factor]
-            pair_items.append((*f.nodes, f.full(it.bytes)[:, :, None] * counts[i][None, None, :]))
+    """Exact DP under memory rows: Pareto sets of (cost, partial row sums) per state, along the chain
+    ``order`` for each strategy of the ``hub`` node (None: a plain chain)."""
+    rows = _RowTerms(problem)
     trans = [_edge_matrix(problem, a, b) for a, b in itertools.pairwise(order)]
+    chain_pairs = [rows.pair(a, b) for a, b in itertools.pairwise(order)]
     tol = limit * 1e-12
+    found: list[tuple[float, tuple[int, ...]]] = []
+    for h in (range(len(problem.unary[hub])) if hub is not None else [None]):
+        base = problem.const + (float(problem.unary[hub][h]) if hub is not None else 0.0)
+        base_rows = rows.consts + (rows.node[hub][h] if hub is not None else 0.0)
+        if not order:
+            if (base_rows <= limit + tol).all():
+                found.append((base, (h,)))
+            continue
+        un = _hub_terms(problem, hub, order, h or 0)
+        add_rows = [rows.with_hub(k, hub, h) for k in order]
+        # per state: label costs [L], partial row sums [L, R], back pointers [L, 2] (prev state, prev label)
+        first = [(np.array([base + float(un[0][s])]), (base_rows + add_rows[0][s])[None, :],
+                  np.full((1, 2), -1, dtype=np.int64)) for s in range(len(un[0]))]
+        history = [[_pareto(*lab, limit + tol, top) for lab in first]]
+        for i in range(1, len(order)):
+            history.append(_step(history[-1], un[i], trans[i - 1], add_rows[i], chain_pairs[i - 1], len(rows.consts),
+                                 limit + tol, top))
+        finals = sorted((float(c), s, j) for s, (cs, _, _) in enumerate(history[-1]) for j, c in enumerate(cs))[:top]
+        for c, s, j in finals:
+            assign = _backtrack(history, order, s, j, len(problem.unary))
+            if hub is not None:
+                assign[hub] = h
+            found.append((c, tuple(assign)))
+    return found
 
-    def pair_rows(a: int, b: int) -> np.ndarray | None:
+
+class _RowTerms:
+    """What each node's and each pair's strategies add to every memory row (bytes times the item's count)."""
+
+    def __init__(self, problem: Problem) -> None:
+        R = len(problem.mem_rows)
+        counts = np.zeros((len(problem.mem_items), R))
+        for r, row in enumerate(problem.mem_rows):
+            for i, c in row.items:
+                counts[i, r] += c
+        self.consts = np.array([row.const for row in problem.mem_rows])
+        self.node = [np.zeros((len(u), R)) for u in problem.unary]
+        self.pairs: list[tuple[int, int, np.ndarray]] = []  # (a, b, [K_a, K_b, R])
+        for i, it in enumerate(problem.mem_items):
+            if not counts[i].any():
+                continue
+            if it.factor is None:
+                self.node[it.node] += it.bytes[:, None] * counts[i][None, :]
+            else:
+                f = problem.factors[it.factor]
+                self.pairs.append((*f.nodes, f.full(it.bytes)[:, :, None] * counts[i][None, None, :]))
+
+    def pair(self, a: int, b: int) -> np.ndarray | None:
+        """The rows of the factors over nodes ``a`` and ``b``, as ``[K_a, K_b, R]`` (None: there are none)."""
         out = None
-        for u, v, arr in pair_items:
+        for u, v, arr in self.pairs:
             if (u, v) == (a, b):
                 out = arr if out is None else out + arr
             elif (u, v) == (b, a):
                 out = arr.transpose(1, 0, 2) if out is None else out + arr.transpose(1, 0, 2)
         return out
 
-    found: list[tuple[float, tuple[int, ...]]] = []
-    hubs = range(len(problem.unary[hub])) if hub is not None else [None]
-    chain_pairs = [pair_rows(a, b) for a, b in itertools.pairwise(order)]
-    for h in hubs:
-        base = problem.const + (float(problem.unary[hub][h]) if hub is not None else 0.0)
-        base_rows = consts + (node_rows[hub][h] if hub is not None else 0.0)
-        un = _hub_terms(problem, hub, order, h or 0)
-        add_rows = []
-        for k in order:
-            extra = node_rows[k].copy()
-            if hub is not None:
-                pr = pair_rows(hub, k)
-                if pr is not None:
-                    extra += pr[h]
-            add_rows.append(extra)
-        if not order:
-            if (base_rows <= limit + tol).all():
-                found.append((base, (h,)))
-            continue
-        # per state: label costs [L], partial row sums [L, R], back pointers [L, 2] (prev state, prev label)
-        first = [(np.array([base + float(un[0][s])]), (base_rows + add_rows[0][s])[None, :],
-                  np.full((1, 2), -1, dtype=np.int64)) for s in range(len(un[0]))]
-        labels = [_pareto(*lab, limit + tol, top) for lab in first]
-        history = [labels]
-        for i in range(1, len(order)):
-            new = []
-            pairs = chain_pairs[i - 1]
-            for s in range(len(un[i])):
-                cs, rs, bs = [], [], []
-                for t, (c, rw, _) in enumerate(labels):
-                    if not len(c):
-                        continue
-                    extra = add_rows[i][s] + (pairs[t, s] if pairs is not None else 0.0)
-                    cs.append(c + float(trans[i - 1][t, s]) + float(un[i][s]))
-                    rs.append(rw + extra)
-                    bs.append(np.stack([np.full(len(c), t), np.arange(len(c))], axis=1))
-                if cs:
-                    new.append(_pareto(np.concatenate(cs), np.concatenate(rs), np.concatenate(bs), limit + tol, top))
-                else:
-                    new.append((np.zeros(0), np.zeros((0, R)), np.zeros((0, 2), dtype=np.int64)))
-            labels = new
-            history.append(labels)
-        finals = sorted((float(c), s, j) for s, (cs, _, _) in enumerate(labels) for j, c in enumerate(cs))[:top]
-        for c, s, j in finals:
-            states = []
-            for i in range(len(order) - 1, -1, -1):
-                states.append(s)
-                t, k = history[i][s][2][j]
-                s, j = int(t), int(k)
-            assign = [0] * len(problem.unary)
-            for k, st in zip(order, reversed(states), strict=True):
-                assign[k] = st
-            if hub is not None:
-                assign[hub] = h
-            found.append((c, tuple(assign)))
-    return found
+    def with_hub(self, k: int, hub: int | None, h: int | None) -> np.ndarray:
+        """Node ``k``'s rows per strategy, with those of its factor with the hub at strategy ``h``."""
+        extra = self.node[k].copy()
+        if hub is not None:
+            pr = self.pair(hub, k)
+            if pr is not None:
+                extra += pr[h]
+        return extra
+
+
+_Label = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A state's Pareto labels: costs [L], partial row sums [L, R], back pointers [L, 2]."""
+
+
+def _step(labels: list[_Label], un: np.ndarray, trans: np.ndarray, add_rows: np.ndarray, pairs: np.ndarray | None,
+          R: int, limit: float, top: int) -> list[_Label]:
+    """The labels of the next node's states from the current node's ``labels``."""
+    new = []
+    for s in range(len(un)):
+        cs, rs, bs = [], [], []
+        for t, (c, rw, _) in enumerate(labels):
+            if not len(c):
+                continue
+            extra = add_rows[s] + (pairs[t, s] if pairs is not None else 0.0)
+            cs.append(c + float(trans[t, s]) + float(un[s]))
+            rs.append(rw + extra)
+            bs.append(np.stack([np.full(len(c), t), np.arange(len(c))], axis=1))
+        if cs:
+            new.append(_pareto(np.concatenate(cs), np.concatenate(rs), np.concatenate(bs), limit, top))
+        else:
+            new.append((np.zeros(0), np.zeros((0, R)), np.zeros((0, 2), dtype=np.int64)))
+    return new
+
+
+def _backtrack(history: list[list[_Label]], order: list[int], s: int, j: int, n_nodes: int) -> list[int]:
+    """The assignment of the chain ``order`` whose last node's label ``j`` in state ``s`` ends."""
+    states = []
+    for i in range(len(order) - 1, -1, -1):
+        states.append(s)
+        t, k = history[i][s][2][j]
+        s, j = int(t), int(k)
+    assign = [0] * n_nodes
+    for k, st in zip(order, reversed(states), strict=True):
+        assign[k] = st
+    return assign
 
 
 def _pareto(cost: np.ndarray, rows: np.ndarray, back: np.ndarray, limit: float,

@@ -44,6 +44,8 @@ from layoutsearch.solvers import milp
 from layoutsearch.solvers.problem import FEASIBLE, OPTIMAL, Problem, Solution, infeasible, solution
 
 BACKENDS = ("pulp", "ortools")
+_MIN_SOLVE_S = 0.1
+"""The least time a solve is given, however late (a solver needs a moment to return any plan)."""
 
 
 @dataclass
@@ -131,9 +133,10 @@ def _assignment(m: _Model, values: list[float]) -> tuple[int, ...]:
 
 # -- both backends, through the shared MILP layer ---------------------------------------------------------------------
 
-def _run(backend: str, m: _Model, scale: float, limit: float | None, time_limit: float | None, threads: int,
+def _run(backend: str, m: _Model, scale: float, limit: float | None, stop_at: float | None, threads: int,
          cuts: list[tuple[int, ...]], minimize_peak: bool = False, hint: tuple[int, ...] | None = None) -> _Result:
-    """Solve the program (or, with ``minimize_peak``, the least peak memory of any plan) by ``backend``.
+    """Solve the program (or, with ``minimize_peak``, the least peak memory of any plan) by ``backend``;
+    ``stop_at``: the :func:`time.perf_counter` time by which to stop (building the solver's model counts).
 
     Memory rows stay in integer bytes (a scaled row can round above its right-hand side); CBC's preprocessing
     can call a row met with equality infeasible, so CBC's rows get half a byte of slack (exact, as bytes are
@@ -166,8 +169,8 @@ def _run(backend: str, m: _Model, scale: float, limit: float | None, time_limit:
         mdl.add({m.x[n][s]: 1.0 for n, s in enumerate(cut)}, hi=len(cut) - 1)
     if hint is not None:
         mdl.hint = {i: float(v) for i, v in m.hint_values(hint).items()}
-    res = milp.solve(mdl, backend, time_limit=time_limit, threads=threads, cp_scale=1.0,
-                     preprocess=backend != "pulp")
+    left = None if stop_at is None else max(_MIN_SOLVE_S, stop_at - time.perf_counter())
+    res = milp.solve(mdl, backend, time_limit=left, threads=threads, cp_scale=1.0, preprocess=backend != "pulp")
     if res.status == "infeasible":
         return _Result("infeasible", None, None)
     if res.status == "none":
@@ -198,10 +201,12 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
     """
     if backend not in BACKENDS:
         raise LayoutSearchError(f"unknown ILP backend {backend!r} (known: {', '.join(BACKENDS)})")
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # building the programs counts against the time limit
+    stop_at = None if time_limit is None else t0 + time_limit
     threads = threads or (milp.DEFAULT_THREADS if backend == "ortools" else 1)
     m = _build(problem)
     scale = _scale(problem, backend)
+
     def run(*args: object, **kw: object) -> _Result:
         return _run(backend, *args, **kw)  # type: ignore[arg-type]
 
@@ -214,11 +219,10 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
     if hint is not None and memory_limit is not None and problem.mem_rows:
         active = [int(np.argmax(problem.rows(hint)))]
     while len(out) < top:
-        left = None if time_limit is None else max(0.1, time_limit - (time.perf_counter() - t0))
-        if out and time_limit is not None and time.perf_counter() - t0 >= time_limit:
+        if out and stop_at is not None and time.perf_counter() >= stop_at:
             break
         sub = dataclasses.replace(m, mem=[m.mem[i] for i in active])
-        res = run(sub, scale, memory_limit, left, threads, cuts, hint=hint if not out else None)
+        res = run(sub, scale, memory_limit, stop_at, threads, cuts, hint=hint if not out else None)
         if res.status in ("infeasible", "unknown"):
             if not out and res.status == "infeasible":
                 peak = run(m, scale, None, None, threads, [], minimize_peak=True)
@@ -233,7 +237,7 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
         if memory_limit is not None and problem.mem_rows:
             over = np.nonzero(problem.rows(assign) > memory_limit * (1 + 1e-12))[0]
             if len(over):
-                if res.status == "feasible" and time_limit is not None and time.perf_counter() - t0 >= time_limit:
+                if res.status == "feasible" and stop_at is not None and time.perf_counter() >= stop_at:
                     if not out and hint is not None and problem.fits(hint, memory_limit):
                         out.append(solution(problem, hint, FEASIBLE, name, time.perf_counter() - t0, res.bound))
                     break

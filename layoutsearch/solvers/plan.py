@@ -196,7 +196,7 @@ class Plan:
             raise LayoutSearchError("this plan has no forward graph to run (build it with search())")
         c = self.chosen
         return Program(self.model, c.layout, remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
-                       layers_per_stage=self.layers_per_stage, precision=self.precision,
+                       layers_per_stage=self.layers_per_stage, schedule=c.schedule, precision=self.precision,
                        optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices)
 
     def to_json(self) -> str:

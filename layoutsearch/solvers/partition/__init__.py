@@ -19,6 +19,7 @@ Efficient Training of Giant Neural Networks using Pipeline Parallelism", NeurIPS
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from layoutsearch.costdag import CostDAG
@@ -132,6 +133,7 @@ def _gpipe_at_most(dag: CostDAG, k: int, mb: int, limit: int | None, solver: str
     stages used, so each ``K`` is solved exactly and the best kept (the fewest stages on ties)."""
     best: Partition | None = None
     error: PartitionError | None = None
+    proven = True
     for stages in range(1, min(k, len(dag.nodes)) + 1):
         try:
             got = partition(dag, stages, objective="gpipe", microbatches=mb, memory_limit=limit, solver=solver,
@@ -139,12 +141,13 @@ def _gpipe_at_most(dag: CostDAG, k: int, mb: int, limit: int | None, solver: str
         except PartitionError as e:
             error = e
             continue
+        proven &= got.optimal
         if best is None or got.objective < best.objective:
             best = got
     if best is None:
         assert error is not None
         raise error
-    return best
+    return best if proven or not best.optimal else replace(best, optimal=False, gap=None)
 
 
 def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,

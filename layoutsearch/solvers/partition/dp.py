@@ -30,8 +30,10 @@ from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIde
 from layoutsearch.solvers.partition.instance import Instance, evaluate, memory_message
 
 _RTOL = 1e-9
-_PAIR_BUDGET = 400_000
-_GATHER_BUDGET = 40_000_000
+_CANDIDATES = 2_000_000
+"""Candidate pairs (I, J) tested per block."""
+_GATHER_BUDGET = 20_000_000
+"""Elements gathered at once when pricing transfers (pairs x cut width x fan-out)."""
 
 
 class DP:
@@ -50,6 +52,7 @@ class DP:
         idx = np.arange(ideals.m) if subset is None else np.asarray(subset)
         self.order = idx[np.lexsort((ideals.size[idx], self.key[idx]))]
         self.key_sorted = self.key[self.order]
+        self.words = ideals.words[self.order]
         self.total = float(self.key[ideals.full])
         self.counts = tuple(k.count for k in inst.kinds)
         self.k = sum(self.counts)
@@ -89,14 +92,14 @@ class DP:
         dp = np.full((len(self.states), m), math.inf)
         dp[0, self.I.empty] = 0.0
         lo, hi = self._windows(ub)
-        cum = np.cumsum(hi - lo)
-        budget = max(1000, min(_PAIR_BUDGET, _GATHER_BUDGET // max(1, self.I.cut_t.shape[1] * self.I.tcons.shape[1])))
         a, n = 0, len(lo)
         steps = [(i, k, self.sid[s[:k] + (s[k] - 1,) + s[k + 1:]])
                  for i, s in enumerate(self.states) for k in range(nk) if s[k] >= 1]
         while a < n:
-            b = max(a + 1, int(np.searchsorted(cum, (cum[a - 1] if a else 0) + budget, side="right")))
-            q, p, loads = self._pairs(np.arange(a, b), lo[a:b], hi[a:b])
+            b = min(n, a + max(1, _CANDIDATES // max(1, int(hi[a] - lo[a]))))
+            while b - a > 1 and (b - a) * int(hi[a:b].max() - lo[a:b].min()) > 2 * _CANDIDATES:
+                b = a + (b - a) // 2
+            q, p, loads = self._pairs(a, b, lo, hi)
             a = b
             if not len(q):
                 continue
@@ -113,8 +116,7 @@ class DP:
         q_ideal, state = self.I.full, end
         pos = {int(i): j for j, i in enumerate(self.order)}
         while state != 0:
-            qpos = np.array([pos[q_ideal]])
-            _, p, loads = self._pairs(qpos, lo[qpos], hi[qpos])
+            _, p, loads = self._pairs(pos[q_ideal], pos[q_ideal] + 1, lo, hi)
             best = None
             for i, k, prev in steps:
                 if i != state:
@@ -129,19 +131,20 @@ class DP:
         assert q_ideal == self.I.empty
         return value, chain[::-1]
 
-    def _pairs(self, qpos: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """Ideal pairs (I, J), J ⊊ I, I at sorted positions ``qpos``, J at ``[lo, hi)``; with the load of
-        ``I \\ J`` on each kind."""
+    def _pairs(self, a: int, b: int, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """Ideal pairs (I, J), J ⊊ I, I at sorted positions ``a .. b - 1``, J at ``[lo, hi)`` of I's; with
+        the load of ``I \\ J`` on each kind. The candidates are tested as one block of bitsets
+        (``J ⊆ I`` iff ``J & ~I`` is empty)."""
         ideals, inst = self.I, self.inst
-        counts = hi - lo
-        total = int(counts.sum())
-        q = np.repeat(self.order[qpos], counts)
-        offsets = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
-        p = self.order[offsets]
-        keep = ideals.size[p] < ideals.size[q]
-        q, p = q[keep], p[keep]
-        keep = ideals.has(q[:, None], ideals.maxel[p]).all(axis=1)  # J ⊆ I iff I holds J's maximal units
-        q, p = q[keep], p[keep]
+        jlo = int(lo[a:b].min())
+        jhi = max(jlo, int(hi[a:b].max()))
+        jpos = np.arange(jlo, jhi)
+        mask = (jpos[None, :] >= lo[a:b, None]) & (jpos[None, :] < hi[a:b, None])
+        inside, outside = self.words[jlo:jhi], ~self.words[a:b]
+        for w in range(self.words.shape[1]):
+            mask &= (inside[None, :, w] & outside[:, None, w]) == 0
+        qi, pj = np.nonzero(mask)  # grouped by I, as the DP's reduction needs
+        q, p = self.order[a + qi], self.order[jlo + pj]
         memw = self.memw[q] - self.memw[p]
         if self.limit is not None:
             keep = memw <= self.limit
@@ -163,22 +166,20 @@ class DP:
         return q, p, loads
 
     def _transfers(self, q: np.ndarray, p: np.ndarray) -> np.ndarray:
-        """The transfer time of the tensors crossing the boundary of ``I \\ J``: those of cut(I), and those
-        of cut(J) that do not cross I (counted once)."""
-        ideals, n = self.I, self.inst.n
-        total = np.zeros(len(q))
-        for rows, dedupe in ((ideals.cut_t[q], False), (ideals.cut_t[p], True)):
-            src = ideals.tsrc[rows]
-            cons = ideals.tcons[rows]
-            valid = cons < n
-            in_i_src = ideals.has(q[:, None], src).astype(bool)
-            src_s = in_i_src & ~ideals.has(p[:, None], src).astype(bool)
-            in_i = ideals.has(q[:, None, None], cons).astype(bool)
-            cons_s = in_i & ~ideals.has(p[:, None, None], cons).astype(bool)
-            cross = np.where(src_s, (valid & ~cons_s).any(axis=2), (valid & cons_s).any(axis=2))
-            if dedupe:
-                cross &= ~np.where(in_i_src, (valid & ~in_i).any(axis=2), (valid & in_i).any(axis=2))
-            total += (ideals.tc[rows] * cross).sum(axis=1)
+        """The transfer time of the tensors crossing the boundary of ``I \\ J``. Tensors follow order edges
+        (an ideal holding a consumer holds the source), so ``I \\ J`` sends the tensors of cut(I) whose
+        source is not in ``J`` and receives the tensors of cut(J) with a consumer in ``I``."""
+        ideals = self.I
+        total = np.empty(len(q))
+        step = max(1000, _GATHER_BUDGET // ideals.pending[0].size)
+        one = np.uint64(1)
+        for i in range(0, len(q), step):
+            qs, ps = q[i:i + step], p[i:i + step]
+            rows = ideals.cut_t[qs]
+            in_j = (ideals.words[ps[:, None], ideals.src_word[rows]] >> ideals.src_bit[rows]) & one
+            sent = (ideals.tc[rows] * (in_j == 0)).sum(axis=1)
+            fresh = (ideals.pending[ps] & ideals.words[qs][:, None, :]).any(axis=2)
+            total[i:i + step] = sent + (ideals.tc[ideals.cut_t[ps]] * fresh).sum(axis=1)
         return total
 
 

@@ -15,7 +15,6 @@ from layoutsearch.solvers.partition.instance import STAGE, Instance, Kind, compi
 
 MAX_IDEALS = 200_000
 """Default cap on the number of ideals the DP enumerates (memory: about ``m * n / 8`` bytes)."""
-_UNPACKED_BYTES = 256 * 2**20
 
 
 class TooManyIdeals(Exception):
@@ -29,15 +28,14 @@ class TooManyIdeals(Exception):
 class Ideals:
     """Every ideal with: its time on each kind and its ``key`` (the sum of its units' smallest time on any
     kind), both exactly rounded so that ``J ⊆ I`` implies ``t[J] <= t[I]``; the
-    number of its units not eligible on each kind, memory, the tensors crossing its boundary either way
-    (``cut``, padded with a dummy tensor of cost 0), its maximal units (padded with a dummy unit every
-    ideal holds) and its members (one byte per unit, or bits packed 8 per byte beyond ``_UNPACKED_BYTES``)."""
+    number of its units not eligible on each kind, memory, the tensors crossing its boundary (``cut``,
+    padded with a dummy tensor of cost 0) and their consumers outside it (``pending``, bitsets), and its
+    units as a bitset (``words``, 64 units per word)."""
 
     def __init__(self, inst: Instance, limit: int) -> None:
         n, tensors = inst.n, inst.tensors
         nk = len(inst.kinds)
         pred_mask = [sum(1 << u for u in inst.preds[v]) for v in range(n)]
-        pred_set = [frozenset(p) for p in inst.preds]
         touch: list[list[int]] = [[] for _ in range(n)]
         for t, (src, cons, _) in enumerate(tensors):
             for v in {src, *cons}:
@@ -57,11 +55,11 @@ class Ideals:
 
         zero = (0,) * (nk + 1)
         roots = tuple(v for v in range(n) if not inst.preds[v])
-        records = [(0, roots, zero, zero, 0, 0, (), ())]
+        records = [(0, roots, zero, zero, 0, 0, ())]
         seen = {0: 0}
         head = 0
         while head < len(records):
-            bits, addable, cint, bad, mem, act, cut, maxel = records[head]
+            bits, addable, cint, bad, mem, act, cut = records[head]
             head += 1
             for v in addable:
                 child = bits | (1 << v)
@@ -77,8 +75,7 @@ class Ideals:
                     t for t in sorted(changed) if crosses(t, child))
                 records.append((child, new_addable, tuple(c + nums[k][v] for k, c in enumerate(cint)),
                                 tuple(b + inel[k][v] for k, b in enumerate(bad)), mem + inst.fixed[v],
-                                act + inst.act[v], new_cut,
-                                tuple(u for u in maxel if u not in pred_set[v]) + (v,)))
+                                act + inst.act[v], new_cut))
         m = len(records)
         self.m, self.n = m, n
         self.bits = [r[0] for r in records]
@@ -89,34 +86,24 @@ class Ideals:
         self.mem = np.array([r[4] for r in records], dtype=np.int64)
         self.act = np.array([r[5] for r in records], dtype=np.int64)
         self.tc = np.array([c for _, _, c in tensors] + [0.0])
-        self.tsrc = np.array([s for s, _, _ in tensors] + [n + 1], dtype=np.int32)
-        dmax = max((len(cons) for _, cons, _ in tensors), default=1)
-        self.tcons = np.full((len(tensors) + 1, dmax), n + 1, dtype=np.int32)
-        for t, (_, cons, _) in enumerate(tensors):
-            self.tcons[t, :len(cons)] = cons
         self.cut_t = _pad([r[6] for r in records], len(tensors))
-        self.maxel = _pad([r[7] for r in records], n)
         self.cut = self.tc[self.cut_t].sum(axis=1)
-        nb = (n + 2) // 8 + 1
-        always = 1 << n
-        packed = np.frombuffer(b"".join((b | always).to_bytes(nb, "little") for b in self.bits),
-                               dtype=np.uint8).reshape(m, nb)
-        self.unpacked = m * (n + 2) <= _UNPACKED_BYTES
-        if self.unpacked:
-            self.stride = n + 2
-            self.member = np.ascontiguousarray(np.unpackbits(packed, axis=1, bitorder="little")[:, :n + 2]).ravel()
-        else:
-            self.stride, self.member = nb, packed.ravel()
         self.index = seen
         self.empty, self.full = 0, seen[(1 << n) - 1]
+        width = (n + 63) // 64
+        self.words = _words(self.bits, width)
+        # the source of each tensor as (word, bit) (the dummy tensor: any), and the consumers of each cut
+        # tensor outside the ideal, as a bitset
+        src = np.array([s for s, _, _ in tensors] + [0], dtype=np.int64)
+        self.src_word, self.src_bit = src >> 6, (src & 63).astype(np.uint64)
+        consumers = _words([sum(1 << w for w in cons) for _, cons, _ in tensors] + [0], width)
+        self.pending = consumers[self.cut_t] & ~self.words[:, None, :]
 
-    def has(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """Whether ideal ``rows`` holds unit ``cols`` (broadcast), as uint8 0/1. Unit ``n`` is in every
-        ideal, unit ``n + 1`` in none."""
-        rows = rows.astype(np.int64) * self.stride
-        if self.unpacked:
-            return np.take(self.member, rows + cols)
-        return (np.take(self.member, rows + (cols >> 3)) >> (cols & 7).astype(np.uint8)) & 1
+
+def _words(bitsets: list[int], width: int) -> np.ndarray:
+    """Python-integer bitsets as rows of ``width`` little-endian 64-bit words."""
+    data = b"".join(b.to_bytes(8 * width, "little") for b in bitsets)
+    return np.frombuffer(data, dtype="<u8").reshape(len(bitsets), width).astype(np.uint64)
 
 
 def _pad(rows: list[tuple[int, ...]], fill: int) -> np.ndarray:

@@ -1,0 +1,253 @@
+"""Assembling cost and memory items into a :class:`~.problem.Problem`.
+
+:mod:`.build` walks a graph and says, per op, tensor and buffer, which *items*
+it contributes: an :class:`Item` is a value (seconds, or bytes) that depends on
+the strategies of a few nodes. This module collects them (:class:`Items`: items
+of tied ops merge under one key, counting their instances), evaluates each once
+per distinct combination of its nodes' keys (:func:`evaluate`), sums the items
+over the same nodes into one factor, and keeps, of the schedule's points, only
+the memory rows that can be the peak (:func:`memory_rows`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from layoutsearch.solvers.clock import Deadline
+from layoutsearch.solvers.problem import Factor, MemItem, MemRow, Problem
+
+Roles = list[tuple[int, np.ndarray]]
+"""An item's dependence: (node, the axis map each of its strategies gives the item) per role."""
+
+ValueFn = Callable[[list[np.ndarray]], float]
+"""An item's value given, per role, the axis map of the chosen strategy."""
+
+Span = tuple[int, int]
+"""Schedule points ``(first, last)`` (inclusive) where a memory item is live."""
+
+
+@dataclass(frozen=True)
+class Item:
+    """A cost or memory item: its kind (a label), the nodes it depends on and its value."""
+    kind: str
+    roles: Roles
+    fn: ValueFn
+
+
+@dataclass(frozen=True)
+class Unary:
+    """An evaluated item over one node: its value per strategy of the node."""
+    node: int
+    values: np.ndarray
+
+    def any(self) -> bool:
+        return bool(np.any(self.values))
+
+
+@dataclass(frozen=True)
+class Table:
+    """An evaluated item over several nodes: per node, the key index of each strategy, and the values over
+    the nodes' distinct keys."""
+    nodes: tuple[int, ...]
+    keys: list[np.ndarray]
+    table: np.ndarray
+
+    def any(self) -> bool:
+        return bool(np.any(self.table))
+
+
+@dataclass
+class Pending:
+    """Items merged under one key (the instances of one op of tied blocks): how to make the item (once),
+    how many instances there are, and where each instance is live (memory items)."""
+    make: Callable[[], Item]
+    count: int = 0
+    spans: list[Span] = field(default_factory=list)
+
+
+@dataclass
+class Items:
+    """The cost and memory items of a space, by merge key."""
+    cost: dict[tuple, Pending] = field(default_factory=dict)
+    memory: dict[tuple, Pending] = field(default_factory=dict)
+
+    def add_cost(self, key: tuple, make: Callable[[], Item]) -> None:
+        self._add(self.cost, key, make).count += 1
+
+    def add_memory(self, key: tuple, make: Callable[[], Item], span: Span) -> None:
+        pending = self._add(self.memory, key, make)
+        pending.count += 1
+        pending.spans.append(span)
+
+    @staticmethod
+    def _add(store: dict[tuple, Pending], key: tuple, make: Callable[[], Item]) -> Pending:
+        if key not in store:
+            store[key] = Pending(make)
+        return store[key]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One item of a factor: its nodes' key indices, its table, and its memory item (None: a cost)."""
+    keys: list[np.ndarray]
+    table: np.ndarray
+    mem: int | None
+
+
+def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct rows, index of each row's distinct row); rows of small integers (>= -1)."""
+    rows = rows.reshape(len(rows), -1)
+    if rows.shape[1] == 0 or len(rows) == 0:
+        return rows[:1], np.zeros(len(rows), dtype=np.int64)
+    base = int(rows.max()) + 2
+    if base ** rows.shape[1] < 2**62:
+        code = np.zeros(len(rows), dtype=np.int64)
+        for col in rows.T:
+            code = code * base + (col.astype(np.int64) + 1)
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        return rows[first], inv.reshape(-1)
+    uniq, inv = np.unique(rows, axis=0, return_inverse=True)
+    return uniq, inv.reshape(-1)
+
+
+def evaluate(item: Item) -> Unary | Table:
+    """An item's values, computed once per distinct combination of the keys its nodes give it."""
+    roles, fn = item.roles, item.fn
+    nodes = sorted({n for n, _ in roles})
+    where = [(nodes.index(n), rows.shape[1]) for n, rows in roles]
+    uniq, inv = [], []
+    for n in nodes:
+        u, i = unique_rows(np.concatenate([rows for m, rows in roles if m == n], axis=1))
+        uniq.append(u)
+        inv.append(i)
+
+    def call(picked: Sequence[np.ndarray]) -> float:
+        offset = [0] * len(nodes)
+        args = []
+        for j, width in where:
+            args.append(picked[j][offset[j]:offset[j] + width])
+            offset[j] += width
+        return fn(args)
+
+    if len(nodes) == 1:
+        vals = np.array([call([row]) for row in uniq[0]], dtype=float)
+        return Unary(nodes[0], vals[inv[0]])
+    table = np.empty([len(u) for u in uniq])
+    for idx in itertools.product(*(range(len(u)) for u in uniq)):
+        table[idx] = call([u[i] for u, i in zip(uniq, idx, strict=True)])
+    return Table(tuple(nodes), inv, table)
+
+
+def assemble(names: list[str], sizes: list[int], items: Items, points: list[str], classes: list[Any],
+             deadline: Deadline) -> Problem:
+    """The :class:`Problem` over nodes ``names`` (``sizes`` strategies each) of ``items``: unary costs per
+    node, one factor per set of nodes, memory items and the memory rows over the schedule ``points``
+    (``classes``: see :func:`memory_rows`)."""
+    unary = [np.zeros(size) for size in sizes]
+    groups: dict[tuple[int, ...], list[_Part]] = defaultdict(list)
+    for k, pending in enumerate(items.cost.values()):
+        if k % 64 == 0:
+            deadline.check()
+        value = evaluate(pending.make())
+        if isinstance(value, Unary):
+            unary[value.node] += pending.count * value.values
+        else:
+            groups[value.nodes].append(_Part(value.keys, value.table * pending.count, None))
+    mems: list[MemItem | None] = []
+    spans: list[list[Span]] = []
+    for k, pending in enumerate(items.memory.values()):
+        if k % 64 == 0:
+            deadline.check()
+        value = evaluate(pending.make())
+        if not value.any():
+            continue
+        spans.append(pending.spans)
+        if isinstance(value, Unary):
+            mems.append(MemItem(value.node, None, value.values))
+        else:
+            mems.append(None)
+            groups[value.nodes].append(_Part(value.keys, value.table, len(mems) - 1))
+    factors = _factors(groups, mems)
+    rows = memory_rows(spans, len(points), points, classes)
+    return Problem(names, unary, factors, mems, rows)
+
+
+def _factors(groups: dict[tuple[int, ...], list[_Part]], mems: list[MemItem | None]) -> list[Factor]:
+    """One factor per set of nodes, over the distinct combinations of its items' keys: the summed costs, and
+    each memory item over it (placed into ``mems``)."""
+    factors: list[Factor] = []
+    for nodes, parts in sorted(groups.items(), key=lambda kv: kv[0]):
+        comp = [unique_rows(np.stack([p.keys[j] for p in parts], axis=1)) for j in range(len(nodes))]
+        cost = np.zeros([len(c) for c, _ in comp])
+        on_factor = []
+        for k, part in enumerate(parts):
+            sub = part.table[np.ix_(*(c[:, k] for c, _ in comp))]
+            if part.mem is None:
+                cost += sub
+            else:
+                on_factor.append((part.mem, sub))
+        if not on_factor and not cost.any():
+            continue
+        for mem, sub in on_factor:
+            mems[mem] = MemItem(None, len(factors), sub)
+        factors.append(Factor(nodes, tuple(inv.astype(np.int64) for _, inv in comp), cost))
+    return factors
+
+
+def memory_rows(spans: list[list[Span]], n_points: int, points: list[str], classes: list[Any]) -> list[MemRow]:
+    """The memory rows: per schedule point, the live instances of each item; only the rows that can be the
+    peak are kept.
+
+    Exact reductions: identical rows once; of the points of one tied op (``classes``: equal for the
+    instances of one op in repeated blocks, in schedule order), in each run of instances whose rows grow by
+    the same vector from one to the next, only the first and the last (memory there is affine in the
+    instance number, so its maximum is at an end); rows another row dominates (counts no smaller
+    everywhere) dropped."""
+    if not spans or n_points == 0:
+        return []
+    diff = np.zeros((n_points + 1, len(spans)), dtype=np.int32)
+    for c, sp in enumerate(spans):
+        a = np.array(sp, dtype=np.int64).reshape(-1, 2)
+        np.add.at(diff[:, c], a[:, 0], 1)
+        np.add.at(diff[:, c], a[:, 1] + 1, -1)
+    counts = np.cumsum(diff[:-1], axis=0, dtype=np.int32)
+    by_class: dict[Any, list[int]] = defaultdict(list)
+    for p, c in enumerate(classes):
+        by_class[c].append(p)
+    candidates: list[int] = []
+    for ps in by_class.values():
+        if len(ps) <= 2:
+            candidates += ps
+            continue
+        steps = np.diff(counts[ps], axis=0)
+        start = 0  # runs of equal steps: affine, so only their ends can be the peak
+        for k in range(1, len(steps) + 1):
+            if k == len(steps) or not np.array_equal(steps[k], steps[start]):
+                candidates += [ps[start], ps[k]]
+                start = k
+    seen: dict[bytes, int] = {}
+    for p in sorted(candidates):
+        seen.setdefault(counts[p].tobytes(), p)
+    cand = np.array(sorted(seen.values()), dtype=np.int64)
+    order = cand[np.argsort(-counts[cand].sum(axis=1, dtype=np.int64), kind="stable")]
+    kept: list[int] = []
+    for p in order:
+        row = counts[p]
+        if kept and (counts[kept] >= row).all(axis=1).any():
+            continue
+        kept.append(int(p))
+    out = []
+    for p in sorted(kept):
+        row = counts[p]
+        out.append(MemRow(0.0, tuple((int(c), int(row[c])) for c in np.nonzero(row)[0]), points[p]))
+    return out
+
+
+__all__ = ["Item", "Items", "Pending", "Roles", "Span", "Table", "Unary", "ValueFn", "assemble", "evaluate",
+           "memory_rows", "unique_rows"]
