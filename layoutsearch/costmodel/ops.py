@@ -362,6 +362,17 @@ def _permute(tensor: Tensor, src: DimLayout, dst: DimLayout, mesh: Mesh, cause: 
                 tensor.name, f"{cause}: blocks move between devices ({_fmt(src)} to {_fmt(dst)})")
 
 
+def _slice(after: DimLayout, stored: DimLayout, axes: Sequence[str], kept: Mapping[str, str]) -> None:
+    """``after`` split over ``axes`` too, each on the dim ``kept`` names, in the order of ``stored`` (a
+    reduce-scatter or an all-reduce and slice leaves any arrangement of the blocks: the stored one, with the
+    stored dim's axes that split nothing yet sliced too: the result is whole over them)."""
+    for d in {kept[a] for a in axes}:
+        used = {a for x, ax in after.items() if x != d for a in ax}
+        have = set(after.get(d, ())) | {a for a in axes if kept[a] == d} | (set(stored.get(d, ())) - used)
+        after[d] = tuple(a for a in stored.get(d, ()) if a in have) + tuple(
+            a for a in after.get(d, ()) if a not in stored.get(d, ()))
+
+
 def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str, Axes]], stored: DimLayout,
                   mesh: Mesh, reduce_scatter: bool, cause: str, kept_first: bool = False) -> tuple[list[Comm], DimLayout]:
     """Collectives finishing the partial sums of the reduced dims split over
@@ -384,8 +395,7 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
     if rs:
         comms.append(Comm("reduce-scatter", rs, local_bytes(out, after, mesh), out.name,
                           f"{cause}; output keeps {', '.join(f'{kept[a]} split over {a}' for a in rs)}"))
-        for a in rs:
-            after[kept[a]] = (*after.get(kept[a], ()), a)
+        _slice(after, stored, rs, kept)
     first = tuple(a for a in mesh.names if a in kept and a in axes_all) if kept_first and not reduce_scatter else ()
     if first:
         # without reduce-scatter, XLA's dot partitioner all-reduces over the axes the stored output keeps split
@@ -393,8 +403,7 @@ def _partial_sums(out: Tensor, produced: DimLayout, partial: Sequence[tuple[str,
         # FSDP: the gradient over fsdp, then half of it over data, rather than all of it over both)
         comms.append(Comm("all-reduce", first, local_bytes(out, after, mesh), out.name,
                           f"{cause} (over {'+'.join(first)}, kept split)"))
-        for a in first:
-            after[kept[a]] = (*after.get(kept[a], ()), a)
+        _slice(after, stored, first, kept)
     for d, axes in partial:
         ar = tuple(a for a in axes if a not in rs and a not in first)
         if ar:

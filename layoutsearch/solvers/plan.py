@@ -208,7 +208,8 @@ class Plan:
                            "hardware": hardware_to_json(self.hardware),
                            "settings": {"precision": self.precision, "optimizer": self.optimizer,
                                         "attention": self.attention, "overlap": self.overlap},
-                           "plan": self.to_dict()}, indent=1)
+                           "plan": {k: v for k, v in self.to_dict().items() if k != "search_s"}}, indent=1)
+        # the search's wall time stays out: the same search writes the same file, byte for byte
 
     @classmethod
     def from_json(cls, text: str, source: str = "<plan>") -> Plan:
@@ -241,7 +242,7 @@ class Plan:
                                     stage_axis=d["stage_axis"], schedule=d["schedule"],
                                     memory_limit=d["memory_limit"], **settings)
             plan = cls(training_step(model, settings["optimizer"], settings["precision"]), hw, d["space"],
-                       d["solver"], chosen, d["optimal"], d["gap"], d["memory_limit"], d["search_s"],
+                       d["solver"], chosen, d["optimal"], d["gap"], d["memory_limit"], d.get("search_s", 0.0),
                        tuple(Costed.from_summary(r, layout) for r in d["runner_ups"]),
                        tuple(Baseline(b["name"], Costed.from_summary(b, layout) if b["applies"] else None,
                                       b.get("why", "")) for b in d["baselines"]),

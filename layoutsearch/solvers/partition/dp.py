@@ -56,17 +56,33 @@ class DP:
         self.total = float(self.key[ideals.full])
         self.counts = tuple(k.count for k in inst.kinds)
         self.k = sum(self.counts)
+        kind_cap = [self._capacity(k) for k in range(len(self.counts))]
+        caps = sorted((c for k, n in enumerate(self.counts) for c in [kind_cap[k]] * n), reverse=True)
+        self.prefix = np.concatenate([[0.0], np.cumsum(caps)]) * (1 + 1e-12)
         self.states = list(np.ndindex(*(c + 1 for c in self.counts)))
+        self.held = np.unique([sum(n * c for n, c in zip(s, kind_cap, strict=True)) for s in self.states]) * (1 + 1e-12)
         self.sid = {s: i for i, s in enumerate(self.states)}
         limits = [k.limit for k in inst.kinds]
         self.limit = None if objective == "memory" or any(lim is None for lim in limits) else max(limits)
+        self.possible = np.ones(ideals.m if subset is None else len(self.order), dtype=bool)
+        """Per sorted position: whether the ideal may end a chain of stages within the current bound."""
         self.pairs = 0
         self.rounds = 0
+
+    def _capacity(self, k: int) -> float:
+        """The most key a device of kind ``k`` holds per unit of load: ``1 / r`` where ``r`` is the least
+        ratio of a unit's time on ``k`` to its key (a CPU core about ten times slower holds a tenth)."""
+        if self.objective == "memory":
+            return 1.0
+        time, key = self.inst.time[k], self.inst.key()
+        ratios = [time[v] / key[v] for v in range(self.inst.n) if key[v] > 0]
+        return 1.0 / min(ratios) if ratios else 1.0
 
     def solve(self, lower: float, upper: float | None = None) -> tuple[float, list[tuple[int, int]]] | None:
         """The optimum and its chain ``[(ideal, kind)]`` from ``∅`` to ``V`` (the kind of the stage ending at
         each ideal; None if infeasible). ``upper``: the value of a known solution, if any."""
-        lower = max(lower, self.total / self.k)
+        if self.prefix[-1] > 0:
+            lower = max(lower, self.total / self.prefix[-1])
         ub = upper if upper is not None else max(lower * 1.25, 1e-300)
         while True:
             self.rounds += 1
@@ -78,19 +94,40 @@ class DP:
             ub = got[0] if got is not None else ub * 2
 
     def _windows(self, ub: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per sorted position of I: the sorted positions ``[lo, hi)`` of the J worth pairing with it."""
+        """Per sorted position of I: the sorted positions ``[lo, hi)`` of the J worth pairing with it.
+
+        Devices hold at most their capacity (:meth:`_capacity`) times ``ub`` of key; ``P[s]``, the sum of
+        the ``s`` largest, bounds what ``s`` devices hold. If ``J`` takes ``j`` devices and ``I \\ J`` one
+        more, then ``key(I) <= P[j + 1]`` and ``total - key(I) <= P[k - j - 1]`` (the range ``jmin ..
+        jmax`` of ``j``), so ``total - P[k - jmin] <= key(J) <= P[jmax]`` and ``key(I) - key(J) <= P[1]``."""
         u, ks, k, total = ub * (1 + _RTOL) + 1e-300, self.key_sorted, self.k, self.total
-        first = np.ceil(ks / u)  # the stages I may end: first .. last
-        last = k - np.ceil((total - ks) / u)
-        lo = np.maximum(np.searchsorted(ks, ks - u, side="left"),
-                        np.searchsorted(ks, total - (k + 1 - first) * u, side="left"))
-        hi = np.minimum(np.arange(len(ks)), np.searchsorted(ks, (last - 1) * u, side="right"))
-        return lo, np.where(first <= last, np.maximum(hi, lo), lo)
+        cap = self.prefix * u
+        jmin = np.searchsorted(cap[1:], ks, side="left")
+        jmax = k - 1 - np.searchsorted(cap, total - ks, side="left")
+        ok = (jmin <= jmax) & (jmin < k) & (jmax >= 0)
+        jmin, jmax = np.clip(jmin, 0, k - 1), np.clip(jmax, 0, k - 1)
+        lo = np.maximum(np.searchsorted(ks, ks - cap[1], side="left"),
+                        np.searchsorted(ks, total - cap[k - jmin], side="left"))
+        hi = np.minimum(np.arange(len(ks)), np.searchsorted(ks, cap[jmax], side="right"))
+        return lo, np.where(ok & self._possible(ub), np.maximum(hi, lo), lo)
+
+    def _possible(self, ub: float) -> np.ndarray:
+        """Per sorted position: whether the ideal can be the union of the stages on some set of devices within
+        ``ub``. Devices ``D`` hold at most ``c(D) ub`` of key (``c``: the sum of their capacities) and the
+        others at most ``(C - c(D)) ub`` (``C``: all capacities), so ``c(D) ub - slack <= key <= c(D) ub``
+        with ``slack = C ub - total``."""
+        u, ks = ub * (1 + _RTOL) + 1e-300, self.key_sorted
+        eps = 1e-9 * max(self.total, 1e-300)
+        held = self.held * u
+        slack = self.prefix[-1] * u - self.total
+        i = np.minimum(np.searchsorted(held, ks - eps, side="left"), len(held) - 1)
+        return (held[i] >= ks - eps) & (held[i] - slack <= ks + eps)
 
     def _run(self, ub: float) -> tuple[float, list[tuple[int, int]]] | None:
         m, nk = self.I.m, len(self.counts)
         dp = np.full((len(self.states), m), math.inf)
         dp[0, self.I.empty] = 0.0
+        self.possible = self._possible(ub)
         lo, hi = self._windows(ub)
         a, n = 0, len(lo)
         steps = [(i, k, self.sid[s[:k] + (s[k] - 1,) + s[k + 1:]])
@@ -139,7 +176,7 @@ class DP:
         jlo = int(lo[a:b].min())
         jhi = max(jlo, int(hi[a:b].max()))
         jpos = np.arange(jlo, jhi)
-        mask = (jpos[None, :] >= lo[a:b, None]) & (jpos[None, :] < hi[a:b, None])
+        mask = (jpos[None, :] >= lo[a:b, None]) & (jpos[None, :] < hi[a:b, None]) & self.possible[None, jlo:jhi]
         inside, outside = self.words[jlo:jhi], ~self.words[a:b]
         for w in range(self.words.shape[1]):
             mask &= (inside[None, :, w] & outside[:, None, w]) == 0
