@@ -60,9 +60,7 @@ def run(args: argparse.Namespace) -> Result:
     if not dag.devices and (args.objective == "gpipe" or not args.non_contiguous):
         result["baseline"] = against_equal_split(dag, part)
     if dag.devices:
-        one = baselines.one_device(dag, args.objective, args.microbatches, args.stages, limit)
-        if one is not None:
-            rows.append(one)
+        rows += baselines.placement_baselines(dag, args.objective, args.microbatches, args.stages, limit)
     if args.expert:
         split = baselines.read_expert(args.expert, dag)
         rows.append(baselines.expert_split(dag, split, args.objective, args.microbatches, args.stages, limit))

@@ -48,9 +48,10 @@ from layoutsearch.solvers.partition.instance import (
     memory_message,
     stage_loads,
 )
-from layoutsearch.solvers.partition.reduce import reduce
+from layoutsearch.solvers.partition.local import LOCAL_TIME_LIMIT, greedy_start, local_search
+from layoutsearch.solvers.partition.reduce import expand, reduce
 
-SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute")
+SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute", "local")
 AUTO_ILP_TIME_LIMIT = 60.0
 """Seconds given to the ILP when ``solver="auto"`` falls back to it without a ``time_limit``."""
 
@@ -69,7 +70,9 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     override the first kind's count and per-device limit). ``at_most``: use at most (True) or exactly (False)
     that many devices; default exactly for a pipeline of stages, at most for a DAG with device kinds.
     ``solver``: ``"dp"`` (exact, contiguous), ``"ilp-pulp"`` / ``"ilp-ortools"`` (exact unless stopped by
-    ``time_limit`` seconds), ``"brute"`` (tests), ``"auto"`` (the DP for contiguous throughput or GPipe
+    ``time_limit`` seconds), ``"brute"`` (tests), ``"local"`` (a heuristic: local search from the DP's
+    contiguous throughput optimum, or greedy intervals when the DP is too costly; throughput and latency;
+    see :mod:`.local`), ``"auto"`` (the DP for contiguous throughput or GPipe
     placements unless the reduced DAG has more than ``max_ideals`` down-closed sets, else OR-tools for at
     most :data:`AUTO_ILP_TIME_LIMIT` seconds unless ``time_limit`` says otherwise; the ILPs start from the
     DP's optimum when there is one). Raises :class:`PartitionError` when nothing fits.
@@ -92,9 +95,14 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     if objective == "gpipe" and not (one_kind and not any(n.backward for n in dag.nodes)):
         raise PartitionError("the gpipe objective prices one kind of identical stages; this DAG names several "
                              "device kinds or backward nodes")
+    if objective == "latency" and any(n.backward for n in dag.nodes):
+        raise PartitionError("the latency objective prices one sample's forward pass (inference graphs); this DAG "
+                             "has backward nodes")
     if not contiguous and objective != "throughput":
         raise PartitionError(f"the {objective} objective needs contiguous stages (a sample visits the stages in "
                              "order); drop --non-contiguous or use the throughput objective")
+    if solver == "local" and objective == "gpipe":
+        raise PartitionError("the local search covers the throughput and latency objectives; use 'dp' for gpipe")
     if solver == "dp" and (not contiguous or objective == "latency"):
         raise PartitionError("the DP covers contiguous throughput and gpipe placements; use solver 'ilp-ortools' "
                              "or 'ilp-pulp'")
@@ -114,10 +122,7 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     info: dict[str, Any] = {"units": inst.n} if inst.n != full.n else {}
     method, sigma_r, optimal, gap = _solve(full, inst, objective, microbatches, contiguous, at_most, solver,
                                            time_limit, max_ideals, info)
-    sigma = [0] * full.n
-    unit_of = {x: u for u, members in enumerate(inst.members) for x in members}
-    for v in range(full.n):
-        sigma[v] = sigma_r[unit_of[full.members[v][0]]]
+    sigma = expand(full, inst, sigma_r)
     part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     if gap is None:  # an ILP stopped early: its gap against the best proven bound
         bounds = [b for b in (info.pop("bound", None), lower_bound(inst)) if b is not None]
@@ -177,6 +182,16 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
             raise PartitionError(f"no placement of cost DAG {inst.dag.name!r} fits the devices' memory")
         return "brute force", sigma, True, 0.0
     hint = _warm_start(full, inst, contiguous, objective, mb, at_most, max_ideals, info)
+    if solver == "local":
+        if hint is not None:
+            info["start"] = info.pop("warm_start")
+        else:
+            hint, info["start"] = greedy_start(inst, mb), "greedy intervals"
+        if hint is None:
+            raise PartitionError("the local search found no placement to start from (the DP is too costly here and "
+                                 "the first device kind cannot hold the DAG in order); use 'ilp-ortools'")
+        return "local search", local_search(inst, hint, objective, mb, contiguous, time_limit or LOCAL_TIME_LIMIT), \
+            False, None
     sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint)
     if sigma and _over_memory(inst, sigma, objective, mb):
         # The solver's feasibility tolerance (about 1e-6, relative) let a device exceed its limit by a hair:

@@ -1,4 +1,5 @@
-"""Baselines a placement is compared with: equal split, one device, a human expert's split.
+"""Baselines a placement is compared with: equal split, one device, a human expert's split, a
+PipeDream-style planner, local search.
 
 Each is priced by the same definition as the optimum (:func:`~.instance.evaluate`).
 """
@@ -14,15 +15,21 @@ import numpy as np
 
 from layoutsearch.costdag import CostDAG
 from layoutsearch.errors import PartitionError
+from layoutsearch.solvers.partition.dp import DP, chain_assignment, lower_bound
+from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIdeals
 from layoutsearch.solvers.partition.instance import (
     STAGE,
+    Instance,
     Kind,
     Partition,
     check_objective,
     compile_dag,
+    evaluate,
     kinds_of,
     make_partition,
 )
+from layoutsearch.solvers.partition.local import LOCAL_TIME_LIMIT, local_search
+from layoutsearch.solvers.partition.reduce import expand, reduce
 
 
 def equal_split(dag: CostDAG, stages: int, *, objective: str = "throughput", microbatches: int = 1,
@@ -134,3 +141,72 @@ def expert_split(dag: CostDAG, split: dict[str, tuple[str, int]], objective: str
         missing = rest
     sigma = [place[inst.names[v]] for v in range(inst.n)]
     return make_partition(inst, sigma, objective, mb, "human expert", False, None, {}, check=False)
+
+
+def placement_baselines(dag: CostDAG, objective: str, mb: int, stages: int | None = None,
+                        memory_limit: int | None = None, time_limit: float = LOCAL_TIME_LIMIT) -> list[Partition]:
+    """The baselines of a DAG with device kinds, priced under ``objective``: one device (:func:`one_device`),
+    equal split (equal node counts of the topological order on the first kind's devices, memory limit or
+    not), PipeDream-style planner (the best split of the topological order into intervals for throughput,
+    PipeDream's planner on a layer chain; needs the DP's down-closed sets) and local search (from the equal
+    split when it is feasible, else from the PipeDream-style split; :mod:`.local`)."""
+    check_objective(objective, mb)
+    kinds = kinds_of(dag, stages, memory_limit)
+    full = compile_dag(dag, kinds)
+    out = [b for b in (one_device(dag, objective, mb, stages, memory_limit),) if b is not None]
+    count = kinds[0].count
+    if count >= 1 and all(math.isfinite(t) for t in full.time[0]):
+        base, extra = divmod(full.n, count)
+        bounds = np.cumsum([base + (s < extra) for s in range(count)])
+        sigma = [int(np.searchsorted(bounds, v, side="right")) for v in range(full.n)]
+        out.append(make_partition(full, sigma, objective, mb, "equal split", False, None, {}, check=False))
+    try:
+        inst = reduce(full, contiguous=True, at_most=True, microbatches=mb)
+    except PartitionError:
+        return out
+    starts = []
+    if len(out) > 1 and _fits(full, out[-1], mb):
+        starts.append(("equal split", _reduced(full, inst, out[-1])))
+    try:
+        ideals = Ideals(inst, MAX_IDEALS)
+        prefixes = np.array([ideals.index[(1 << i) - 1] for i in range(inst.n + 1)])
+        got = DP(inst, ideals, "throughput", mb, True, subset=prefixes).solve(lower_bound(inst))
+    except TooManyIdeals:
+        got = None
+    if got is not None:
+        sigma_r = chain_assignment(inst, ideals, got[1])
+        out.append(make_partition(full, expand(full, inst, sigma_r), objective, mb, "PipeDream-style planner",
+                                  False, None, {}))
+        starts.append(("PipeDream-style planner", sigma_r))
+    if starts and objective != "gpipe":
+        name, start = starts[0]
+        sigma_r = local_search(inst, start, objective, mb, True, time_limit)
+        out.append(make_partition(full, expand(full, inst, sigma_r), objective, mb, f"local search (from {name})",
+                                  False, None, {}))
+    return out
+
+
+def _fits(full: Instance, part: Partition, mb: int) -> bool:
+    """Whether a baseline honours memory limits, eligibility and co-location groups."""
+    sigma = _sigma(full, part)
+    _, mem = evaluate(full, sigma, "throughput", mb)
+    groups: dict[str, int] = {}
+    for v, d in enumerate(sigma):
+        group = full.dag.node(full.names[v]).group
+        if group is not None and groups.setdefault(group, d) != d:
+            return False
+    return all((full.kinds[full.device_kind[d]].limit is None or m <= full.kinds[full.device_kind[d]].limit)
+               for d, m in enumerate(mem)) and all(math.isfinite(full.time[full.device_kind[d]][v])
+                                                   for v, d in enumerate(sigma))
+
+
+def _sigma(full: Instance, part: Partition) -> list[int]:
+    labels = {full.device_label(d): d for d in range(full.num_devices)}
+    device = {name: labels[label] for label, stage in zip(part.devices, part.stages, strict=True) for name in stage}
+    return [device[name] for name in full.names]
+
+
+def _reduced(full: Instance, inst: Instance, part: Partition) -> list[int]:
+    sigma = _sigma(full, part)
+    position = {members[0]: v for v, members in enumerate(full.members)}
+    return [sigma[position[members[0]]] for members in inst.members]

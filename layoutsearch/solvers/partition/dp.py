@@ -217,7 +217,33 @@ class DP:
             sent = (ideals.tc[rows] * (in_j == 0)).sum(axis=1)
             fresh = (ideals.pending[ps] & ideals.words[qs][:, None, :]).any(axis=2)
             total[i:i + step] = sent + (ideals.tc[ideals.cut_t[ps]] * fresh).sum(axis=1)
+            if ideals.backward:
+                total[i:i + step] += self._backward_transfers(qs, ps)
         return total
+
+    def _backward_transfers(self, q: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """The transfer time of the other tensors crossing the boundary of ``S = I \\ J``: such a tensor
+        crosses the boundary of ``I`` or of ``J``; those of cut(J) that also cross I are counted once."""
+        ideals = self.I
+        inside_i, stage = ideals.words[q], ideals.words[q] & ~ideals.words[p]
+        total = np.zeros(len(q))
+        for rows, dedupe in ((ideals.cut_b[q], False), (ideals.cut_b[p], True)):
+            cons = ideals.consumers[rows]
+            crosses = _crosses(stage, rows, cons, ideals)
+            if dedupe:
+                crosses &= ~_crosses(inside_i, rows, cons, ideals)
+            total += (ideals.tc[rows] * crosses).sum(axis=1)
+        return total
+
+
+def _crosses(sets: np.ndarray, rows: np.ndarray, cons: np.ndarray, ideals: Ideals) -> np.ndarray:
+    """Whether tensor ``rows[i, j]`` (consumers ``cons[i, j]``) crosses the boundary of unit set ``sets[i]``
+    (bitsets): its source inside and a consumer outside, or the reverse."""
+    one = np.uint64(1)
+    src_in = ((sets[np.arange(len(sets))[:, None], ideals.src_word[rows]] >> ideals.src_bit[rows]) & one) == 1
+    some_in = (cons & sets[:, None, :]).any(axis=2)
+    some_out = (cons & ~sets[:, None, :]).any(axis=2)
+    return np.where(src_in, some_out, some_in)
 
 
 def run_dp(inst: Instance, ideals: Ideals | None, objective: str, mb: int, at_most: bool, max_ideals: int,
@@ -249,6 +275,15 @@ def run_dp(inst: Instance, ideals: Ideals | None, objective: str, mb: int, at_mo
                                                 exact=True))
         raise PartitionError(f"no contiguous placement of cost DAG {inst.dag.name!r} fits the devices' memory")
     value, chain = got
+    sigma = chain_assignment(inst, ideals, chain)
+    loads, _ = evaluate(inst, sigma, objective, mb)
+    if abs(max(loads) - value) > _RTOL * max(1.0, value) * 10:
+        raise AssertionError(f"DP value {value} disagrees with the evaluated loads {max(loads)}")
+    return sigma
+
+
+def chain_assignment(inst: Instance, ideals: Ideals, chain: list[tuple[int, int]]) -> list[int]:
+    """Unit -> device of a chain ``[(ideal, kind)]`` of the DP: stage ``I \\ J`` on the next device of its kind."""
     sigma = [0] * inst.n
     used = [0] * len(inst.kinds)
     offset = np.cumsum([0] + [k.count for k in inst.kinds])
@@ -261,9 +296,6 @@ def run_dp(inst: Instance, ideals: Ideals | None, objective: str, mb: int, at_mo
             if stage >> v & 1:
                 sigma[v] = device
         prev = ideal
-    loads, _ = evaluate(inst, sigma, objective, mb)
-    if abs(max(loads) - value) > _RTOL * max(1.0, value) * 10:
-        raise AssertionError(f"DP value {value} disagrees with the evaluated loads {max(loads)}")
     return sigma
 
 
@@ -274,4 +306,4 @@ def lower_bound(inst: Instance) -> float:
     return max(math.fsum(key) / max(1, inst.num_devices), max(key))
 
 
-__all__ = ["DP", "MAX_IDEALS", "lower_bound", "run_dp"]
+__all__ = ["DP", "MAX_IDEALS", "chain_assignment", "lower_bound", "run_dp"]

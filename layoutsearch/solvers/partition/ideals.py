@@ -29,8 +29,9 @@ class Ideals:
     """Every ideal with: its time on each kind and its ``key`` (the sum of its units' smallest time on any
     kind), both exactly rounded so that ``J ⊆ I`` implies ``t[J] <= t[I]``; the
     number of its units not eligible on each kind, memory, the tensors crossing its boundary (``cut``,
-    padded with a dummy tensor of cost 0) and their consumers outside it (``pending``, bitsets), and its
-    units as a bitset (``words``, 64 units per word)."""
+    padded with a dummy tensor of cost 0: ``cut_t`` for forward tensors, ``cut_b`` for the others) and the
+    consumers of its forward cut tensors outside it (``pending``, bitsets), and its units as a bitset
+    (``words``, 64 units per word)."""
 
     def __init__(self, inst: Instance, limit: int) -> None:
         n, tensors = inst.n, inst.tensors
@@ -86,7 +87,13 @@ class Ideals:
         self.mem = np.array([r[4] for r in records], dtype=np.int64)
         self.act = np.array([r[5] for r in records], dtype=np.int64)
         self.tc = np.array([c for _, _, c in tensors] + [0.0])
-        self.cut_t = _pad([r[6] for r in records], len(tensors))
+        # forward tensors (every consumer an order successor of the source: an ideal holding a consumer
+        # holds the source) and the others, each with its own cut lists
+        preds = [set(p) for p in inst.preds]
+        forward = [all(src in preds[w] for w in cons) for src, cons, _ in tensors]
+        self.cut_t = _pad([tuple(t for t in r[6] if forward[t]) for r in records], len(tensors))
+        self.cut_b = _pad([tuple(t for t in r[6] if not forward[t]) for r in records], len(tensors))
+        self.backward = not all(forward)
         self.cut = self.tc[self.cut_t].sum(axis=1)
         self.index = seen
         self.empty, self.full = 0, seen[(1 << n) - 1]
@@ -96,8 +103,8 @@ class Ideals:
         # tensor outside the ideal, as a bitset
         src = np.array([s for s, _, _ in tensors] + [0], dtype=np.int64)
         self.src_word, self.src_bit = src >> 6, (src & 63).astype(np.uint64)
-        consumers = _words([sum(1 << w for w in cons) for _, cons, _ in tensors] + [0], width)
-        self.pending = consumers[self.cut_t] & ~self.words[:, None, :]
+        self.consumers = _words([sum(1 << w for w in cons) for _, cons, _ in tensors] + [0], width)
+        self.pending = self.consumers[self.cut_t] & ~self.words[:, None, :]
 
 
 def _words(bitsets: list[int], width: int) -> np.ndarray:

@@ -18,9 +18,13 @@ Objectives (Tarnawski et al. 2020, Sections 3 and 5; Huang et al. 2019):
   compute plus its point-to-point transfers over the stage axis, a tensor skipping stages relayed by
   every stage in between.
 
-Contiguity: the devices can be ordered so that every edge (an *order edge*) goes forward. Training
-graphs (Tarnawski et al.'s instances) give backward edges the forward orientation and tie each backward
-node to its forward node by a co-location group, so contiguity is that of the contracted DAG.
+Contiguity: the devices can be ordered so that every *order edge* goes forward. In a training graph the
+backward pass visits the stages in reverse, and a backward node co-located with a forward node (by its
+group: Tarnawski et al.'s ``colorClass``) goes where that forward node goes. So the order edges are
+every edge except those between two such backward nodes, an edge between backward nodes (drawn in the
+direction of the backward pass's data flow) reversed: contiguity is that of the forward pass, and the
+backward nodes of no such group follow it. (Tarnawski et al.'s layer graphs tie every backward node;
+their operator graphs leave a few, near the loss and the gradient accumulations, untied.)
 """
 
 from __future__ import annotations
@@ -157,17 +161,21 @@ class Instance:
 
 def compile_dag(dag: CostDAG, kinds: Sequence[Kind]) -> Instance:
     """Every node its own unit, in the canonical order (a topological order of the order graph that keeps
-    file order wherever the edges allow)."""
+    file order wherever the edges allow; nodes on a cycle of order edges, which contiguous placements put
+    on one device, follow each other in file order)."""
     pos = dag.index
     order_graph = nx.DiGraph()
     order_graph.add_nodes_from(dag.names)
     order_graph.add_edges_from(order_edges(dag))
-    if not nx.is_directed_acyclic_graph(order_graph):
-        cycle = [u for u, _ in nx.find_cycle(order_graph)]
-        raise PartitionError(f"cost DAG {dag.name!r}: the forward and (reversed) backward edges form a cycle "
-                             f"{' -> '.join(cycle + cycle[:1])}; contiguous stages are undefined")
-    names = (dag.topological_order if not any(n.backward for n in dag.nodes)
-             else tuple(nx.lexicographical_topological_sort(order_graph, key=pos.__getitem__)))
+    if not any(n.backward for n in dag.nodes):
+        names = dag.topological_order
+    elif nx.is_directed_acyclic_graph(order_graph):
+        names = tuple(nx.lexicographical_topological_sort(order_graph, key=pos.__getitem__))
+    else:
+        cond = nx.condensation(order_graph)
+        members = {c: sorted(cond.nodes[c]["members"], key=pos.__getitem__) for c in cond}
+        names = tuple(name for c in nx.lexicographical_topological_sort(cond, key=lambda c: pos[members[c][0]])
+                      for name in members[c])
     idx = {name: i for i, name in enumerate(names)}
     nodes = [dag.node(name) for name in names]
     time = [[_time(n.time_on(k.name)) for n in nodes] for k in kinds]
@@ -182,8 +190,13 @@ def _time(t: float | None) -> float:
 
 
 def order_edges(dag: CostDAG) -> list[tuple[str, str]]:
-    """The order edges: every edge of the DAG as the file gives it (see the module docstring)."""
-    return list(dict.fromkeys((e.src, e.dst) for e in dag.edges))
+    """The order edges: every edge but those between two backward nodes co-located with forward nodes;
+    an edge between backward nodes reversed (see the module docstring)."""
+    anchors = {n.group for n in dag.nodes if not n.backward and n.group is not None}
+    tied = {n.name for n in dag.nodes if n.backward and n.group in anchors}
+    backward = {n.name for n in dag.nodes if n.backward}
+    return list(dict.fromkeys((e.dst, e.src) if e.src in backward and e.dst in backward else (e.src, e.dst)
+                              for e in dag.edges if not (e.src in tied and e.dst in tied)))
 
 
 # -- the objectives (one definition for every method) ----------------------------------------------------------------

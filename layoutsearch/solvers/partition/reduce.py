@@ -154,3 +154,9 @@ def _trivial(inst: Instance) -> _Union | None:
             # both trivial and each other's only neighbour: merge once
             changed |= uf.union(v, w)
     return uf if changed else None
+
+
+def expand(full: Instance, reduced: Instance, sigma: list[int]) -> list[int]:
+    """An assignment of the units of ``reduced`` (a reduction of ``full``) as one of ``full``'s units."""
+    unit_of = {x: u for u, members in enumerate(reduced.members) for x in members}
+    return [sigma[unit_of[full.members[v][0]]] for v in range(full.n)]
