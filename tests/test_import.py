@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -15,6 +16,7 @@ from layoutsearch import zoo
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs, run_graph
 from layoutsearch.errors import GraphError
 from layoutsearch.importer import flax_dims, from_jax, partition_specs
+from layoutsearch.ir import ops as ls_ops
 from layoutsearch.ir.training import training_graph
 from tests.clirun import run, run_json
 
@@ -27,47 +29,45 @@ def _zoo_import(model: str) -> tuple[ls.Graph, ls.Graph]:
     return g, from_jax(forward_fn(g), p, i, dims=dims)
 
 
-def _same_costs(a: ls.CostReport, b: ls.CostReport, rtol: float = 0.0) -> None:
+def _same_costs(a: ls.CostReport, b: ls.CostReport) -> None:
     assert a.bytes_per_axis == b.bytes_per_axis
     assert a.flops_per_device == b.flops_per_device
-    assert a.memory.peak_bytes == pytest.approx(b.memory.peak_bytes, rel=rtol, abs=0)
-    assert a.memory.resident == b.memory.resident
-    assert a.step_s == pytest.approx(b.step_s, rel=1.5 * rtol, abs=0)
+    assert a.memory.peak_bytes == b.memory.peak_bytes
+    assert a.memory.breakdown == b.memory.breakdown
+    assert a.step_s == b.step_s
 
 
-@pytest.mark.parametrize("model", ["mlp", "mtf-ffn"])
-@pytest.mark.parametrize("hardware", ["cpu-sim", "tpu-v4", "a100"])
-def test_zoo_forward_imports_to_the_same_costs(model: str, hardware: str) -> None:
-    g, h = _zoo_import(model)
-    assert sorted(g.dims.items()) == sorted(h.dims.items())
-    assert len(g.ops) == len(h.ops)
-    mesh = ls.Mesh.parse("data:2,model:4")
-    for dim in [d for d in g.dims if d != "batch" and g.dims[d] % 4 == 0]:
-        rules = f"batch:data,{dim}:model"
-        _same_costs(ls.estimate(g, ls.Layout.from_rules(mesh, rules), hardware),
-                    ls.estimate(h, ls.Layout.from_rules(mesh, rules), hardware))
+def _operands_in_canonical_order(g: ls.Graph, renamed: dict[str, str]) -> ls.Graph:
+    """``g`` with each two-operand einsum's operands sorted by their (renamed) dims."""
+    key = lambda t: tuple(sorted(renamed.get(d, d) for d in g.tensors[t].dim_names))
+    ops = [dataclasses.replace(op, inputs=tuple(sorted(op.inputs, key=key)))
+           if isinstance(op, ls_ops.Einsum) and len(op.inputs) == 2 else op for op in g.ops]
+    return ls.Graph(g.name, g.tensors.values(), ops, loss=g.loss, meta=g.meta)
 
 
 @pytest.mark.parametrize("model, renamed", [
-    ("moe", {"capacity": "dim8"}), ("gpt", {"kv_seq": "seq_2"}), ("mtf-transformer", {"kv_seq": "seq_2"})])
-def test_zoo_forward_imports_to_the_same_costs_up_to_names_and_operand_order(model: str, renamed: dict) -> None:
-    """Dims the program does not name get derived names: the MoE's capacity comes from a broadcast
-    (``dim8``), attention's keys' sequence is the queries' renamed (``seq_2``, one rename where the keys'
-    and values' input branches, as the hand-built graphs have ``kv_seq``). ``jnp.einsum`` may pass a
-    contraction's operands in the other order, so the derived backward computes the two operand gradients
-    in the other order: bytes per collective, FLOPs and resident memory are equal; the peak memory (the
-    live set at each op) within 2% and the step time within 3% (the overlap of communication with compute
-    follows the op order, and on a TPU the tile quantization of a matmul depends on which operand streams
-    through the MXU: the imported graph keeps the program's own order)."""
+    ("mlp", {}), ("mtf-ffn", {}), ("moe", {"capacity": "dim8"}), ("gpt", {"kv_seq": "seq_2"}),
+    ("mtf-transformer", {"kv_seq": "seq_2"})])
+@pytest.mark.parametrize("hardware", ["cpu-sim", "tpu-v4", "a100"])
+def test_zoo_forward_imports_to_the_same_costs(model: str, renamed: dict, hardware: str) -> None:
+    """The zoo models' own JAX forward (the backend's) imported: the same ops, and the same step time,
+    bytes per collective, FLOPs and memory as the hand-built graph for every one-dim model split. Dims the
+    program does not name get derived names: the MoE's capacity comes from a broadcast (``dim8``), the
+    keys' sequence is the queries' renamed where the keys' and values' input branches (``seq_2``; the
+    hand-built graphs call it ``kv_seq``). ``jnp.einsum`` chooses the order of a contraction's two operands
+    (the IR einsum is commutative, but the derived backward computes the operands' gradients in that order
+    and a TPU's tile quantization depends on which operand streams): both graphs are compared with their
+    einsum operands in one canonical order."""
     g, h = _zoo_import(model)
     assert set(h.dims) == set(g.dims) - set(renamed) | set(renamed.values())
     assert len(g.ops) == len(h.ops)
+    g, h = _operands_in_canonical_order(g, renamed), _operands_in_canonical_order(h, {})
     mesh = ls.Mesh.parse("data:2,model:4")
-    for dim in [d for d in g.dims if d != "batch" and g.dims[d] % 4 == 0]:
-        rules = f"batch:data,{dim}:model"
+    for dim in ["batch", *[d for d in g.dims if d != "batch" and g.dims[d] % 4 == 0]]:
+        rules = f"batch:data,{dim}:model" if dim != "batch" else "batch:data"
         ours = ",".join(f"{renamed.get(d, d)}:{a}" for d, a in (r.split(":") for r in rules.split(",")))
-        _same_costs(ls.estimate(g, ls.Layout.from_rules(mesh, rules), "tpu-v4"),
-                    ls.estimate(h, ls.Layout.from_rules(mesh, ours), "tpu-v4"), rtol=0.02)
+        _same_costs(ls.estimate(g, ls.Layout.from_rules(mesh, rules), hardware),
+                    ls.estimate(h, ls.Layout.from_rules(mesh, ours), hardware))
 
 
 def _loss_with_new_functions(p, x):
@@ -307,3 +307,16 @@ def test_mixed_precision_flax_and_custom_vjp_import() -> None:
     feeds = {f"params/{m}/{k}": params["params"][m][k] for m in ("up", "down") for k in ("kernel", "bias")}
     got = run_graph(g, {**feeds, "x": x})[g.loss]
     np.testing.assert_allclose(got, loss(params, x), rtol=1e-2)  # bfloat16 products: 8 bits of mantissa
+
+
+def test_cli_import_unsupported_primitive_debug_shows_the_jaxpr(tmp_path, capsys, monkeypatch) -> None:
+    (tmp_path / "cummodel.py").write_text("import jax.numpy as jnp\n\ndef loss(w, x):\n"
+                                          "    return jnp.sum(jnp.cumsum(x @ w, axis=0))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"args": [{"dims": ["d", "f"], "shape": [8, 4]}, {"dims": ["batch", "d"], "shape": [2, 8]}]}
+    (tmp_path / "dims.json").write_text(json.dumps(spec))
+    code, _, err = run(capsys, "import", "cummodel:loss", "--dims", str(tmp_path / "dims.json"))
+    assert code == 2 and "'cumsum'" in err and "cummodel.py:4" in err and "jaxpr" not in err
+    code, _, err = run(capsys, "import", "cummodel:loss", "--dims", str(tmp_path / "dims.json"), "--debug")
+    assert code == 2 and "the traced program (jaxpr)" in err and "cumsum" in err
+    sys.modules.pop("cummodel", None)

@@ -110,8 +110,8 @@ class PendingGraph:
                     new = self.emit(O.Reshape, "rename", [t], [m.get(find(a), a) for a in self.tensors[t].labels],
                                     self.tensors[t].dtype, p.block,
                                     groups=tuple(((DimRef(a),), (DimRef(b),)) for a, b in m.items()))
-                    op = self.ops.pop()
-                    self.ops.insert(self.ops.index(p), op)
+                    op = self.ops.pop()  # placed right after the value it renames, as one writes it by hand
+                    self.ops.insert(self.ops.index(producer[t]) + 1 if t in producer else 0, op)
                     producer[new] = op
                     made[key] = new
                     work.append(op)
