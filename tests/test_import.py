@@ -320,3 +320,23 @@ def test_cli_import_unsupported_primitive_debug_shows_the_jaxpr(tmp_path, capsys
     code, _, err = run(capsys, "import", "cummodel:loss", "--dims", str(tmp_path / "dims.json"), "--debug")
     assert code == 2 and "the traced program (jaxpr)" in err and "cumsum" in err
     sys.modules.pop("cummodel", None)
+
+
+def test_static_slice_of_an_argument_is_a_tensor_of_its_own() -> None:
+    """``pos_embed[:seq]``: the rows a model reads of a longer positional table become a parameter of their
+    own whose cut axis takes the name of the axis it is added to; a slice of a computed value is refused."""
+    def loss(p, x):
+        seq = x.shape[1]
+        h = x + p["pos_embed"][:seq]
+        return jnp.mean(jnp.einsum("bsd,df->bsf", h, p["w"]) ** 2)
+
+    p = {"pos_embed": jnp.ones((64, 8)), "w": jnp.ones((8, 16))}
+    x = jnp.ones((2, 16, 8))
+    g = from_jax(loss, p, x, dims=({"pos_embed": ("max_len", "d"), "w": ("d", "f")}, ("batch", "seq", "d")))
+    view = g.tensors["pos_embed[0:16, 0:8]"]
+    assert view.role == "parameter" and view.dim_names == ("seq", "d")
+    layout = ls.Layout.from_rules(ls.Mesh.parse("data:2,model:4"), "batch:data,seq:model")
+    assert partition_specs(layout, g, p)["pos_embed"] == jax.sharding.PartitionSpec("model", None)
+    with pytest.raises(GraphError, match="partial slice of a computed value"):
+        from_jax(lambda p, x: jnp.sum((x @ p)[:, :2]), jnp.ones((8, 4)), jnp.ones((2, 8)),
+                 dims=(("d", "f"), ("batch", "d")))

@@ -67,15 +67,19 @@ def partition_specs(layout: Layout, graph: Graph, tree: Any, arg: int = 0, name:
     e.g. a Flax ``params`` dict or an ``nnx.State``) as ``layout`` lays out the graph's tensors: a pytree
     like ``tree`` to pass to ``jax.device_put`` (with ``NamedSharding``) or ``jax.jit(in_shardings=...)``.
     A stack of layers a ``scan`` read one slice per iteration (``ws`` read as ``ws[0]``, ``ws[1]``, ...)
-    gets its slices' spec with the stacked axis whole. Arrays the graph does not read are replicated."""
+    gets its slices' spec with the stacked axis whole; an array the function reads a static slice of
+    (``pos_embed[0:16, 0:512]``) the slice's spec. Arrays the graph does not read are replicated."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
     specs = []
     for path, _ in flat:
         key = _path_name(path) or name or f"arg{arg}"
+        cut = [t for n, t in graph.tensors.items() if n.startswith(f"{key}[") and ":" in n]
         if key in graph.tensors:
             specs.append(layout.partition_spec(graph.tensors[key]))
         elif f"{key}[0]" in graph.tensors:
             specs.append(jax.sharding.PartitionSpec(None, *layout.partition_spec(graph.tensors[f"{key}[0]"])))
+        elif len(cut) == 1:  # the graph reads a static slice of it: lay it out as the slice
+            specs.append(layout.partition_spec(cut[0]))
         else:
             specs.append(jax.sharding.PartitionSpec())
     return jax.tree_util.tree_unflatten(treedef, specs)

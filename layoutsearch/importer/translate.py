@@ -62,6 +62,7 @@ class Translator:
         self.tensors = self.pending.tensors
         self.splits = {k: tuple(v) for k, v in (splits or {}).items()}
         self.broadcasts: dict[tuple[str, tuple[int | None, ...]], Val] = {}
+        self.views: dict[str, Val] = {}  # parts of function arguments read as tensors of their own
         self.node: Node | None = None
         self.block: str | None = None
 
@@ -389,15 +390,33 @@ class Translator:
         return self._reshape(node)
 
     def _slice(self, node: Node) -> Val:
-        src, out = node.ins[0], node.outs[0]
-        if tuple(src.shape) != tuple(out.shape):
-            raise self.unsupported("a partial slice (only slices of whole arrays import)")
-        return self.val(src)
+        starts = tuple(int(x) for x in node.params["start_indices"])
+        if any(st not in (None, 1) for st in node.params.get("strides") or ()):
+            raise self.unsupported("a strided slice")
+        return self._static_slice(node, starts)
 
     def _dynamic_slice(self, node: Node) -> Val:
         if not all(isinstance(i, Lit) for i in node.ins[1:]):
             raise self.unsupported("a dynamic slice at a computed index")
-        return self._slice(node)
+        return self._static_slice(node, tuple(int(i.value) for i in node.ins[1:]))  # type: ignore[union-attr]
+
+    def _static_slice(self, node: Node, starts: tuple[int, ...]) -> Val:
+        """A static slice: the value itself when whole; of a function argument, a source tensor of its own
+        (``pos_embed[0:16, 0:512]``: the rows a model reads of a longer table), whose cut axes take the
+        name of the axes they meet (placeholders named after the argument's dim)."""
+        src, out = node.ins[0], node.outs[0]
+        v = self.val(src)
+        if tuple(src.shape) == tuple(out.shape):
+            return v
+        t = self.tensors[v.tensor]
+        if t.role == "activation":
+            raise self.unsupported("a partial slice of a computed value (only slices of function arguments "
+                                   "or whole arrays import)")
+        bounds = ", ".join(f"{a}:{a + n}" for a, n in zip(starts, out.shape, strict=True))
+        labels = [a if a is None or src.shape[i] == out.shape[i] else
+                  self.labels.placeholder(out.shape[i], self.labels.base(a)) if out.shape[i] != 1 else None
+                  for i, a in enumerate(v.labels)]
+        return self._source_view(f"{v.tensor}[{bounds}]", labels, t)
 
     def _index(self, node: Node) -> Val:
         """Iteration ``i`` of a scan reads slice ``i`` of a stacked input: a source tensor of its own."""
@@ -405,11 +424,14 @@ class Translator:
         t = self.tensors[v.tensor]
         if t.role == "activation" or v.labels[0] is None and node.ins[0].shape[0] != 1:
             raise self.unsupported("a scan over a computed array (only function arguments can be scanned)")
-        name = f"{v.tensor}[{node.params['index']}]"
-        labels = v.labels[1:]
-        if name not in self.tensors:
-            self.tensors[name] = PendingTensor(tuple(a for a in labels if a is not None), t.dtype, t.role)
-        return self._val(name, labels)
+        return self._source_view(f"{v.tensor}[{node.params['index']}]", v.labels[1:], t)
+
+    def _source_view(self, name: str, labels: Sequence[int | None], of: PendingTensor) -> Val:
+        """The source tensor ``name`` (a part of source ``of``), made on first use."""
+        if name not in self.views:
+            self.tensors[name] = PendingTensor(tuple(a for a in labels if a is not None), of.dtype, of.role)
+            self.views[name] = self._val(name, labels)
+        return self.views[name]
 
     def _stack(self, node: Node) -> Val:
         raise self.unsupported("a scan's stacked outputs (the importer keeps only the carry)")
