@@ -33,8 +33,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300, help="layouts to draw (default 300)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--kind", default="free", choices=("free", "disjoint"),
-                    help="free: any rules (default); disjoint: each mesh axis splits at most one dim")
+    ap.add_argument("--kind", default="free", choices=("free", "uniform"),
+                    help="free: any rules (default); uniform: each mesh axis in one rule, no resharding")
     ap.add_argument("--models", help="comma-separated PROPERTY_MODELS names (default: all)")
     ap.add_argument("--json", metavar="FILE", help="also write every disagreement as JSON")
     ap.add_argument("--all", action="store_true", help="print every layout, not only those that disagree")

@@ -33,10 +33,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from layoutsearch.costmodel.ops import _reshape_layout
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.devices import jax_devices
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.ops import Reshape
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
@@ -228,10 +230,12 @@ def _draw_rules(rng: random.Random, dims: dict[str, int], axes: list[tuple[str, 
     return ",".join(rules)
 
 
-LAYOUT_KINDS = ("disjoint", "free")
-"""What :func:`draw_layouts` draws: ``disjoint``: each mesh axis splits at most one dim (no fallback rules: every
-tensor splits each of its dims the same way); ``free``: any axis in any number of rules, fallback rules, so that
-Flax precedence splits a dim differently from tensor to tensor (FSDP-like layouts and stranger ones)."""
+LAYOUT_KINDS = ("uniform", "free")
+"""What :func:`draw_layouts` draws: ``uniform``: each mesh axis in at most one rule (no fallback rules: every
+tensor splits each of its dims the same way), and no reshape that regroups a split dim
+(:func:`nonuniform_splits` is empty: no tensor is resharded); ``free``: any axis in any number of rules,
+fallback rules, so that Flax precedence splits a dim differently from tensor to tensor (FSDP-like layouts and
+stranger ones)."""
 
 
 def draw_layouts(n: int, seed: int = 0, models: Sequence[str] | None = None, kind: str = "free") -> list[Drawn]:
@@ -253,10 +257,12 @@ def draw_layouts(n: int, seed: int = 0, models: Sequence[str] | None = None, kin
             shape = rng.choice(PROPERTY_MESHES[rng.randint(1, 3)])
             axes = list(zip(PROPERTY_AXES, shape, strict=False))
             mesh = ",".join(f"{a}:{s}" for a, s in axes)
-            rules = _draw_rules(rng, dict(g.dims), axes, kind == "disjoint")
+            rules = _draw_rules(rng, dict(g.dims), axes, kind == "uniform")
             try:
-                Layout.from_rules(mesh, rules).check(g)
+                lay = Layout.from_rules(mesh, rules).check(g)
             except LayoutSearchError:
+                continue
+            if kind == "uniform" and nonuniform_splits(training_step(g, "sgd", "fp32"), lay):
                 continue
             out.append(Drawn(model, mesh, rules, rng.choice(("sgd", "adam"))))
             break
@@ -319,8 +325,9 @@ def nonuniform_splits(graph: Graph, layout: Layout) -> list[str]:
     dims in different tensors or op computation layouts, and each dim split over different axes in different
     places (axes of size 1 left out). With Flax rule precedence a rule applies only where its axes are still
     free, so a dim may fall to a fallback rule, or stay unsplit, in some tensors: tensors then move axes between
-    dims (all-to-all), or split and gather a dim (all-gather). Empty when every dim has one split wherever it is
-    present (always so for :data:`LAYOUT_KINDS` ``disjoint``)."""
+    dims (all-to-all), or split and gather a dim (all-gather); and each reshape whose output is not its input's
+    split carried over (``d_kv`` split 4 ways into ``rope_out`` of size 2: gathered, or permuted). Empty when
+    every dim has one split wherever it is present and every reshape carries it over."""
     dims_of: dict[str, set[str]] = defaultdict(set)
     splits: dict[str, set[tuple[str, ...]]] = defaultdict(set)
     lays = [(t.dim_names, layout.dim_layout(t)) for t in graph.tensors.values()]
@@ -331,9 +338,17 @@ def nonuniform_splits(graph: Graph, layout: Layout) -> list[str]:
             splits[d].add(axes)
             for a in axes:
                 dims_of[a].add(d)
-    return ([f"axis {a} splits {', '.join(sorted(ds))}" for a, ds in sorted(dims_of.items()) if len(ds) > 1]
-            + [f"dim {d} split as {' / '.join(sorted('+'.join(x) or '-' for x in ways))}"
-               for d, ways in sorted(splits.items()) if len(ways) > 1])
+    out = ([f"axis {a} splits {', '.join(sorted(ds))}" for a, ds in sorted(dims_of.items()) if len(ds) > 1]
+           + [f"dim {d} split as {' / '.join(sorted('+'.join(x) or '-' for x in ways))}"
+              for d, ways in sorted(splits.items()) if len(ways) > 1])
+    real = lambda lay: {d: ax for d, a in lay.items() if (ax := tuple(x for x in a if layout.mesh.axis_size(x) > 1))}  # noqa: E731
+    for op in graph.ops:  # a reshape that cannot carry its input's split over to its output reshards
+        if isinstance(op, Reshape):
+            src = real(layout.dim_layout(graph.tensors[op.inputs[0]]))
+            produced, need = _reshape_layout(op, src, graph, layout.mesh)
+            if real(need) != src or real(produced) != real(layout.dim_layout(graph.tensors[op.output])):
+                out.append(f"reshape {op.name} regroups a split dim")
+    return out
 
 
 DISAGREEMENT_CLASSES: dict[str, str] = {

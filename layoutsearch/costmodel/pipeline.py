@@ -81,7 +81,7 @@ from layoutsearch.costmodel.overlap import schedule as overlap_schedule
 from layoutsearch.costmodel.pipeline_units import Unit, unit_chain, unit_costs, unit_of_ops
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
 from layoutsearch.costmodel.schedule import SCHEDULE_KINDS, Schedule, speedup
-from layoutsearch.costmodel.step import training_step
+from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.gantt import render_gantt
 from layoutsearch.ir.graph import Graph
@@ -244,7 +244,7 @@ def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: 
         raise CostModelError(f"micro-batches of {B // microbatches} cannot be split {split} ways over "
                              f"{'+'.join(inner.rules_layout((batch_dim,))[batch_dim])} as the layout splits "
                              f"{batch_dim}: use fewer micro-batches")
-    mb_graph = training_step(graph.with_sizes({batch_dim: B // microbatches}), optimizer, precision)
+    mb_graph = training_step(resized(graph, {batch_dim: B // microbatches}), optimizer, precision)
     rep = estimate(mb_graph, inner, hw, remat=remat, attention=attention)
     unit = unit_of_ops(mb_graph)
     on_chip = fusion_plan(mb_graph, hw.fusion, resolve_attention(attention, hw)).on_chip

@@ -45,7 +45,8 @@ collective and group of axes, and memory per category at the peak.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+import weakref
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -337,6 +338,26 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     if not isinstance(layout, Layout):
         raise LayoutError(f"estimate needs a Layout (Layout.from_rules(mesh, rules)), got {type(layout).__name__}")
     g = training_step(graph, optimizer, precision)
+    key = (id(g), layout, hw, Optimizer.of(optimizer), remat, attention, overlap)
+    hit = _REPORTS.get(key)
+    if hit is not None and hit[0]() is g:
+        _REPORTS.move_to_end(key)
+        return hit[1]
+    rep = _estimate(g, layout, hw, optimizer, remat, attention, overlap)
+    _REPORTS[key] = (weakref.ref(g), rep)
+    while len(_REPORTS) > _REPORTS_SIZE:
+        _REPORTS.popitem(last=False)
+    return rep
+
+
+_REPORTS: OrderedDict[tuple, tuple[weakref.ref[Graph], CostReport]] = OrderedDict()
+_REPORTS_SIZE = 24
+"""The last reports :func:`estimate` returned (a report is immutable): a search prices a plan again as an
+accumulated step, a baseline or a runner-up, and gets the same report."""
+
+
+def _estimate(g: Graph, layout: Layout, hw: Hardware, optimizer: Optimizer | str, remat: str, attention: str,
+              overlap: float | str) -> CostReport:
     layout.check(g)
     _check_links(hw, layout)
     mesh = layout.mesh

@@ -33,7 +33,7 @@ from layoutsearch.ir.training import Optimizer, training_graph
 from layoutsearch.layout import Layout
 
 _CACHE: dict[tuple[int, Any], tuple[weakref.ref[Graph], Any]] = {}
-_CACHE_SIZE = 64
+_CACHE_SIZE = 512
 
 
 def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
@@ -56,6 +56,15 @@ def _drop(k: tuple[int, Any], ref: weakref.ref[Graph]) -> None:
     hit = _CACHE.get(k)
     if hit is not None and hit[0] is ref:
         del _CACHE[k]
+
+
+def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
+    """``graph.with_sizes(sizes)``, one object per graph object and sizes: the analyses cached per graph
+    (its training graph, remat plans, fusion plan, repeats) are derived once per micro-batch size, however
+    many layouts, remat policies and pipelines are priced on it."""
+    if all(graph.dims.get(d) == s for d, s in sizes.items()):
+        return graph
+    return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))), lambda: graph.with_sizes(sizes))
 
 
 def is_training_graph(graph: Graph) -> bool:
@@ -233,4 +242,4 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
     return each, (dedupe(each) if dedupe is not None else each)
 
 
-__all__ = ["graph_cached", "is_training_graph", "repeats", "step_costs", "training_step"]
+__all__ = ["graph_cached", "is_training_graph", "repeats", "resized", "step_costs", "training_step"]

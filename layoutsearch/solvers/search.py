@@ -45,7 +45,7 @@ import numpy as np
 
 from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.pipeline import unit_of_ops
-from layoutsearch.costmodel.step import training_step
+from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
@@ -134,7 +134,7 @@ def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple
     from layoutsearch.costmodel.pipeline import price_pipeline
 
     B = graph.dims["batch"]
-    micro = training_step(graph.with_sizes({"batch": B // M}), optimizer, precision)
+    micro = training_step(resized(graph, {"batch": B // M}), optimizer, precision)
     pricer = Pricer(micro, mesh, hw, attention)
     candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
     out: list[Costed] = []

@@ -47,6 +47,7 @@ from layoutsearch.solvers.partition.instance import (
     make_partition,
     memory_message,
     stage_loads,
+    value,
 )
 from layoutsearch.solvers.partition.local import LOCAL_TIME_LIMIT, greedy_start, local_search
 from layoutsearch.solvers.partition.reduce import expand, reduce
@@ -206,6 +207,8 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
                              "--time-limit")
     if sol.status == "optimal":
         return solver, sigma, True, 0.0
+    if hint is not None and _value(inst, hint, objective, mb) < _value(inst, sigma, objective, mb):
+        sigma, info["kept_warm_start"] = list(hint), True  # stopped before it beat its start
     if sol.bound is not None:
         info["bound"] = sol.bound
     return solver, sigma, False, None
@@ -214,12 +217,12 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
 def _warm_start(full: Instance, inst: Instance, contiguous: bool, objective: str, mb: int, at_most: bool,
                 max_ideals: int, info: dict[str, Any]) -> list[int] | None:
     """The DP's contiguous throughput optimum as an ILP start (unit of ``inst`` -> device), when the DP is
-    cheap enough (1/10 of the cap); a non-contiguous problem starts from its contiguous optimum."""
+    cheap enough (1/4 of the cap); a non-contiguous problem starts from its contiguous optimum."""
     if objective == "gpipe":
         return None
     try:
         base = inst if contiguous else reduce(full, contiguous=True, at_most=at_most, microbatches=mb)
-        ideals = Ideals(base, max(1, max_ideals // 10))
+        ideals = Ideals(base, max(1, max_ideals // 4))
         sigma = run_dp(base, ideals, "throughput", mb, at_most, max_ideals, {})
     except (TooManyIdeals, PartitionError):
         return None
@@ -228,6 +231,11 @@ def _warm_start(full: Instance, inst: Instance, contiguous: bool, objective: str
         sigma = [device[members[0]] for members in inst.members]
     info["warm_start"] = "dp"
     return sigma
+
+
+def _value(inst: Instance, sigma: list[int], objective: str, mb: int) -> float:
+    loads, _ = evaluate(inst, sigma, objective, mb)
+    return value(inst, sigma, loads, objective, mb)
 
 
 def _over_memory(inst: Instance, sigma: list[int], objective: str, mb: int) -> bool:
