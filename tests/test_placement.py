@@ -459,3 +459,65 @@ def test_placement_baselines_are_priced_and_never_beat_the_contiguous_optimum():
     for b in rows.values():
         assert b.objective >= best.objective * (1 - 1e-9)
     assert rows["one accelerator"].objective == pytest.approx(sum(n.time_on("accelerator") for n in dag.nodes))
+
+
+# -- lower bounds and the latency ILP against its heuristic ---------------------------------------------------------
+
+def reduced_instances(dag, contiguous):
+    """The compiled DAG and its exact reduction, as the solvers see them."""
+    from layoutsearch.solvers.partition.instance import compile_dag, kinds_of
+    from layoutsearch.solvers.partition.reduce import reduce
+
+    full = compile_dag(dag, kinds_of(dag, None, None))
+    return full, reduce(full, contiguous=contiguous, at_most=True, microbatches=1)
+
+
+@EXAMPLES
+@given(placement_dags(), st.sampled_from([("throughput", True), ("throughput", False), ("latency", True)]))
+def test_the_lower_bounds_never_exceed_the_brute_force_optimum(dag, setting):
+    from layoutsearch.solvers.partition.bounds import objective_bound
+
+    objective, contiguous = setting
+    if objective == "latency":
+        dag = replace(dag, nodes=tuple(replace(n, backward=False) for n in dag.nodes))
+    best = brute_force(dag, devices_of(dag), objective, contiguous, True)
+    if best is None:
+        return
+    for inst in reduced_instances(dag, contiguous):
+        assert objective_bound(inst, objective) <= best * (1 + 1e-9) + 1e-9
+
+
+@EXAMPLES
+@given(placement_dags())
+def test_the_latency_ilp_is_exact_never_worse_than_its_heuristic_and_bounded_below_honestly(dag):
+    dag = replace(dag, nodes=tuple(replace(n, backward=False) for n in dag.nodes))
+    best = brute_force(dag, devices_of(dag), "latency", True, True)
+    try:
+        heur = partition(dag, objective="latency", solver="local")
+    except PartitionError:
+        heur = None
+    for solver in ILPS:
+        try:
+            part = partition(dag, objective="latency", solver=solver)
+        except PartitionError:
+            assert best is None
+            continue
+        assert part.objective == pytest.approx(best, rel=1e-6, abs=1e-9) and part.optimal
+        assert heur is None or part.objective <= heur.objective + 1e-9
+        assert part.info["lower_bound"] <= best * (1 + 1e-9) + 1e-9
+
+
+@needs_instances
+@pytest.mark.parametrize("name", ["bert24_inference", "gnmt_inference"])
+def test_a_stopped_latency_ilp_keeps_the_better_of_itself_and_its_heuristic_and_states_its_gap(name):
+    dag = load_costdag(PLACEMENT / "latency-inputs" / "LayerGraphs" / f"{name}.json")
+    heur = partition(dag, objective="latency", solver="local", time_limit=2.0)
+    part = partition(dag, objective="latency", solver="ilp-ortools", time_limit=3.0)
+    devs = devices_of(dag)
+    place = placement_of(part, devs)
+    assert feasible(dag, place, devs, True, True)
+    assert score(dag, place, devs, "latency") == pytest.approx(part.objective, rel=1e-9)
+    assert part.objective <= heur.objective * (1 + 1e-9)
+    bound = part.info["lower_bound"]
+    assert 0 < bound <= part.objective
+    assert part.optimal or part.gap == pytest.approx((part.objective - bound) / part.objective, rel=1e-9)

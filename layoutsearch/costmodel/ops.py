@@ -529,15 +529,19 @@ class OpRules:
 
     def _passthrough(self, op: O.Op, inputs: Sequence[DimLayout], output: DimLayout) -> DimLayout:
         """The computation layout keeping a gather's table (a scatter-add's
-        output table) as stored, plus the ids' splits on axes still free."""
+        output table) as stored, plus the ids' splits on axes still free (of
+        an ids dim split over several axes, the major ones up to the first
+        axis the table uses: ``batch`` over data+fsdp with the table split
+        over fsdp stays split over data)."""
         t = self.graph.tensors
         table, ids = (output, inputs[0]) if isinstance(op, O.ScatterAdd) else (inputs[0], inputs[1])
         it = dict(table)
         used = {a for axes in it.values() for a in axes}
         for d, axes in ids.items():
-            if used.isdisjoint(axes) and d not in it:
-                it[d] = axes
-                used.update(axes)
+            free = axes[:next((i for i, a in enumerate(axes) if a in used), len(axes))]
+            if free and d not in it:
+                it[d] = free
+                used.update(free)
         dims = op.iteration_dims(t)
         return {d: it[d] for d in dims if it.get(d)}
 

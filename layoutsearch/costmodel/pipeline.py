@@ -216,8 +216,13 @@ def _once(c: Any, classes: dict[str, str]) -> bool:
 
 def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[OpReport]:
     """``ops`` for the schedule: with (``once``) or without the once-per-step gradient all-reduces."""
-    return ops if once else [dataclasses.replace(o, collectives=tuple(c for c in o.collectives
-                                                                        if not _once(c, classes))) for o in ops]
+    if once:
+        return ops
+    out = []
+    for o in ops:
+        kept = tuple(c for c in o.collectives if not _once(c, classes))
+        out.append(o if len(kept) == len(o.collectives) else dataclasses.replace(o, collectives=kept))
+    return out
 
 
 @dataclass(frozen=True)

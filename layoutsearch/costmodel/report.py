@@ -56,7 +56,7 @@ from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import REMAT_POLICIES, MemoryReport, remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, op_flops
 from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
-from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
+from layoutsearch.costmodel.step import checked, graph_cached, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import fold_block_numbers
@@ -354,18 +354,30 @@ _REPORTS: OrderedDict[tuple, tuple[weakref.ref[Graph], CostReport]] = OrderedDic
 _REPORTS_SIZE = 24
 """The last reports :func:`estimate` returned (a report is immutable): a search prices a plan again as an
 accumulated step, a baseline or a runner-up, and gets the same report."""
+_OP_COSTS: OrderedDict[tuple, tuple[weakref.ref[Graph], tuple[list[OpCost], list[OpCost]]]] = OrderedDict()
+"""The last op costs :func:`estimate` computed (per graph, layout and the backend's behaviour): the same
+layout priced under another remat policy or overlap (a search tries each) reuses them."""
 
 
 def _estimate(g: Graph, layout: Layout, hw: Hardware, optimizer: Optimizer | str, remat: str, attention: str,
               overlap: float | str) -> CostReport:
-    layout.check(g)
+    checked(layout, g)
     _check_links(hw, layout)
     mesh = layout.mesh
-    each, costs = step_costs(g, layout, hw.reduce_scatter, float32_collectives=hw.float32_collectives,
-                             regather_weights=hw.regather_weights)
     attention = resolve_attention(attention, hw)
     fusion = fusion_plan(g, hw.fusion, attention)
-    costs = [fusion.cost(op, c) for op, c in zip(g.ops, costs, strict=True)]
+    key = (id(g), layout, hw.reduce_scatter, hw.float32_collectives, hw.regather_weights, hw.fusion, attention)
+    hit = _OP_COSTS.get(key)
+    if hit is not None and hit[0]() is g:
+        _OP_COSTS.move_to_end(key)
+        each, costs = hit[1]
+    else:
+        each, costs = step_costs(g, layout, hw.reduce_scatter, float32_collectives=hw.float32_collectives,
+                                 regather_weights=hw.regather_weights)
+        costs = [fusion.cost(op, c) for op, c in zip(g.ops, costs, strict=True)]
+        _OP_COSTS[key] = (weakref.ref(g), (each, costs))
+        while len(_OP_COSTS) > _REPORTS_SIZE:
+            _OP_COSTS.popitem(last=False)
     plan = remat_plan(g, remat)
     memory = simulate(g, layout, plan, each, combined_gradient_all_reduce=hw.combined_gradient_all_reduce,
                       on_chip=fusion.on_chip)

@@ -67,6 +67,25 @@ def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
     return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))), lambda: graph.with_sizes(sizes))
 
 
+def checked(layout: Layout, graph: Graph) -> Layout:
+    """``layout.check(graph)``, with the same errors, faster: a layout of global rules lays out a tensor by its
+    dim names alone, so one tensor per distinct tuple of dim names is checked (the first, in graph order; on an
+    error the full check runs, raising what it raises)."""
+    if layout.tensors:
+        return layout.check(graph)
+    for dim, _ in layout.rules:
+        if dim not in graph.dims:
+            return layout.check(graph)
+    firsts = graph_cached(graph, "dim_name_sets",
+                          lambda: tuple({t.dim_names: t for t in reversed(list(graph.tensors.values()))}.values()))
+    mesh = layout.mesh
+    for t in firsts:
+        for d, axes in layout.rules_layout(t.dim_names).items():
+            if graph.dims[d] % mesh.group_size(axes):
+                return layout.check(graph)
+    return layout
+
+
 def is_training_graph(graph: Graph) -> bool:
     """Whether ``graph`` already holds backward or optimizer ops."""
     return any(op.phase != "forward" for op in graph.ops)
@@ -196,8 +215,22 @@ def _rename_key(key: Any, old: str, new: str) -> Any:
     if isinstance(key, str):
         return key.replace(old, new)
     if isinstance(key, tuple):
-        return tuple(_rename_key(k, old, new) for k in key)
+        return tuple([_rename_key(k, old, new) for k in key])
     return key
+
+
+def _replaced(obj: Any, changes: dict[str, Any]) -> Any:
+    """``dataclasses.replace(obj, **changes)`` for a frozen dataclass without ``__post_init__`` or slots
+    (:class:`OpCost`, :class:`~layoutsearch.costmodel.ops.Comm`): a copy of its fields, without running
+    ``__init__`` (pricing a 96-layer step renames a million of them)."""
+    cls = type(obj)
+    if hasattr(cls, "__slots__") or hasattr(cls, "__post_init__"):
+        return dataclasses.replace(obj, **changes)
+    new = object.__new__(cls)
+    d = new.__dict__
+    d.update(obj.__dict__)
+    d.update(changes)
+    return new
 
 
 def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
@@ -208,8 +241,8 @@ def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
         changes: dict[str, Any] = {"tensor": c.tensor.replace(old, new), "cause": c.cause.replace(old, new)}
         if getattr(c, "shared", None) is not None:
             changes["shared"] = _rename_key(c.shared, old, new)
-        comms.append(dataclasses.replace(c, **changes))
-    return dataclasses.replace(cost, op=op.name, block=op.block, comms=tuple(comms))
+        comms.append(_replaced(c, changes))
+    return _replaced(cost, {"op": op.name, "block": op.block, "comms": tuple(comms)})
 
 
 def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool = True,
@@ -242,4 +275,4 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
     return each, (dedupe(each) if dedupe is not None else each)
 
 
-__all__ = ["graph_cached", "is_training_graph", "repeats", "resized", "step_costs", "training_step"]
+__all__ = ["checked", "graph_cached", "is_training_graph", "repeats", "resized", "step_costs", "training_step"]

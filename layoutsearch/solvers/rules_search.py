@@ -18,6 +18,7 @@ from layoutsearch.costmodel.compute import fastest_matmul_rate, hbm_seconds
 from layoutsearch.costmodel.memory import lifetimes, remat_plan
 from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.report import estimate
+from layoutsearch.costmodel.step import checked
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
@@ -139,6 +140,7 @@ class RulesSearch:
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
+        self.refined = 0  # plans priced by the cost model with overlap (:func:`overlapped_top`)
         self.cut_short: list[str] = []  # what a deadline cut short, in words
 
     def price(self, idx: np.ndarray) -> None:
@@ -148,6 +150,13 @@ class RulesSearch:
                                 remat=self.remat)
             self.cost[idx], self.mem[idx] = strategy_values(space.problem)
             self.rows = max(self.rows, len(space.problem.mem_rows))
+
+    def pruning(self, limit: float | None) -> dict[str, int]:
+        """How the space was pruned: its candidates, those the live-set memory bound rules out, those priced
+        (the rest cannot beat the plans found, by their roofline bound) and those priced again with overlap."""
+        over = int((self.mem_lb > limit * (1 + 1e-9)).sum()) if limit is not None else 0
+        return {"candidates": len(self.cands), "memory_bound": over, "priced": int((~np.isnan(self.cost)).sum()),
+                "refined": self.refined}
 
     def problem(self, idx: np.ndarray) -> Problem:
         """The one-node problem of the priced candidates ``idx``: their costs, and their peak memory as one
@@ -213,7 +222,7 @@ def costed_rules(name: str, g: Graph, mesh: Mesh, hw: Hardware, rules: tuple, li
                   optimizer: str, remat: str = "none", attention: str = "auto",
                   overlap: float | str = "auto") -> Costed:
     """Rules priced by the cost model (:func:`~layoutsearch.costmodel.estimate`)."""
-    layout = Layout(mesh, rules).check(g)
+    layout = checked(Layout(mesh, rules), g)
     rep = estimate(g, layout, hw, optimizer=optimizer, remat=remat, attention=attention, overlap=overlap)
     fit = limit if limit is not None else hw.usable_bytes
     return Costed(name, layout, tuple(rules), rep.step_s, rep.compute_s, rep.comm_s, rep.memory_bytes,
@@ -289,6 +298,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
             break
         cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
         rs.price_below(cut, limit)
+    rs.refined = len(plans)
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
 
 

@@ -126,7 +126,8 @@ def _costed_microbatched(name: str, layout: Layout, rep: Any, limit: float | Non
 
 def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
                  top: int, solver: str, optimizer: str, precision: Precision | str, attention: str,
-                 overlap: float | str, deadline: Deadline, progress: Progress | None) -> list[Costed]:
+                 overlap: float | str, deadline: Deadline, progress: Progress | None,
+                 pruning: dict[str, dict[str, int]] | None = None) -> list[Costed]:
     """The fastest plans with ``M`` gradient-accumulation micro-batches: the layouts searched on one
     micro-batch (whose peak can only be below the accumulated step's: the step adds the gradient
     accumulators), then priced as the accumulated step
@@ -145,6 +146,8 @@ def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
         rs = RulesSearch(micro, mesh, hw, pricer, candidates, policy)
         plans, _, _, _ = overlapped_top(rs, limit, top, solver, deadline, overlap, attention, optimizer, None)
+        if pruning is not None:
+            pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
         for p in plans:
             layout = Layout(mesh, p.rules)
             try:
@@ -180,6 +183,8 @@ class _Found:
     searches: list[RulesSearch] = field(default_factory=list)
     cut_short: list[str] = field(default_factory=list)
     gap_unknown: bool = False
+    pruning: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per rules search (remat policy, micro-batches): how its space was pruned (:meth:`RulesSearch.pruning`)."""
 
     def add(self, plans: list[Costed], proven: bool, gap: float | None) -> None:
         """Plans of one remat policy, with their proof."""
@@ -299,8 +304,9 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     priced_baselines = _price_baselines(base, g, mesh, hw, policies, found.searches, limit, optimizer, attention,
                                         overlap, progress) if baselines else ()
     decisions = tuple(dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in found.decisions)
+    stats = {**found.stats, "pruning": found.pruning} if found.pruning else found.stats
     return Plan(g, hw, space, found.solver or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
-                runner_ups, priced_baselines, found.stats, decisions, model=graph,
+                runner_ups, priced_baselines, stats, decisions, model=graph,
                 precision=Precision.of(precision).name, optimizer=optimizer, attention=attention, overlap=overlap,
                 cut_short=tuple(found.cut_short))
 
@@ -318,6 +324,7 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
     if space == "rules":
         plans, proven, pgap, found.solver = overlapped_top(rs, limit, top, solver, deadline, overlap, attention,
                                                            optimizer, progress)
+        found.pruning[f"remat {policy}"] = rs.pruning(limit)
         found.stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()),
                        "memory_rows": rs.rows, "nodes": 1, "strategies": len(rs.cands), "factors": 0,
                        "variables": len(rs.cands)}
@@ -356,7 +363,7 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
         plans = _accumulated(graph, mesh, hw, M, policies, limit, top, solver, optimizer, precision, attention,
-                             overlap, deadline, progress)
+                             overlap, deadline, progress, found.pruning)
         plans = sorted((p for p in plans if _within(p, limit)), key=lambda c: c.step_s)
         found.options += plans[:top]
         found.decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None))

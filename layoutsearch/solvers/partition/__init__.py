@@ -19,6 +19,7 @@ Efficient Training of Giant Neural Networks using Pipeline Parallelism", NeurIPS
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -31,8 +32,9 @@ from layoutsearch.solvers.partition.baselines import (
     one_device,
     read_expert,
 )
+from layoutsearch.solvers.partition.bounds import objective_bound
 from layoutsearch.solvers.partition.brute import BRUTE_MAX_NODES, brute
-from layoutsearch.solvers.partition.dp import lower_bound, run_dp
+from layoutsearch.solvers.partition.dp import run_dp
 from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIdeals, count_ideals
 from layoutsearch.solvers.partition.ilp import solve_ilp
 from layoutsearch.solvers.partition.instance import (
@@ -126,7 +128,8 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     sigma = expand(full, inst, sigma_r)
     part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     if gap is None:  # an ILP stopped early: its gap against the best proven bound
-        bounds = [b for b in (info.pop("bound", None), lower_bound(inst)) if b is not None]
+        bounds = [b for b in (info.pop("bound", None), objective_bound(inst, objective)) if b is not None]
+        info["lower_bound"] = max(bounds)
         factor = microbatches + part.num_stages - 1 if objective == "gpipe" else 1
         gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
         part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
@@ -184,15 +187,21 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
         return "brute force", sigma, True, 0.0
     hint = _warm_start(full, inst, contiguous, objective, mb, at_most, max_ideals, info)
     if solver == "local":
-        if hint is not None:
-            info["start"] = info.pop("warm_start")
-        else:
-            hint, info["start"] = greedy_start(inst, mb), "greedy intervals"
-        if hint is None:
+        sigma = _heuristic(inst, hint, objective, mb, contiguous, time_limit or LOCAL_TIME_LIMIT, info)
+        if sigma is None:
             raise PartitionError("the local search found no placement to start from (the DP is too costly here and "
                                  "the first device kind cannot hold the DAG in order); use 'ilp-ortools'")
-        return "local search", local_search(inst, hint, objective, mb, contiguous, time_limit or LOCAL_TIME_LIMIT), \
-            False, None
+        return "local search", sigma, False, None
+    if objective == "latency" or (not contiguous and objective == "throughput"):
+        # improve the start with the local search (its time taken from the ILP's), so that the exact method
+        # is never worse than the heuristic
+        started = time.monotonic()
+        budget = LOCAL_TIME_LIMIT if time_limit is None else min(LOCAL_TIME_LIMIT, time_limit / 4)
+        better = _heuristic(inst, hint, objective, mb, contiguous, budget, info)
+        hint = next((h for h in (better, hint) if h is not None and (at_most or len(set(h)) == inst.num_devices)),
+                    None)  # exactly k devices: a start that leaves one empty is no start
+        if time_limit is not None:
+            time_limit = max(1.0, time_limit - (time.monotonic() - started))
     sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint)
     if sigma and _over_memory(inst, sigma, objective, mb):
         # The solver's feasibility tolerance (about 1e-6, relative) let a device exceed its limit by a hair:
@@ -200,18 +209,43 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
         margin = max(1, math.ceil(max(k.limit or 0 for k in inst.kinds) * 2e-6))
         info["memory_limit_tightened_by"] = margin
         sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint, margin)
+    if not sigma and hint is not None:  # nothing in time (or refused by the conservative memory rounding)
+        info["kept_warm_start"] = True
+        return solver, list(hint), False, None
     if sol.status == "infeasible":
         raise PartitionError(_infeasible_message(inst, mb, contiguous, max_ideals))
     if sol.status == "none":
         raise PartitionError(f"{solver} found no partition within the time limit of {time_limit} s; raise "
                              "--time-limit")
+    if hint is not None and _value(inst, hint, objective, mb) < _value(inst, sigma, objective, mb):
+        sigma, info["kept_warm_start"] = list(hint), True  # stopped before it beat its start (or rounding)
     if sol.status == "optimal":
         return solver, sigma, True, 0.0
-    if hint is not None and _value(inst, hint, objective, mb) < _value(inst, sigma, objective, mb):
-        sigma, info["kept_warm_start"] = list(hint), True  # stopped before it beat its start
     if sol.bound is not None:
         info["bound"] = sol.bound
     return solver, sigma, False, None
+
+
+def _heuristic(inst: Instance, hint: list[int] | None, objective: str, mb: int, contiguous: bool, limit: float,
+               info: dict[str, Any]) -> list[int] | None:
+    """The local search from the DP's start (``hint``) and from greedy intervals, the better of the two (the
+    time ``limit`` shared); None when there is no start."""
+    starts = [(info.get("warm_start", "dp"), hint)] if hint is not None else []
+    greedy = greedy_start(inst, mb)
+    if greedy is not None and greedy != hint:
+        starts.append(("greedy intervals", greedy))
+    best: tuple[float, list[int], str] | None = None
+    deadline = time.monotonic() + limit
+    for i, (name, start) in enumerate(starts):
+        left = max(0.05, (deadline - time.monotonic()) / (len(starts) - i))
+        sigma = local_search(inst, start, objective, mb, contiguous, left)
+        got = _value(inst, sigma, objective, mb)
+        if best is None or got < best[0]:
+            best = (got, sigma, name)
+    if best is None:
+        return None
+    info["start"] = f"local search from {best[2]}"
+    return best[1]
 
 
 def _warm_start(full: Instance, inst: Instance, contiguous: bool, objective: str, mb: int, at_most: bool,

@@ -27,7 +27,7 @@ from typing import Any
 
 from layoutsearch.errors import PartitionError
 from layoutsearch.solvers import milp
-from layoutsearch.solvers.partition.dp import lower_bound
+from layoutsearch.solvers.partition.bounds import objective_bound
 from layoutsearch.solvers.partition.instance import Instance
 
 _CPSAT_RESOLUTION = 1e9
@@ -41,7 +41,8 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
     the assignment unit -> device (empty without a solution). ``memory_margin`` tightens every limit."""
     n, nk = inst.n, len(inst.kinds)
     mdl = milp.Model()
-    lower = lower_bound(inst)
+    lower = objective_bound(inst, objective)
+    info["lower_bound"] = lower
     scale = 1.0 / (lower or 1.0)
     flexible = contiguous and nk > 1
     slot_kinds = ([list(range(nk))] * inst.num_devices if flexible else [[k] for k in inst.device_kind])
@@ -144,6 +145,7 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
     mdl.objective = {goal: 1.0}
     if hint:
         _hint(inst, mdl, x, hint, flexible, z if flexible else None)
+        _complete_hint(mdl)
     sol = milp.solve(mdl, "ortools" if backend == "ilp-ortools" else "pulp", time_limit=time_limit,
                      cp_scale=res, gap=1e-9 if backend == "ilp-pulp" else 0.0)
     sol = milp.Result(sol.status, sol.values, sol.objective / scale, None if sol.bound is None else sol.bound / scale)
@@ -200,6 +202,33 @@ def _hint(inst: Instance, mdl: milp.Model, x: list[list[dict[int, int]]], sigma:
         for s, row in enumerate(z):
             for k, i in row.items():
                 mdl.hint[i] = float(kind_of.get(s) == k)
+
+
+def _complete_hint(mdl: milp.Model) -> None:
+    """Give every continuous variable left out of the hint the least value its rows allow given the others
+    (send/receive indicators, loads, finish times, the objective; all bounded from below only), so that the
+    solver starts from a complete solution, a hair above the rows' rounding."""
+    free = {i for i, v in enumerate(mdl.vars) if v.kind == "continuous" and i not in mdl.hint}
+    for i in free:
+        mdl.hint[i] = mdl.vars[i].lb
+    rows = [(c, lo) for c, lo, _ in mdl.rows if math.isfinite(lo) and any(a > 0 and i in free for i, a in c.items())]
+    for _ in range(100):
+        changed = False
+        for coeffs, lo in rows:
+            got = math.fsum(c * mdl.hint.get(i, 0.0) for i, c in coeffs.items())
+            if got >= lo - 1e-12:
+                continue
+            i = max((i for i, c in coeffs.items() if c > 0 and i in free), key=lambda i: coeffs[i], default=None)
+            if i is None:
+                continue
+            mdl.hint[i] += (lo - got) / coeffs[i]
+            changed = True
+        if not changed:
+            break
+    for i in free:
+        var = mdl.vars[i]
+        bump = mdl.hint[i] * 1e-7 + (var.unit or 0.0) if var.unit is not None else 0.0
+        mdl.hint[i] = min(var.ub, mdl.hint[i] + bump)
 
 
 def _assignment(inst: Instance, x: list[list[dict[int, int]]], values: list[float], flexible: bool,
