@@ -47,7 +47,9 @@ MESHES = {  # devices -> meshes with 2, 3 and 4 axes (TPU pod slices)
     1024: ("data:128,model:8", "data:16,fsdp:8,model:8", "data:4,fsdp:4,seq:8,model:8"),
     8192: ("data:1024,model:8", "data:32,fsdp:32,model:8", "data:16,fsdp:8,seq:8,model:8"),
 }
-QUICK_MESHES = {8: MESHES[8][:1], 1024: MESHES[1024], 8192: MESHES[8192][:2]}
+QUICK_MESHES = {8: MESHES[8][:1], 64: MESHES[64][1:2], 1024: (MESHES[1024][0], MESHES[1024][2]),
+                8192: MESHES[8192][:1]}
+QUICK_SOLVERS = ("enumerate", "ilp-pulp")  # the device sweep of --quick: the solvers differ little in the rules space
 TARGET = "data:16,fsdp:8,model:8"
 HEADLINE = [  # the joint search: (name, model, mesh, hardware, options)
     ("gpt3-175b, accumulation", {"preset": "gpt3-175b"}, TARGET, "tpu-v4", {"microbatches": "auto"}),
@@ -144,7 +146,7 @@ def main() -> None:
         for mesh in meshes:
             if mesh == TARGET and 96 in layers:
                 continue  # measured above
-            for solver in solvers:
+            for solver in QUICK_SOLVERS if args.quick else solvers:
                 r = run(gpt3, mesh, "rules", solver)
                 show(r)
                 results.append(r)
@@ -161,7 +163,7 @@ def main() -> None:
             show(r)
             results.append(r)
     print("\n# the joint search (layout, remat, gradient accumulation; pipelines where asked), default memory limit")
-    for name, model_kw, mesh, hw, kw in HEADLINE:
+    for name, model_kw, mesh, hw, kw in HEADLINE[1:] if args.quick else HEADLINE:
         r = run(model_kw, mesh, "rules", "auto", hw=hw, **kw)
         r["name"] = name
         show(r)

@@ -196,7 +196,7 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
         # improve the start with the local search (its time taken from the ILP's), so that the exact method
         # is never worse than the heuristic
         started = time.monotonic()
-        budget = LOCAL_TIME_LIMIT if time_limit is None else min(LOCAL_TIME_LIMIT, time_limit / 4)
+        budget = LOCAL_TIME_LIMIT if time_limit is None else min(LOCAL_TIME_LIMIT, time_limit / 2)
         better = _heuristic(inst, hint, objective, mb, contiguous, budget, info)
         hint = next((h for h in (better, hint) if h is not None and (at_most or len(set(h)) == inst.num_devices)),
                     None)  # exactly k devices: a start that leaves one empty is no start
@@ -231,9 +231,10 @@ def _heuristic(inst: Instance, hint: list[int] | None, objective: str, mb: int, 
     """The local search from the DP's start (``hint``) and from greedy intervals, the better of the two (the
     time ``limit`` shared); None when there is no start."""
     starts = [(info.get("warm_start", "dp"), hint)] if hint is not None else []
-    greedy = greedy_start(inst, mb)
-    if greedy is not None and greedy != hint:
-        starts.append(("greedy intervals", greedy))
+    for name, balance in (("greedy intervals", True), ("devices filled in order", False)):
+        greedy = greedy_start(inst, mb, balance)
+        if greedy is not None and all(greedy != s for _, s in starts) and (balance or objective == "latency"):
+            starts.append((name, greedy))
     best: tuple[float, list[int], str] | None = None
     deadline = time.monotonic() + limit
     for i, (name, start) in enumerate(starts):
@@ -251,12 +252,13 @@ def _heuristic(inst: Instance, hint: list[int] | None, objective: str, mb: int, 
 def _warm_start(full: Instance, inst: Instance, contiguous: bool, objective: str, mb: int, at_most: bool,
                 max_ideals: int, info: dict[str, Any]) -> list[int] | None:
     """The DP's contiguous throughput optimum as an ILP start (unit of ``inst`` -> device), when the DP is
-    cheap enough (1/4 of the cap); a non-contiguous problem starts from its contiguous optimum."""
+    cheap enough (1/4 of the cap; 1/20 for latency); a non-contiguous problem starts from its contiguous optimum."""
     if objective == "gpipe":
         return None
     try:
         base = inst if contiguous else reduce(full, contiguous=True, at_most=at_most, microbatches=mb)
-        ideals = Ideals(base, max(1, max_ideals // 4))
+        # (a latency problem may name many devices, which the DP pays for per down-closed set: a smaller cap)
+        ideals = Ideals(base, max(1, max_ideals // (20 if objective == "latency" else 4)))
         sigma = run_dp(base, ideals, "throughput", mb, at_most, max_ideals, {})
     except (TooManyIdeals, PartitionError):
         return None

@@ -93,10 +93,11 @@ def _acyclic(inst: Instance, sigma: Sequence[int]) -> bool:
     return nx.is_directed_acyclic_graph(_device_graph(inst, sigma))
 
 
-def greedy_start(inst: Instance, mb: int) -> list[int] | None:
+def greedy_start(inst: Instance, mb: int, balance: bool = True) -> list[int] | None:
     """Intervals of the unit order on the devices of the first kind, each filled up to the least time
-    bound (ignoring transfers; bisection) at which they all fit its memory; None when the first kind cannot
-    run every unit or hold them all."""
+    bound (ignoring transfers; bisection) at which they all fit its memory, or (``balance=False``: the fewest
+    devices, few transfers, a start for latency) each filled up to its memory limit; None when the first kind
+    cannot run every unit or hold them all."""
     kind = inst.kinds[0]
     times, memw = inst.time[0], inst.memw(mb)
     if kind.count < 1 or any(math.isinf(t) for t in times):
@@ -115,8 +116,8 @@ def greedy_start(inst: Instance, mb: int) -> list[int] | None:
 
     lo, hi = max(times), math.fsum(times)
     best = fill(hi)
-    if best is None:
-        return None
+    if best is None or not balance:
+        return best
     for _ in range(50):
         mid = (lo + hi) / 2
         got = fill(mid)
