@@ -8,7 +8,7 @@ CPU cores) — honouring co-location groups, eligibility and memory limits, mini
 **Methods.** :mod:`.dp` (exact DP over down-closed sets, contiguous; Tarnawski et al. 2020, Section 4),
 :mod:`.ilp` (Tarnawski et al.'s ILP through :mod:`layoutsearch.solvers.milp`, CBC or CP-SAT; contiguous
 or not; exact unless a time limit stops it, then with its gap), :mod:`.brute` (tests), and the baselines
-of :mod:`.baselines`. :mod:`.reduce` contracts the problem exactly first. Every result is priced again on
+of :mod:`.baselines`; :mod:`.bounds` gives lower bounds (relaxations) for the ILPs and the gaps. :mod:`.reduce` contracts the problem exactly first. Every result is priced again on
 the original DAG by :func:`.instance.evaluate`, the one definition of the objectives.
 
 References: J. Tarnawski, A. Phanishayee, N. Devanur, D. Mahajan, F. Nina Paravecino, "Efficient
@@ -73,9 +73,11 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     override the first kind's count and per-device limit). ``at_most``: use at most (True) or exactly (False)
     that many devices; default exactly for a pipeline of stages, at most for a DAG with device kinds.
     ``solver``: ``"dp"`` (exact, contiguous), ``"ilp-pulp"`` / ``"ilp-ortools"`` (exact unless stopped by
-    ``time_limit`` seconds), ``"brute"`` (tests), ``"local"`` (a heuristic: local search from the DP's
-    contiguous throughput optimum, or greedy intervals when the DP is too costly; throughput and latency;
-    see :mod:`.local`), ``"auto"`` (the DP for contiguous throughput or GPipe
+    ``time_limit`` seconds; for latency and non-contiguous throughput started from the local search, and
+    never worse than that start; a result not proven optimal states its gap against the best lower bound,
+    ``info["lower_bound"]``, see :mod:`.bounds`), ``"brute"`` (tests), ``"local"`` (a heuristic: local search
+    from the DP's contiguous throughput optimum when the DP is cheap and from greedy intervals, the better;
+    throughput and latency; see :mod:`.local`), ``"auto"`` (the DP for contiguous throughput or GPipe
     placements unless the reduced DAG has more than ``max_ideals`` down-closed sets, else OR-tools for at
     most :data:`AUTO_ILP_TIME_LIMIT` seconds unless ``time_limit`` says otherwise; the ILPs start from the
     DP's optimum when there is one). Raises :class:`PartitionError` when nothing fits.
@@ -122,6 +124,9 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
             raise PartitionError(memory_message(dag, kinds[0].count, microbatches, limit, memw[v], exact=False,
                                                 culprit=full.names[v]))
     inst = reduce(full, contiguous=contiguous, at_most=at_most, microbatches=microbatches)
+    if not at_most and kinds[0].count > inst.n:
+        raise PartitionError(f"cannot split cost DAG {dag.name!r} into {kinds[0].count} non-empty stages: its "
+                             f"co-location groups leave {inst.n} units")
     info: dict[str, Any] = {"units": inst.n} if inst.n != full.n else {}
     method, sigma_r, optimal, gap = _solve(full, inst, objective, microbatches, contiguous, at_most, solver,
                                            time_limit, max_ideals, info)

@@ -270,7 +270,9 @@ def run_dp(inst: Instance, ideals: Ideals | None, objective: str, mb: int, at_mo
         kind = inst.kinds[0]
         if len(inst.kinds) == 1 and kind.limit is not None:
             mem = DP(inst, ideals, "memory", mb, at_most).solve(0.0)
-            assert mem is not None
+            if mem is None:  # fewer units (co-location groups contracted) than stages to fill
+                raise PartitionError(f"cannot split cost DAG {inst.dag.name!r} into {kind.count} non-empty stages: "
+                                     f"its co-location groups leave {inst.n} units")
             raise PartitionError(memory_message(inst.dag, kind.count, mb, kind.limit, int(mem[0]),
                                                 exact=True))
         raise PartitionError(f"no contiguous placement of cost DAG {inst.dag.name!r} fits the devices' memory")

@@ -13,10 +13,12 @@ indicators ``send >= H[src,s] - X[w,s]``, ``recv >= H[w,s] - X[src,s]`` (``H``: 
 kind) price the transfers; GPipe uses live-across-cut indicators instead. ``L >= load_s`` (throughput,
 GPipe); for latency ``F_s >= load_s``, ``F_s >= F_{s'} + load_s - M (1 - e[s',s])`` with
 ``e[s',s] >= X[u,s'] + X[w,s] - 1`` per dependency ``u -> w`` and ``L >= F_s``. ``L`` is also at least the
-trivial lower bound (the time of the units on their fastest kind, shared by the devices). Minimize ``L``.
+lower bound of :func:`.bounds.objective_bound` (the relaxation without communication; for latency also the
+longest path of the units' fastest times). Minimize ``L``.
 
 Times are scaled by that lower bound so that the solvers' absolute tolerances act as relative ones.
-A warm start (the DP's optimum, when there is one) is handed to the solver as a hint.
+A warm start (the DP's optimum, or the local search's placement) is handed to the solver as a complete hint:
+the continuous variables (transfer indicators, finish times, ``L``) get the least values their rows allow.
 """
 
 from __future__ import annotations
