@@ -29,6 +29,7 @@ from layoutsearch.solvers.partition.baselines import (
     against_equal_split,
     equal_split,
     expert_split,
+    interval_split,
     one_device,
     read_expert,
 )
@@ -240,6 +241,10 @@ def _heuristic(inst: Instance, hint: list[int] | None, objective: str, mb: int, 
         greedy = greedy_start(inst, mb, balance)
         if greedy is not None and all(greedy != s for _, s in starts) and (balance or objective == "latency"):
             starts.append((name, greedy))
+    if objective == "latency":
+        split = interval_split(inst, mb)
+        if split is not None and all(split != s for _, s in starts):
+            starts.append(("the PipeDream-style split", split))
     best: tuple[float, list[int], str] | None = None
     deadline = time.monotonic() + limit
     for i, (name, start) in enumerate(starts):

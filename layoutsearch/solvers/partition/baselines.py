@@ -167,14 +167,8 @@ def placement_baselines(dag: CostDAG, objective: str, mb: int, stages: int | Non
     starts = []
     if len(out) > 1 and _fits(full, out[-1], mb):
         starts.append(("equal split", _reduced(full, inst, out[-1])))
-    try:
-        ideals = Ideals(inst, MAX_IDEALS)
-        prefixes = np.array([ideals.index[(1 << i) - 1] for i in range(inst.n + 1)])
-        got = DP(inst, ideals, "throughput", mb, True, subset=prefixes).solve(lower_bound(inst))
-    except TooManyIdeals:
-        got = None
-    if got is not None:
-        sigma_r = chain_assignment(inst, ideals, got[1])
+    sigma_r = interval_split(inst, mb)
+    if sigma_r is not None:
         out.append(make_partition(full, expand(full, inst, sigma_r), objective, mb, "PipeDream-style planner",
                                   False, None, {}))
         starts.append(("PipeDream-style planner", sigma_r))
@@ -184,6 +178,19 @@ def placement_baselines(dag: CostDAG, objective: str, mb: int, stages: int | Non
         out.append(make_partition(full, expand(full, inst, sigma_r), objective, mb, f"local search (from {name})",
                                   False, None, {}))
     return out
+
+
+def interval_split(inst: Instance, mb: int) -> list[int] | None:
+    """The PipeDream-style split (unit -> device): the best split of the unit order into intervals for
+    throughput (at most as many devices as there are); None when the DP's down-closed sets are too many or
+    nothing fits."""
+    try:
+        ideals = Ideals(inst, MAX_IDEALS)
+    except TooManyIdeals:
+        return None
+    prefixes = np.array([ideals.index[(1 << i) - 1] for i in range(inst.n + 1)])
+    got = DP(inst, ideals, "throughput", mb, True, subset=prefixes).solve(lower_bound(inst))
+    return None if got is None else chain_assignment(inst, ideals, got[1])
 
 
 def _fits(full: Instance, part: Partition, mb: int) -> bool:
