@@ -575,9 +575,7 @@ class OpRules:
                 continue
             want = restrict(iteration, t[name].dim_names)
             more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {_fmt(want)}")
-            if isinstance(op, O.Einsum) or (isinstance(op, O.Gather) and name == op.inputs[0]):
-                # the same operand reshard feeding several dots (or a dot and a lookup: a tied embedding gathered
-                # for both): XLA does it once
+            if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once
                 key = ("reshard", name, _key(stored), _key(want))
                 if self.regather_weights:  # ... once per phase: not kept from the forward to the backward pass
                     key += (op.phase,)
