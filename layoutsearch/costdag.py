@@ -256,7 +256,7 @@ def load_costdag(path: str | Path, fmt: str = "auto") -> CostDAG:
     doc = loads(text, str(path), CostDAGError)
     if fmt == "tarnawski" or (fmt == "auto" and isinstance(doc, dict) and "maxFPGAs" in doc):
         return read_tarnawski(doc, str(path))
-    return _from_dict(doc, str(path))
+    return costdag_from_dict(doc, str(path))
 
 
 FORMATS = ("auto", "layoutsearch", "tarnawski")
@@ -424,7 +424,10 @@ _DEVICE_FIELDS = {"name", "count", "memory_bytes", "host"}
 _V2_NODE_FIELDS = {"times", "group", "backward"}
 
 
-def _from_dict(doc: Any, source: str) -> CostDAG:
+def costdag_from_dict(doc: Any, source: str = "cost DAG") -> CostDAG:
+    """A cost DAG from a parsed JSON document of this project's format (versions 1 and 2; ``source`` names
+    it in errors): what :func:`load_costdag` reads from a file."""
+
     def fail(msg: str) -> CostDAGError:
         return CostDAGError(f"{source}: {msg}")
 

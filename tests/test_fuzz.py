@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import layoutsearch as ls
 from layoutsearch import zoo
-from layoutsearch.costdag import CostDAG
+from layoutsearch.costdag import costdag_from_dict
 from layoutsearch.errors import CostDAGError, HardwareError, LayoutSearchError
 from layoutsearch.hwprofile import hardware_from_json, hardware_to_json
 from layoutsearch.ir import graph_from_json, graph_to_json, load_graph, strictjson, training_graph
@@ -401,11 +401,11 @@ def mutated_document(data, base):
 def check_cost_dag(data):
     text = mutated_document(data, COSTDAG)
     try:
-        dag = CostDAG.from_dict(strictjson.loads(text, "fuzz.json", CostDAGError), "fuzz.json")
+        dag = costdag_from_dict(strictjson.loads(text, "fuzz.json", CostDAGError), "fuzz.json")
     except LayoutSearchError as e:
         assert "\n" not in str(e)
         return
-    assert CostDAG.from_dict(json.loads(json.dumps(dag.to_dict(), allow_nan=False))) == dag
+    assert costdag_from_dict(json.loads(json.dumps(dag.to_dict(), allow_nan=False))) == dag
     try:
         k = data.draw(st.integers(1, 3))
         part = partition(dag, k, microbatches=data.draw(st.integers(1, 4)),
