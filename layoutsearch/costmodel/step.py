@@ -52,10 +52,12 @@ def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
     return value
 
 
-def _drop(k: tuple[int, Any], ref: weakref.ref[Graph]) -> None:
-    hit = _CACHE.get(k)
+def _drop(k: tuple[int, Any], ref: weakref.ref[Graph], cache: dict = _CACHE) -> None:
+    # the cache is bound at definition: at interpreter exit, when module globals are cleared, graphs still
+    # collected call this after ``_CACHE`` is gone
+    hit = cache.get(k)
     if hit is not None and hit[0] is ref:
-        del _CACHE[k]
+        del cache[k]
 
 
 def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
