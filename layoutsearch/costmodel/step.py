@@ -48,7 +48,7 @@ def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
     value = compute()
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[k] = (weakref.ref(graph, lambda ref: _drop(k, ref)), value)
+    _CACHE[k] = (weakref.ref(graph, lambda ref, drop=_drop: drop(k, ref)), value)  # bound: exit clears globals
     return value
 
 
