@@ -26,6 +26,7 @@ import numpy as np
 
 from layoutsearch.costdag import CostDAG, Edge, Node
 from layoutsearch.solvers.partition import count_ideals, equal_split, partition
+from cpuinfo import cpu_name  # bench/cpuinfo.py: run as `python bench/<script>.py`
 
 RESULTS = Path(__file__).with_name("RESULTS_partition.md")
 MiB = 2**20
@@ -220,14 +221,7 @@ def _table(rows: list[dict], cols: list) -> str:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return (f"{cpu}, {os.cpu_count()} CPUs; Python {platform.python_version()}, numpy {np.__version__}, "
             f"{platform.system()} {platform.release()}")
 

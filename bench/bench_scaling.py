@@ -60,6 +60,7 @@ from layoutsearch.ir import GraphBuilder
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
+from cpuinfo import cpu_name  # bench/cpuinfo.py: run as `python bench/<script>.py`
 
 SIZES = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 250_000)
 QUICK_MAX = 32_000
@@ -143,14 +144,7 @@ def measure(model: str, ops: int) -> dict[str, float]:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return f"{platform.machine()}, {os.cpu_count()} CPUs (nproc), {cpu}, Python {platform.python_version()}"
 
 
