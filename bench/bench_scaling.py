@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_scaling.py            # 1k ... 250k ops (~35 min on 2 cores, ~4 GB at 250k ops)
     .venv/bin/python bench/bench_scaling.py --quick    # 1k ... 32k ops (~3 min)
     .venv/bin/python bench/bench_scaling.py --max-ops 8000 --out /tmp/scaling.txt
+    .venv/bin/python bench/bench_scaling.py --search   # search instead of estimate, 1k ... 8k ops (~40 min)
 
 Models (``ops``: ops of the forward graph given to ``estimate``; ``step ops``:
 ops of its training step, forward + backward + Adam, which is what is priced):
@@ -28,6 +29,13 @@ time per step op. ``x2`` is the cold CPU time over the row with half the ops
 full (generation 2) garbage collections, which traverse the whole heap and
 grow faster than the heap; ``x2-gc`` the ratio without them. Wall times vary
 with other jobs on the machine (CPU times less).
+
+``--search`` times ``search(graph, "data:2,model:4", hardware="h100")`` (the default search: rules space,
+memory limit, remat auto, accumulation when the limit binds) on a new graph object instead, CPU seconds,
+with ``x2`` as above, ``refined`` (rule sets priced by the full cost model, overlap included, summed over
+the remat policies searched: how many depends on how close the candidates' costs come, not on the size)
+and the CPU time per refined plan and step op (constant: linear). Results go to
+``bench/RESULTS_scaling_search.txt``.
 
 Writes a results file (default ``bench/RESULTS_scaling.txt``) with the date,
 the machine and the command; any text after a line ``# notes`` in an existing
@@ -64,6 +72,7 @@ from cpuinfo import cpu_name  # bench/cpuinfo.py: run as `python bench/<script>.
 
 SIZES = (1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 250_000)
 QUICK_MAX = 32_000
+SEARCH_MAX = 8_000
 MESH = "data:2,model:4"
 GPT_OPS_PER_LAYER, GPT_OTHER_OPS = 26, 8  # ops of the small zoo GPT: 26 per layer + 8
 CHAIN_OPS_PER_LAYER = 3
@@ -143,6 +152,48 @@ def measure(model: str, ops: int) -> dict[str, float]:
     return out
 
 
+def measure_search(model: str, ops: int) -> dict[str, float]:
+    g = MODELS[model][0](ops)
+    gc.collect()
+    c0 = time.process_time()
+    plan = ls.search(g, MESH, hardware="h100", baselines=False)
+    cpu = time.process_time() - c0
+    refined = sum(p.get("refined", 0) for p in plan.problem.get("pruning", {}).values())
+    out = {"ops": len(g.ops), "step_ops": len(step.training_step(g).ops), "cpu": cpu, "refined": refined}
+    del g, plan
+    gc.collect()
+    return out
+
+
+def search_rows(models: list[str], sizes: list[int]) -> list[str]:
+    lines = [f"{'model':<15} {'ops':>8} {'step ops':>10} {'cpu (s)':>8} {'x2':>5} {'refined':>8} "
+             f"{'cpu us/(refined x step op)':>27}"]
+    print(lines[0], flush=True)
+    for m in models:
+        prev: dict[str, float] | None = None
+        for n in sizes:
+            r = measure_search(m, n)
+            ratio = f"{r['cpu'] / prev['cpu']:5.2f}" if prev is not None else "    -"
+            prev = r
+            row = (f"{m:<15} {r['ops']:>8,} {r['step_ops']:>10,} {r['cpu']:>8.2f} {ratio} {r['refined']:>8} "
+                   f"{1e6 * r['cpu'] / (max(1, r['refined']) * r['step_ops']):>27.2f}")
+            print(row, flush=True)
+            lines.append(row)
+    return lines
+
+
+def write_results(path: Path, lines: list[str]) -> None:
+    """``lines`` to ``path``, keeping any text after a ``# notes`` line of the file there."""
+    notes = ""
+    if path.exists():
+        old = path.read_text()
+        i = old.find("\n# notes")
+        if i >= 0:
+            notes = old[i:]
+    path.write_text("\n".join(lines) + "\n" + notes)
+    print(f"wrote {path}")
+
+
 def machine() -> str:
     cpu = cpu_name()
     return f"{platform.machine()}, {os.cpu_count()} CPUs (nproc), {cpu}, Python {platform.python_version()}"
@@ -151,27 +202,41 @@ def machine() -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"sizes up to {QUICK_MAX:,} ops")
+    ap.add_argument("--search", action="store_true", help=f"time search instead of estimate (up to {SEARCH_MAX:,} "
+                    "ops unless --max-ops)")
     ap.add_argument("--max-ops", type=int, default=None, help="largest size (default 250,000; --quick 32,000)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
-    ap.add_argument("--out", default=str(ROOT / "bench" / "RESULTS_scaling.txt"), help="results file")
+    ap.add_argument("--out", default=None, help="results file (default bench/RESULTS_scaling.txt, with --search "
+                    "bench/RESULTS_scaling_search.txt)")
     args = ap.parse_args(argv)
-    top = args.max_ops or (QUICK_MAX if args.quick else SIZES[-1])
+    top = args.max_ops or (QUICK_MAX if args.quick else SEARCH_MAX if args.search else SIZES[-1])
+    out = Path(args.out or ROOT / "bench" / ("RESULTS_scaling_search.txt" if args.search else "RESULTS_scaling.txt"))
     sizes = [n for n in SIZES if n <= top]
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
         if m not in MODELS:
             ap.error(f"unknown model {m!r} (known: {', '.join(MODELS)})")
     command = "python bench/bench_scaling.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    lines = [f"# {command}, {datetime.date.today().isoformat()}",
-             f"machine: {machine()}",
-             (f"estimate(graph, layout, 'h100') on {MESH}; cold: first call on a new graph object (training-graph "
-              "derivation included), warm: second call, another layout"),
-             ("full gc: CPU seconds of the cold call in CPython's full garbage collections; x2: cold cpu over the "
-              "row above's; x2-gc: the same without the full collections"),
-             "",
-             (f"{'model':<15} {'ops':>8} {'step ops':>10} {'cold (s)':>9} {'cpu (s)':>8} {'full gc':>8} {'x2':>5} "
-              f"{'x2-gc':>5} {'warm (s)':>9} {'cpu (s)':>8} {'cpu us/step op':>15}")]
-    print("\n".join(lines), flush=True)
+    head = [f"# {command}, {datetime.date.today().isoformat()}", f"machine: {machine()}"]
+    if args.search:
+        head += [(f"search(graph, {MESH!r}, hardware='h100') on a new graph object, CPU seconds; x2: over the row "
+                  "above's; refined: rule sets priced with overlap (all remat policies)"), ""]
+        print("\n".join(head), flush=True)
+        write_results(out, head + search_rows(models, sizes))
+    else:
+        head += [(f"estimate(graph, layout, 'h100') on {MESH}; cold: first call on a new graph object "
+                  "(training-graph derivation included), warm: second call, another layout"),
+                 ("full gc: CPU seconds of the cold call in CPython's full garbage collections; x2: cold cpu over "
+                  "the row above's; x2-gc: the same without the full collections"), ""]
+        print("\n".join(head), flush=True)
+        write_results(out, head + estimate_rows(models, sizes))
+    return 0
+
+
+def estimate_rows(models: list[str], sizes: list[int]) -> list[str]:
+    lines = [f"{'model':<15} {'ops':>8} {'step ops':>10} {'cold (s)':>9} {'cpu (s)':>8} {'full gc':>8} {'x2':>5} "
+             f"{'x2-gc':>5} {'warm (s)':>9} {'cpu (s)':>8} {'cpu us/step op':>15}"]
+    print(lines[0], flush=True)
     for m in models:
         prev: dict[str, float] | None = None
         for n in sizes:
@@ -186,16 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                    f"{1e6 * r['warm_cpu'] / r['step_ops']:>15.1f}")
             print(row, flush=True)
             lines.append(row)
-    out = Path(args.out)
-    notes = ""
-    if out.exists():
-        old = out.read_text()
-        i = old.find("\n# notes")
-        if i >= 0:
-            notes = old[i:]
-    out.write_text("\n".join(lines) + "\n" + notes)
-    print(f"wrote {out}")
-    return 0
+    return lines
 
 
 if __name__ == "__main__":

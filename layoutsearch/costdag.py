@@ -28,7 +28,6 @@ kind** (``times``; a node runs only on the kinds it lists: eligibility), **co-lo
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ import networkx as nx
 
 from layoutsearch.errors import CostDAGError
 from layoutsearch.ir.dims import short_repr
-from layoutsearch.ir.strictjson import check_tree, loads, read_text
+from layoutsearch.ir.strictjson import check_tree, dumps, loads, read_text
 from layoutsearch.ir.tensor import is_label
 
 FORMAT = "layoutsearch.costdag"
@@ -265,7 +264,7 @@ FORMATS = ("auto", "layoutsearch", "tarnawski")
 def save_costdag(dag: CostDAG, path: str | Path) -> None:
     """Write ``dag`` as a JSON file of ``docs/costdag.md``."""
     try:
-        Path(path).write_text(json.dumps(dag.to_dict(), indent=1) + "\n")
+        Path(path).write_text(dumps(dag.to_dict(), indent=1) + "\n")
     except OSError as e:
         raise CostDAGError(f"cannot write cost DAG file {str(path)!r}: {e.strerror}") from None
 

@@ -266,7 +266,11 @@ class Hardware:
                 direct[key] = tuple(pins.items())
             elif key == "matmul_tile":
                 direct[key] = _tile(value)
-            elif key in {f.name for f in dataclasses.fields(self)} and key not in ("source", "name"):
+            elif key == "name":
+                if not isinstance(value, str) or not value.strip():
+                    raise HardwareError(f"hardware name must be a non-empty string, got {_short(value)}")
+                direct[key] = value.strip()
+            elif key in {f.name for f in dataclasses.fields(self)} and key != "source":
                 direct[key] = _figure(key, value, type(getattr(self, key)))
             else:
                 raise HardwareError(f"unknown hardware figure {key!r} (known: {', '.join(_figure_names())})")
@@ -436,9 +440,10 @@ _ALIASES = {"tpu-v5litepod": "tpu-v5e", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v4"
             "v2": "tpu-v2", "h100-sxm": "h100", "a100-80gb": "a100", "cpu": "cpu-sim"}
 
 
-def hardware(name: str | Hardware, **overrides: Any) -> Hardware:
+def hardware(name: str | Hardware, /, **overrides: Any) -> Hardware:
     """A hardware preset by name (case-insensitive), or a hardware profile file (a name ending in ``.json``,
-    or an existing file: see :mod:`layoutsearch.hwprofile`), with figures overridden."""
+    or an existing file: see :mod:`layoutsearch.hwprofile`), with figures overridden (``name`` is
+    positional only: ``name=`` among the overrides renames the result)."""
     if isinstance(name, Hardware):
         hw = name
     else:

@@ -31,6 +31,7 @@ from layoutsearch.ir import (
     Tensor,
     graph_from_json,
     load_graph,
+    strictjson,
 )
 from layoutsearch.ir.dims import MAX_DIM_SIZE, MAX_GRAPH_ELEMENTS, MAX_TENSOR_ELEMENTS
 from layoutsearch.layout import Layout
@@ -468,6 +469,20 @@ def test_hardware_overrides_on_the_command_line_are_one_line_exit_2(capsys):
         code, out, err = run(capsys, "cost", "mtf-ffn", "--mesh", "data:2", "--hardware", "h100", "--hw", hw,
                              "--json")
         assert code == 2 and out == "" and err.count("\n") == 1 and "hardware figure" in err, err
+
+
+def test_hardware_name_override_renames_and_is_checked():
+    hw = hardware("h100", name="my-h100", peak_flops=1e15)  # `name` is positional only: no collision
+    assert (hw.name, hw.peak_flops) == ("my-h100", 1e15)
+    with pytest.raises(HardwareError, match="hardware name must be a non-empty string"):
+        hardware("h100", name=3)
+
+
+def test_json_output_is_strict_json():
+    # what the tool writes never holds NaN/Infinity (not JSON): a non-finite number is written as null
+    text = strictjson.dumps({"a": float("inf"), "b": [float("nan"), 1.5, (float("-inf"),)], "c": {"d": 2}})
+    assert json.loads(text) == {"a": None, "b": [None, 1.5, [None]], "c": {"d": 2}}
+    assert "Infinity" not in text and "NaN" not in text
 
 
 def test_hardware_profiles_with_infinity_or_duplicates_are_refused(tmp_path):

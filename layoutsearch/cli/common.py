@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from layoutsearch.errors import HardwareError, LayoutSearchError
+from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
@@ -240,7 +241,7 @@ def emit(result: Result, args: argparse.Namespace) -> None:
     """Print ``result``: JSON, rich output on a terminal, or plain text (no control codes, no wrapping, no
     trailing blanks) elsewhere."""
     if args.json:
-        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+        sys.stdout.write(strictjson.dumps(result) + "\n")
         return
     from rich.console import Console
     from rich.text import Text

@@ -1,4 +1,4 @@
-"""Strict reading of JSON data files (graphs, cost DAGs, hardware profiles).
+"""Strict JSON: reading data files (graphs, cost DAGs, hardware profiles) and writing documents.
 
 :func:`json.loads` alone accepts documents that later code cannot handle: duplicate keys (the last one
 silently wins), ``NaN`` and ``Infinity`` (not JSON; written back, they make invalid JSON), integers of
@@ -10,7 +10,9 @@ the file and, where the document parsed, the JSON path of the offender:
 * :func:`read_text`: a file's text (at most :data:`MAX_FILE_BYTES`, UTF-8 with an optional BOM);
 * :func:`loads`: the document, with duplicate keys, out-of-range numbers and ``NaN``/``Infinity`` marked;
 * :func:`check_tree`: raises on the first marked value, on nesting deeper than :data:`MAX_DEPTH`, and on
-  values that are not JSON (for documents built in Python).
+  values that are not JSON (for documents built in Python);
+* :func:`dumps`: what the tool writes (``--json`` output, plan and cost-DAG files) as strict JSON text, a
+  non-finite number as ``null`` (as JavaScript's ``JSON.stringify`` writes it), so it always parses.
 """
 
 from __future__ import annotations
@@ -241,5 +243,21 @@ def _clean(doc: Any) -> bool:
     return True
 
 
-__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "MAX_INT_DIGITS", "OutOfRange", "check_tree", "decode", "json_path",
-           "loads", "read_text"]
+def finite(obj: Any) -> Any:
+    """``obj`` (nested dicts, lists, tuples of JSON values) with every non-finite float replaced by None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as strict JSON text (non-finite numbers as ``null``)."""
+    return json.dumps(finite(obj), indent=indent, allow_nan=False)
+
+
+__all__ = ["MAX_DEPTH", "MAX_FILE_BYTES", "MAX_INT_DIGITS", "OutOfRange", "check_tree", "decode", "dumps", "finite",
+           "json_path", "loads", "read_text"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -204,7 +203,7 @@ class Plan:
         the settings, and :meth:`to_dict` (layout, costs, runner-ups, baselines, decisions)."""
         if self.model is None:
             raise LayoutSearchError("this plan has no forward graph to save (build it with search())")
-        return json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, "model": graph_to_dict(self.model),
+        return strictjson.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, "model": graph_to_dict(self.model),
                            "hardware": hardware_to_json(self.hardware),
                            "settings": {"precision": self.precision, "optimizer": self.optimizer,
                                         "attention": self.attention, "overlap": self.overlap},

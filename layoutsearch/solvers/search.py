@@ -235,8 +235,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
 
     * the layout, in ``space`` (``rules``, ``layers`` or ``ops``, see :mod:`.space`), by ``solver``
       (:data:`SOLVERS`);
-    * ``remat``: ``auto`` (each of ``none``, ``selective``, ``full``; ``none`` in the ops space) or one
-      policy;
+    * ``remat``: ``auto`` (each of ``none``, ``selective``, ``full``; ``none`` alone in the ops space and
+      for a graph without blocks, where there is nothing to recompute) or one policy;
     * ``microbatches``: gradient accumulation, ``auto`` (tried when the memory limit binds: powers of two
       dividing the batch) or a number;
     * ``pipeline``: ``off``, ``auto`` (a pipeline over any mesh axis, chosen when faster) or ``K`` (stages
@@ -268,8 +268,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     mesh = Mesh.of(mesh)
     hw = _hardware(hardware)
     limit = memory_limit_bytes(memory_limit, hw)
-    policies = (REMAT_POLICIES if space != "ops" else ("none",)) if remat == "auto" else (remat,)
     g = training_step(graph, optimizer, precision)
+    policies = _remat_policies(g, space, remat)
     pricer = Pricer(g, mesh, hw, attention)
     base = baseline_rules(g, mesh)
     found = _Found()
@@ -429,6 +429,17 @@ def _within(plan: Costed, limit: float | None) -> bool:
     return limit is None or plan.memory_bytes <= limit * (1 + 1e-12)
 
 
+def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:
+    """The remat policies to search: ``remat`` when given; for ``auto``, every policy, but ``none`` alone in
+    the ops space and when no forward op is in a block (remat recomputes blocks: without any, the three
+    policies price the same step)."""
+    if remat != "auto":
+        return (remat,)
+    if space == "ops" or not any(op.block is not None and op.phase == "forward" for op in g.ops):
+        return ("none",)
+    return REMAT_POLICIES
+
+
 def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "") -> Decision:
     if plan is None:
         return Decision(kind, option, None, min_memory, False, why or "nothing fits the memory limit")
@@ -456,7 +467,7 @@ def _infeasible(g: Graph, mesh: Mesh, limit: float | None, searches: list[RulesS
     lay = format_rules(rules_of(rs.cands, k, rs.dims, mesh)) or "replicated"
     helps = ["a larger memory limit or more devices"]
     options: dict[str, Any] = {}
-    if all(r.remat != "full" for r in searches):
+    if all(r.remat != "full" for r in searches) and "full" in _remat_policies(g, "rules", "auto"):
         helps.append("remat full")
         options["remat"] = "full"
     if "batch" in g.dims and microbatches != "auto":
