@@ -163,6 +163,18 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
         assert rs.lb[k] <= low * (1 + 1e-9) and low <= rep.step_s * (1 + 1e-9)
         serial = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat, overlap=0.0)
         assert serial.step_s == pytest.approx(rs.cost[k], rel=1e-9)
+    # the live-set bound is the largest live set at any point of the schedule (every point counted)
+    from layoutsearch.costmodel.memory import lifetimes, remat_plan
+
+    life = lifetimes(g, remat_plan(g, remat))
+    for k in sample:
+        layout = Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh))
+        live = np.zeros(len(g.ops))
+        for row in range(len(life.tensor)):
+            t = life.tensors[int(life.tensor[row])]
+            if t.name not in pricer.fusion.on_chip and life.start[row] <= life.end[row]:
+                live[max(0, life.start[row]):life.end[row] + 1] += layout.local_bytes(t)
+        assert rs.mem_lb[k] == pytest.approx(live.max(), rel=1e-12)
 
 
 def test_the_rules_space_holds_sequence_parallelism_and_hybrid_fsdp(gpt):

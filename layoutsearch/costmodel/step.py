@@ -116,6 +116,17 @@ def op_signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
             (t[op.output].dims, t[op.output].dtype))
 
 
+def signature_ids(graph: Graph) -> dict[str, int]:
+    """Per op name, a small integer standing for its :func:`op_signature`: equal for two ops of ``graph``
+    exactly when their signatures are equal (cached per graph; cheap to hash, where a signature's nested
+    tuples of dims are rehashed on every dictionary lookup)."""
+    def compute() -> dict[str, int]:
+        ids: dict[tuple[Any, ...], int] = {}
+        return {op.name: ids.setdefault(op_signature(op, graph), len(ids)) for op in graph.ops}
+
+    return graph_cached(graph, "signature ids", compute)
+
+
 def _names(op: O.Op) -> tuple[str, ...]:
     return (op.name, op.output, *op.inputs)
 
@@ -169,12 +180,13 @@ def repeats(graph: Graph) -> tuple[int, ...]:
         containing: dict[tuple[Any, str], list[int]] = {}  # (signature, block) -> reps whose names contain block/
         reps: dict[tuple[Any, ...], list[int]] = {}  # signature -> tagged representatives (for bordered blocks)
         out: list[int] = []
+        sigs = signature_ids(graph)
         for i, op in enumerate(ops):
             block = op.block
             if block is None:
                 out.append(i)
                 continue
-            sig = op_signature(op, graph)
+            sig = sigs[op.name]
             names = _names(op)
             prefix = scope_prefix(block)
             key = (sig, tuple(tuple(n.split(prefix)) for n in names))
@@ -277,4 +289,5 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
     return each, (dedupe(each) if dedupe is not None else each)
 
 
-__all__ = ["checked", "graph_cached", "is_training_graph", "repeats", "resized", "step_costs", "training_step"]
+__all__ = ["checked", "graph_cached", "is_training_graph", "op_signature", "repeats", "resized", "signature_ids",
+           "step_costs", "training_step"]

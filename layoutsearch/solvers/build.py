@@ -39,7 +39,7 @@ import numpy as np
 
 from layoutsearch.costmodel.memory import lifetimes, remat_plan, transient_buffers
 from layoutsearch.costmodel.ops import OpCost, local_bytes
-from layoutsearch.costmodel.step import op_signature
+from layoutsearch.costmodel.step import signature_ids
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
@@ -73,6 +73,8 @@ class _Builder(SpaceNodes):
             raise LayoutSearchError(f"remat {remat!r} is supported in the rules and layers spaces, not in 'ops'")
         self.hw = hw
         self.p = pricer or Pricer(graph, mesh, hw)
+        if self.p.graph is not graph:  # its caches are keyed by this graph's signature ids
+            raise LayoutSearchError("build_space: the pricer was made for another graph")
         rules = rules if rules is not None else (rule_sets(graph, mesh) if kind != "ops" else None)
         super().__init__(graph, mesh, kind, tie, rules, include, variants, self.p.cache)
         self.deadline = deadline or Deadline()
@@ -88,7 +90,7 @@ class _Builder(SpaceNodes):
         key = ("sig", op.name)
         if key not in self._fcache:
             roles = tuple(self.p.classes.get(x) for x in (*op.inputs, op.output))  # which collectives overlap
-            self._fcache[key] = (op_signature(op, self.g), self.p.fusion.signature(op), roles)
+            self._fcache[key] = (signature_ids(self.g)[op.name], self.p.fusion.signature(op), roles)
         return self._fcache[key]
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:

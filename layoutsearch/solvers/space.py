@@ -66,7 +66,7 @@ from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
 from layoutsearch.costmodel.overlap import classify, collective_classes
-from layoutsearch.costmodel.step import op_signature
+from layoutsearch.costmodel.step import signature_ids
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import SEP, scope_prefix
@@ -341,11 +341,12 @@ def block_families(graph: Graph, tie: bool = True) -> dict[str, str]:
     for op in graph.ops:
         if op.block is not None:
             inside[op.block].add(op.output)
+    sig = signature_ids(graph)
     for op in graph.ops:
         if op.block is not None:
             ins = tuple(_strip(i, op.block) if i in inside[op.block] or _strip(i, op.block) != i else "<in>"
                         for i in op.inputs)
-            sigs[op.block].append((_strip(op.name, op.block), ins, op_signature(op, graph)))
+            sigs[op.block].append((_strip(op.name, op.block), ins, sig[op.name]))
     fam: dict[str, str] = {}
     first: dict[tuple, str] = {}
     for b, s in sigs.items():
