@@ -204,10 +204,10 @@ def memory_rows(spans: list[list[Span]], n_points: int, points: list[str], class
     """The memory rows: per schedule point, the live instances of each item; only the rows that can be the
     peak are kept.
 
-    Exact reductions: identical rows once; of the points of one tied op (``classes``: equal for the
-    instances of one op in repeated blocks, in schedule order), in each run of instances whose rows grow by
-    the same vector from one to the next, only the first and the last (memory there is affine in the
-    instance number, so its maximum is at an end); rows another row dominates (counts no smaller
+    Exact reductions: identical rows once; of the points of one class (``classes``: any grouping, e.g. the
+    instances of one op in repeated blocks; taken in schedule order), in each run of points whose rows grow
+    by the same vector from one to the next, only the first and the last (memory there is affine in the
+    position in the run, so its maximum is at an end); rows another row dominates (counts no smaller
     everywhere) dropped."""
     if not spans or n_points == 0:
         return []

@@ -282,10 +282,13 @@ class _Builder(SpaceNodes):
         return Item("recompute", roles, fn)
 
     def point_classes(self) -> list[Any]:
-        """Per op of the schedule: its class (equal for the instances of one op of tied blocks)."""
+        """Per op of the schedule: its class, the sequences in which :func:`.assemble.memory_rows` looks for
+        runs of points whose live items grow alike (equal for the instances of one op of tied blocks, and for
+        untagged ops of equal signature: the repeated layers of a graph without block tags)."""
         def make() -> list[Any]:
             fam = self.families(True)
-            return [(fam[op.block], _strip(op.name, op.block)) if op.block is not None else op.name
+            sig = signature_ids(self.g)
+            return [(fam[op.block], _strip(op.name, op.block)) if op.block is not None else ("untagged", sig[op.name])
                     for op in self.g.ops]
 
         return self.cached(("point_classes",), make)

@@ -10,7 +10,6 @@ overlap (:func:`overlapped_top`).
 
 from __future__ import annotations
 
-from collections import defaultdict
 
 import numpy as np
 
