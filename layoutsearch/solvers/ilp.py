@@ -17,8 +17,8 @@ relaxation tight on trees):
 
 Memory rows are added lazily (the rows the current plan violates, then
 re-solve), as most of the schedule's points never bind. Runner-up plans come
-from re-solving with a no-good cut excluding the plans found. With a time limit the best plan so far is returned with status
-``feasible`` and the proven bound. When no plan fits, a second program
+from re-solving with a no-good cut excluding the plans found. With a time limit
+the best plan so far is returned with status ``feasible`` and the proven bound. When no plan fits, a second program
 minimizes the peak memory, so the message can name the smallest peak any
 plan needs. NP-hard in general; CBC (branch and cut) or CP-SAT (lazy clause
 generation with LP relaxations) solve the tied problems of real models in

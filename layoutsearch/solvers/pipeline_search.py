@@ -147,40 +147,20 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     whole step per device of a stage at the fastest matmul rate — reaches it, or the best pipelined plan
     found so far, is not priced. ``deadline``: once it has passed and a pipelined plan fits, nothing more is
     priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
-    from layoutsearch.solvers.search import search
-
     deadline = deadline or Deadline()
-
     m = Mesh.of(mesh)
     hw = _hardware(hardware)
-    B = graph.dims.get(batch_dim)
-    if B is None:
-        raise LayoutSearchError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
-    if microbatches is not None and B % microbatches:
-        raise LayoutSearchError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
-    axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages)]
-    if not axes:
-        raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")
+    B, axes = _pipeline_axes(graph, m, stages, microbatches, batch_dim)
     priced: list[tuple[PipelineCandidate, PipelineReport]] = []
     reasons: list[str] = []
     trained_graph = training_step(graph, optimizer, precision)
     for axis in axes:
         K = m.axis_size(axis)
         inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
-        inner_rules = [()]  # replicated inside a stage, if the inner mesh is trivial
-        if inner_mesh.axes:
-            if progress:
-                progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
-            # candidates for the layout inside a stage: the best two of the serial objective (each is priced
-            # again as a pipeline below) and the textbook layouts
-            left = deadline.left()
-            plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
-                          attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False,
-                          time_limit=max(left, 1e-3) if left is not None else None)
-            inner_rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
-            inner_rules += [rules_of(rs, 0, list(trained_graph.dims), inner_mesh)
-                            for rs, _ in baseline_rules(trained_graph, inner_mesh).values() if rs is not None]
-            inner_rules = list(dict.fromkeys(inner_rules))
+        if progress and inner_mesh.axes:
+            progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
+        inner_rules = _stage_layouts(graph, trained_graph, inner_mesh, hw, optimizer, precision, attention,
+                                     deadline)
         full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
         sched = Schedule.parse(schedule)
         for rules in inner_rules:
@@ -215,6 +195,40 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: {why}")
     best = min(ok, key=lambda cr: cr[0].step_s)
     return PipelinePlan(best[1], tuple(c for c, _ in priced))
+
+
+def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int | None,
+                   batch_dim: str) -> tuple[int, list[str]]:
+    """The batch size and the mesh axes that can carry ``stages`` stages (any of size >= 2 when None);
+    LayoutSearchError when there is no batch dim, ``microbatches`` does not divide it, or no axis fits."""
+    B = graph.dims.get(batch_dim)
+    if B is None:
+        raise LayoutSearchError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
+    if microbatches is not None and B % microbatches:
+        raise LayoutSearchError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
+    axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages)]
+    if not axes:
+        raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")
+    return B, axes
+
+
+def _stage_layouts(graph: Graph, trained: Graph, inner_mesh: Mesh, hw: Hardware, optimizer: str,
+                   precision: Precision | str, attention: str, deadline: Deadline) -> list[tuple]:
+    """Candidates for the layout inside a stage: the best two of the serial objective on ``inner_mesh``
+    (each priced again as a pipeline by the caller) and the textbook layouts; replicated when the inner
+    mesh is trivial."""
+    from layoutsearch.solvers.search import search
+
+    if not inner_mesh.axes:
+        return [()]
+    left = deadline.left()
+    plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
+                  attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False,
+                  time_limit=max(left, 1e-3) if left is not None else None)
+    rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
+    rules += [rules_of(rs, 0, list(trained.dims), inner_mesh)
+              for rs, _ in baseline_rules(trained, inner_mesh).values() if rs is not None]
+    return list(dict.fromkeys(rules))
 
 
 def _matmul_bound(trained: Graph, layout: Layout, hw: Hardware) -> float:

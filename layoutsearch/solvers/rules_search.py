@@ -10,7 +10,6 @@ overlap (:func:`overlapped_top`).
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate, hbm_seconds

@@ -194,6 +194,13 @@ class _Found:
             self.gap_unknown = self.gap_unknown or (not proven and gap is None)
             self.gap = (self.gap or 0.0) if proven else max(gap or 0.0, self.gap or 0.0)
 
+    def proof(self, chosen: Costed) -> tuple[bool, float | None]:
+        """(optimal, gap) of ``chosen``: the proof over unaccumulated, unpipelined plans; none for a plan found
+        by the heuristics of :func:`_accumulated` or :func:`~.pipeline_search.search_pipeline`."""
+        if chosen.microbatches > 1 or chosen.pipelined:
+            return False, None
+        return self.optimal, None if self.gap_unknown else self.gap
+
     def skipped(self, what: str) -> None:
         """A phase not run because the time limit ran out: the result is not proven."""
         self.cut_short.append(f"{what}: not searched, the time limit ran out first")
@@ -291,16 +298,14 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
         else:
             why_not_piped = _search_pipelines(found, graph, mesh, hw, limit, pipeline, microbatches, schedule,
                                               optimizer, precision, attention, overlap, deadline, progress)
-    options = sorted((p for p in found.options if _within(p, limit)), key=lambda c: c.step_s)
-    if not options:
+    ranked = sorted((p for p in found.options if _within(p, limit)), key=lambda c: c.step_s)[:top]
+    if not ranked:
         with reporting(progress, "nothing fits: finding the smallest peak memory"):
             error = _infeasible(g, mesh, limit, found.searches, why_not_piped, microbatches, pipeline)
         raise error
-    ranked = [dataclasses.replace(p, name="chosen" if i == 0 else f"#{i + 1}") for i, p in enumerate(options[:top])]
-    chosen, runner_ups = ranked[0], tuple(ranked[1:])
-    optimal, gap = found.optimal, None if found.gap_unknown else found.gap
-    if chosen.microbatches > 1 or chosen.pipelined:  # found by the heuristics of _accumulated / search_pipeline
-        optimal, gap = False, None
+    chosen, *others = (dataclasses.replace(p, name="chosen" if i == 0 else f"#{i + 1}") for i, p in enumerate(ranked))
+    runner_ups = tuple(others)
+    optimal, gap = found.proof(chosen)
     priced_baselines = _price_baselines(base, g, mesh, hw, policies, found.searches, limit, optimizer, attention,
                                         overlap, progress) if baselines else ()
     decisions = tuple(dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in found.decisions)

@@ -8,8 +8,9 @@ CPU cores) — honouring co-location groups, eligibility and memory limits, mini
 **Methods.** :mod:`.dp` (exact DP over down-closed sets, contiguous; Tarnawski et al. 2020, Section 4),
 :mod:`.ilp` (Tarnawski et al.'s ILP through :mod:`layoutsearch.solvers.milp`, CBC or CP-SAT; contiguous
 or not; exact unless a time limit stops it, then with its gap), :mod:`.brute` (tests), and the baselines
-of :mod:`.baselines`; :mod:`.bounds` gives lower bounds (relaxations) for the ILPs and the gaps. :mod:`.reduce` contracts the problem exactly first. Every result is priced again on
-the original DAG by :func:`.instance.evaluate`, the one definition of the objectives.
+of :mod:`.baselines`; :mod:`.bounds` gives lower bounds (relaxations) for the ILPs and the gaps.
+:mod:`.reduce` contracts the problem exactly first. Every result is priced again on the original DAG by
+:func:`.instance.evaluate`, the one definition of the objectives.
 
 References: J. Tarnawski, A. Phanishayee, N. Devanur, D. Mahajan, F. Nina Paravecino, "Efficient
 Algorithms for Device Placement of DNN Graph Operators", NeurIPS 2020. Y. Huang et al., "GPipe:
@@ -166,7 +167,8 @@ def _gpipe_at_most(dag: CostDAG, k: int, mb: int, limit: int | None, solver: str
 
 
 def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: bool, at_most: bool, solver: str,
-           time_limit: float | None, max_ideals: int, info: dict[str, Any]) -> tuple[str, list[int], bool, float | None]:
+           time_limit: float | None, max_ideals: int, info: dict[str, Any]
+           ) -> tuple[str, list[int], bool, float | None]:
     """(method, unit of ``inst`` -> device, optimal, gap; None when to be computed from ``info["bound"]``);
     ``full`` is the problem before its reductions."""
     exact_k = not at_most

@@ -245,7 +245,8 @@ def value(inst: Instance, sigma: Sequence[int], loads: Sequence[float], objectiv
         return max(loads)
     graph = nx.DiGraph()
     graph.add_nodes_from(used)
-    graph.add_edges_from((sigma[src], sigma[w]) for src, cons, _ in inst.tensors for w in cons if sigma[w] != sigma[src])
+    graph.add_edges_from((sigma[src], sigma[w]) for src, cons, _ in inst.tensors for w in cons
+                         if sigma[w] != sigma[src])
     if not nx.is_directed_acyclic_graph(graph):
         raise PartitionError("the latency objective needs contiguous stages: this placement's devices depend on "
                              "each other in a cycle")
