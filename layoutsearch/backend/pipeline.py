@@ -1,11 +1,16 @@
-"""Pipelined training steps of an IR graph: stages over a ``stage`` mesh axis, GPipe or 1F1B, in one jit.
+"""Pipelined training steps of an IR graph: stages over a ``stage`` mesh axis, GPipe, 1F1B or interleaved 1F1B.
 
 The graph's repeated blocks ``layer.0 .. layer.{L-1}`` (ops tagged
 ``block="layer.i"``, tensors named ``layer.i/<name>``) must be structurally
 identical: the same ops and tensors after the prefix, one activation entering
 and one leaving each block with the same dims, and parameters of their own.
 Stage ``s`` of ``K`` holds a contiguous run of ``layers_per_stage[s]`` layers
-(any partition the search picks; default ``L/K`` each).
+(any partition the search picks; default ``L/K`` each). With ``interleaved:V``
+each device holds ``V`` chunks of contiguous layers, chunk ``c`` of device
+``k`` being virtual stage ``c K + k``: ``layers_per_stage`` then gives the
+``K V`` chunks' layers in virtual-stage order (any contiguous partition; a
+chunk may hold none, e.g. where the search gave a chunk the embedding alone;
+default ``L/(K V)`` each).
 
 Unequal stages (e.g. 3 + 5 layers on 2 stages). One SPMD program gives every
 device the same local shapes, so the layer parameters are stacked
@@ -29,13 +34,19 @@ what the cost model prices for the largest stage; a smaller stage all-reduces
 holds ``S - n_s`` layers of parameters, gradients and optimizer state beyond
 what the cost model prices for it (the largest stage is exact). XLA's
 ``cost_analysis`` counts both branches of a ``cond`` and loop bodies once, so
-it cannot show the skipped padding.
+it cannot show the skipped padding. Interleaved: the parameters are stacked
+``[K, V S, ...]`` with ``S`` the largest chunk's layers, device ``k``'s chunk
+``c`` in slots ``c S .. c S + S - 1`` (mask ``[K, V S]``). The ticks are
+synchronous, so with unequal chunks a tick lasts as long as the largest chunk
+that runs in it: the loop takes ``2(M V + K - 1)`` ticks of (up to) the largest
+chunk, where the cost model prices ``M + (K - 1)/V`` steps of the slowest
+device's chunks together (equal for equal chunks).
 
 Everything else runs outside the layers, inside the same ``shard_map`` body:
 the *pre* ops (before the first block: embedding) on every stage on its local
 batch; the *post* ops (after the last block: head and loss) on every stage on
 the local batch after the loop (GPipe; their result counts only on the last
-stage) or on the last stage per micro-batch inside the loop (1F1B). Their
+stage) or on the last stage per micro-batch inside the loop (1F1B, interleaved). Their
 parameters are replicated over ``stage``. The batch dim (``batch_dim``) is
 split over the optional data axis; the local batch ``B/D`` is cut into ``M``
 micro-batches of ``B/(D·M)`` examples.
@@ -49,30 +60,38 @@ The last stage's outputs of steps ``K-1 .. T-1`` are the M micro-batches in
 order. The backward loop keeps what the forward saved at every one of the
 ``T`` steps: all M micro-batches are in flight.
 
-1F1B (``schedule="1f1b"``, PipeDream-flush; loss and gradients written out,
-``jax.vjp`` per stage and micro-batch): ``2T`` ticks, as a ``lax.scan`` over
-``T`` steps of two ticks. Stage ``s`` runs the forward of micro-batch ``i``
-at tick ``s + 2i`` and its backward at tick ``2K - 1 - s + 2i`` (idle
-otherwise): in steady state it alternates one forward and one backward, and
-micro-batch ``i`` is in flight on stage ``s`` for ``2(K - s) - 1`` ticks, so
-at most ``K - s`` micro-batches are, as the cost model's ``min(M, K - s)``.
-At each tick the neighbours ``(k, k+1)`` with ``k`` of the tick's parity are
-the pairs that exchange (the one that ran a forward sends its activation
-right, the other its input gradient left): one ``ppermute`` per tick, a swap
-between the pairs, static per parity. A forward stashes the residuals of the
-stage's VJP in slot ``i mod K`` of a ``K``-slot buffer (under the remat policy:
-the stage input alone with ``full``, also the projections with ``selective``,
-every activation with ``none``; the parameters are not stashed: JAX forwards
-them into the residuals as the very arrays passed in, and they are put back);
-the backward rebuilds the VJP from the slot and adds the parameter gradients to
-float32 accumulators. The last stage runs the post ops and their gradient
-right after its forward of a micro-batch (their output gradient is its next
-tick's backward input); stage 0's input gradients are gathered per
-micro-batch and run through the pre ops' VJP after the loop. The loss of the
-local batch is the mean (or sum, as the loss reduces the batch) of the
-micro-batches' losses, equal to GPipe's up to float32 rounding.
+1F1B (``schedule="1f1b"``, PipeDream-flush) and interleaved 1F1B
+(``schedule="interleaved:V"``, Megatron-LM, Narayanan et al. 2021 section
+2.2.1): loss and gradients written out, ``jax.vjp`` per chunk and
+micro-batch, by a static tick table (:mod:`~layoutsearch.backend.tick_tables`
+says which op each device runs at each tick; :mod:`~layoutsearch.backend.one_f_one_b`
+runs it in one ``lax.scan``). 1F1B: ``2T`` ticks (``T = M + K - 1``), as ``T``
+loop steps of two ticks; stage ``s`` runs the forward of micro-batch ``i`` at
+tick ``s + 2i`` and its backward at tick ``2K - 1 - s + 2i``, so it holds at
+most ``K - s`` micro-batches, the cost model's ``min(M, K - s)``; after each
+tick the neighbours ``(k, k+1)`` with ``k`` of the tick's parity swap what
+they computed (one ``ppermute`` per tick). Interleaved: each device runs its
+forwards and backwards in Megatron-LM's order (warm-up forwards, steady 1F1B,
+cool-down backwards; ``M`` a multiple of ``K``), each as soon as its input
+has arrived: ``2(M V + K - 1)`` ticks of one chunk each, the ``(K - 1)/V``
+bubble per micro-batch loop that the cost model prices, with at most ``V K +
+K - 1`` chunks stashed on device 0 (``K + (K - 1)/V`` micro-batches' worth,
+schedule.py's ``in_flight(0)`` when ``M > K``; fewer on later devices); after
+each tick a ring shift each way (one swap for ``K = 2``), so activations also
+pass from device ``K - 1`` to device 0 between chunks. A forward stashes the
+residuals of the chunk's VJP in a stash slot (under the remat policy: the
+chunk input alone with ``full``, also the projections with ``selective``,
+every activation with ``none``; not the parameters, which are put back); the
+backward rebuilds the VJP from the slot and adds the parameter gradients to
+float32 accumulators. The last virtual stage runs the post ops and their
+gradient right after its forward of a micro-batch; the input gradients of
+virtual stage 0 are gathered per micro-batch and run through the pre ops' VJP
+after the loop. The loss of the local batch is the mean (or sum, as the loss
+reduces the batch) of the micro-batches' losses, equal to GPipe's up to
+float32 rounding. The interleaved program's loss alone (:meth:`Pipeline.sharded_loss`)
+runs the forwards as a circular pipeline (:func:`~.tick_tables.circular_forward`).
 
-Remat (both schedules): ``remat="full"`` (or True) wraps the stage function
+Remat (every schedule): ``remat="full"`` (or True) wraps the stage function
 in ``jax.checkpoint`` (only stage inputs are saved per micro-batch; the layers
 are recomputed in the backward), ``"selective"`` also keeps the projections'
 outputs, ``"none"`` keeps everything.
@@ -83,25 +102,31 @@ outside the loop, so the gradient all-reduces (``psum``: derived by
 ``jax.grad`` for GPipe, written for 1F1B) run once on the gradients
 accumulated over all micro-batches rather than once per loop iteration.
 Compiled-program collectives per device (``b`` = bytes of one micro-batch
-activation per device, ``P_s`` / ``P_o`` = local bytes of a stage's stacked
+activation per device, ``P_s`` / ``P_o`` = local bytes of a device's stacked
 slots / the outer parameters): GPipe ``2·(M+K-1)`` collective-permutes of
 ``b`` over ``stage`` (forward and backward loops); 1F1B the same for K > 2
 (an even-tick and an odd-tick swap, ``M+K-1`` each; ``M+K-1`` for K = 2,
 whose odd ticks have no pair): per device, what the cost model charges a
-middle stage (an end stage: half); one all-reduce of ``P_s`` over the data
-axis; one of ``P_o`` + 4 (the loss) over ``stage`` and data (see
-``tests/test_pipeline_exec.py`` for the exact forms).
+middle stage (an end stage: half); interleaved ``2(M V + K - 1)`` of ``b``
+(K = 2) or twice that (K > 2: the two ring shifts, zeros where a device has
+nothing for a neighbour), what the cost model charges every device; one
+all-reduce of ``P_s`` over the data axis; one of ``P_o`` + 4 (the loss) over
+``stage`` and data (see ``tests/test_pipeline_exec.py`` and
+``tests/test_pipeline_interleaved.py`` for the exact forms).
 
-Memory as XLA:CPU compiles it (gpt, 4 layers, d_model 32, batch 16, seq 8,
-float32; ``memory_analysis().temp_size_in_bytes`` per device, GPipe -> 1F1B;
-arguments and outputs are the same): K=2, M=8, remat none 1.80 MB -> 1.07 MB;
-K=4, M=8, remat none 1.21 MB -> 0.80 MB; K=4 x data 2, M=4 (M = K: no saving
-expected), remat none 0.73 MB -> 0.77 MB; K=2, M=8, remat full 0.41 MB -> 0.44
-MB. With full remat a micro-batch in flight is one stage input (2 KB here),
+Memory as XLA:CPU compiles it (gpt, d_model 32, batch 16, seq 8, float32;
+``memory_analysis().temp_size_in_bytes`` per device, GPipe -> 1F1B ->
+interleaved:2; arguments and outputs are the same): 4 layers, K=2, M=8, remat
+none 1.80 MB -> 1.07 MB -> 1.12 MB; the same with remat full 0.41 MB -> 0.44 MB
+-> 0.35 MB; 8 layers, K=4, M=8, remat none 2.13 MB -> 1.70 MB -> 2.07 MB; 8
+layers, K=4 x data 2, M=4 (M = K: no 1F1B saving expected), remat none 1.48 MB
+-> 1.67 MB -> 1.57 MB. The cost model's activations of stage 0: 1F1B ``K``
+micro-batches, interleaved ``K + (K-1)/V`` (x1.25 for K=2, x1.375 for K=4 at
+V=2). With full remat a micro-batch in flight is one stage input (2 KB here),
 so the in-flight saving (14 KB) is smaller than what the 1F1B loop carries
 besides (the stage-0 input gradients of all M micro-batches, float32
-accumulators, and the copies XLA:CPU makes of the carry around the
-``lax.switch``); the cost model's 1F1B saving is the in-flight term alone.
+accumulators, the inboxes, and the copies XLA:CPU makes of the carry around
+the ``lax.switch``); the cost model's 1F1B saving is the in-flight term alone.
 
 Other mesh axes: ``shard_map`` is manual over ``stage`` and data only; a
 ``layout`` (rules such as ``"heads:model,d_ff:model"``, or a Layout) splits
@@ -109,8 +134,7 @@ dims over the remaining axes, applied to every tensor by
 ``with_sharding_constraint`` (XLA's partitioner inserts the tensor-parallel
 collectives, inside the loops; with 1F1B, inside the forward and backward
 branches of the tick). The layout may not use ``stage`` or data nor split the
-batch; layer tensors take the layout of ``layer.0``'s. ``interleaved:V`` is
-priced by the cost model but not executed.
+batch; layer tensors take the layout of ``layer.0``'s.
 """
 
 from __future__ import annotations
@@ -128,9 +152,12 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from layoutsearch.backend import tick_tables
+from layoutsearch.backend.one_f_one_b import TickedStep, vary
 from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
 from layoutsearch.costmodel.memory import REMAT_POLICIES
-from layoutsearch.errors import GraphError, LayoutError
+from layoutsearch.costmodel.schedule import Schedule
+from layoutsearch.errors import CostModelError, GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
@@ -140,9 +167,10 @@ from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
 IN = "__in__"
-SCHEDULES = ("gpipe", "1f1b")
-"""The schedules the executor runs (the cost model also prices ``interleaved:V``)."""
 """Name of the activation entering a block, in the template layer graph."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved:V")
+"""The schedules the executor runs (those the cost model prices)."""
+_vary = vary
 
 
 @dataclass(frozen=True)
@@ -263,8 +291,9 @@ def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, bat
 
 
 class Pipeline:
-    """A GPipe training step for ``graph`` on a mesh ``{stage: K, data: D, ...}`` (data optional;
-    other axes are used by ``layout``).
+    """A pipelined training step for ``graph`` on a mesh ``{stage: K, data: D, ...}`` (data optional;
+    other axes are used by ``layout``), run by ``schedule``: ``gpipe`` (default), ``1f1b`` or
+    ``interleaved:V`` (``layers_per_stage`` then counts the ``K V`` chunks in virtual-stage order).
 
     ``step(stacked, outer, inputs) -> (loss, (d_stacked, d_outer))`` is the jitted
     core on laid-out arrays (see :meth:`shardings`); :meth:`loss_and_grads` takes
@@ -283,31 +312,47 @@ class Pipeline:
                               f"({mesh_shape[stage_axis]})")
         if microbatches < 1:
             raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
-        if schedule not in SCHEDULES:
-            raise LayoutError(f"the pipeline executor runs the schedules {', '.join(SCHEDULES)}, not {schedule!r}")
-        self.schedule = schedule
+        try:
+            sched = Schedule.parse(schedule)
+        except CostModelError:
+            raise LayoutError(f"the pipeline executor runs the schedules {', '.join(SCHEDULES)}, not {schedule!r}") \
+                from None
+        self.schedule = str(sched)
+        self.V = sched.virtual if sched.kind == "interleaved" else 1
+        """Chunks per device (``V`` of ``interleaved:V``; 1 otherwise)."""
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
         if self.remat not in REMAT_POLICIES:
             raise LayoutError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
         self.graph, self.batch_dim = graph, batch_dim
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches
+        if self.V > 1 and microbatches % self.K:
+            raise LayoutError(f"the interleaved schedule needs the micro-batches to be a multiple of the stages "
+                              f"(Megatron-LM's constraint): {microbatches} micro-batches, {self.K} stages")
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
-        self.counts = _stage_counts(self.parts.layers, self.K, layers_per_stage)
+        self.act_dims = self.parts.layer.tensors[IN].dim_names
+        self.counts = _stage_counts(self.parts.layers, self.K, layers_per_stage, self.V)
+        """Layers per virtual stage (chunk ``c`` of device ``k`` is virtual stage ``c K + k``)."""
         self.slots = max(self.counts)
-        self.mask = np.arange(self.slots)[None, :] < np.array(self.counts)[:, None]  # [K, slots]: a real layer
+        """Layer slots per chunk (the largest chunk's layers)."""
+        counts = np.array(self.counts).reshape(self.V, self.K).T  # [K, V]
+        # [K, V slots]: whether device k's slot c*slots + j holds a layer (of its chunk c)
+        self.mask = (np.arange(self.slots)[None, None, :] < counts[:, :, None]).reshape(self.K, -1)
         self.manual = (stage_axis, data_axis) if data_axis in mesh_shape else (stage_axis,)
         self.layout = self._check_layout(layout, mesh_shape)
         self.loss_scale = self._data_scale()
         self.block_prefix = block_prefix
-        if schedule == "1f1b":  # the post ops run per micro-batch, on the last stage, inside the loop
+        self.ticks: tick_tables.TickPlan | None = None
+        if self.schedule != "gpipe":  # the post ops run per micro-batch, on the last stage, inside the loop
+            self.ticks = (tick_tables.one_f_one_b(self.K, microbatches) if self.V == 1
+                          else tick_tables.interleaved(self.K, self.V, microbatches))
             self.reduction = batch_reduction(graph, batch_dim)
             post = self.parts.post
             _check_batch_local(graph, [graph.op(op.name) for op in post.ops], batch_dim, graph.loss, "post ops")
             foreign = [t.name for t in post.fed if t.name != self.parts.exit and t.role == "input"
                        and graph.producer(t.name) is not None]
             if foreign:
-                raise GraphError(f"the 1F1B executor runs the ops after the last block per micro-batch; they may "
+                raise GraphError(f"the 1F1B executors run the ops after the last block per micro-batch; they may "
                                  f"read the last block's output, inputs and parameters, not {foreign}")
             self.post_micro = post.with_sizes({batch_dim: post.dims[batch_dim] // microbatches})
         devs = list(devices if devices is not None else jax.devices())
@@ -351,18 +396,22 @@ class Pipeline:
         return tuple({k: NamedSharding(self.mesh, s) for k, s in d.items()} for d in self.specs())
 
     def _slot_layers(self) -> list[list[int]]:
-        """Per stage, the layer in each of its slots (padding slots repeat the stage's first layer; they are
-        skipped when run and their gradients dropped)."""
+        """Per device, the layer in each of its slots (``V`` chunks of ``slots`` slots; padding slots repeat
+        their chunk's first layer, or the last layer for a chunk without one; they are skipped when run and
+        their gradients dropped)."""
         first = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        return [[int(first[s]) + (j if j < n else 0) for j in range(self.slots)] for s, n in enumerate(self.counts)]
+        last = self.parts.layers - 1
+        return [[min(int(first[c * self.K + k]) + (j if j < self.counts[c * self.K + k] else 0), last)
+                 for c in range(self.V) for j in range(self.slots)] for k in range(self.K)]
 
     def _layer_param(self, i: int, k: str) -> str:
         """The graph's name of template parameter ``k`` in layer ``i``."""
         return scoped(block_name(i, self.block_prefix), k)
 
     def stack(self, params: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays]:
-        """The graph's parameters as (stacked ``[K, slots, ...]`` layer parameters: stage ``s`` holds its
-        ``layers_per_stage[s]`` layers in order, then padding; outer parameters)."""
+        """The graph's parameters as (stacked ``[K, V slots, ...]`` layer parameters: device ``k`` holds, per
+        chunk ``c``, the ``layers_per_stage[c K + k]`` layers of virtual stage ``c K + k`` in order, then padding;
+        outer parameters)."""
         slots = self._slot_layers()
         stacked = {k: jnp.stack([jnp.stack([params[self._layer_param(i, k)] for i in row]) for row in slots])
                    for k in self.parts.layer_params}
@@ -373,7 +422,7 @@ class Pipeline:
         out = dict(outer)
         for k, v in stacked.items():
             for s, row in enumerate(self._slot_layers()):
-                out.update({self._layer_param(i, k): v[s, j] for j, i in enumerate(row[:self.counts[s]])})
+                out.update({self._layer_param(i, k): v[s, j] for j, i in enumerate(row) if self.mask[s, j]})
         return out
 
     def place(self, params: Mapping[str, jax.Array], inputs: Mapping[str, jax.Array]) -> tuple[Arrays, Arrays, Arrays]:
@@ -404,11 +453,12 @@ class Pipeline:
     def sharded_loss_and_grads(self, stacked: Arrays, outer: Arrays, inputs: Arrays
                                ) -> tuple[jax.Array, tuple[Arrays, Arrays]]:
         """Loss and gradients of laid-out parameters (the gradients laid out as the parameters) under the
-        schedule: GPipe by ``jax.value_and_grad`` of :meth:`sharded_loss`, 1F1B with the backward written out."""
+        schedule: GPipe by ``jax.value_and_grad`` of :meth:`sharded_loss`, 1F1B and interleaved 1F1B with the
+        backward written out."""
         if self.schedule == "gpipe":
             return jax.value_and_grad(self.sharded_loss, argnums=(0, 1))(stacked, outer, inputs)
         s_spec, o_spec, _ = self.specs(manual_only=True)
-        fn = jax.shard_map(self._body_1f1b, mesh=self.mesh, in_specs=self.specs(manual_only=True),
+        fn = jax.shard_map(self._body_ticked, mesh=self.mesh, in_specs=self.specs(manual_only=True),
                            out_specs=(P(), s_spec, o_spec), axis_names=set(self.manual), check_vma=True)
         loss, d_stacked, d_outer = fn(stacked, outer, inputs)
         cast = lambda g, like: {k: v.astype(like[k].dtype) for k, v in g.items()}
@@ -427,7 +477,7 @@ class Pipeline:
         return y.reshape(*y.shape[:a], y.shape[a] * y.shape[a + 1], *y.shape[a + 2:])
 
     def _prepare(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> _Prepared:
-        """What both schedules share at the top of the ``shard_map`` body: parameters cast to varying (outside
+        """What every schedule shares at the top of the ``shard_map`` body: parameters cast to varying (outside
         the loops, so that the gradient psums run once) and to the forward dtypes, the pre ops run on the local
         batch, and the stage function under the remat policy."""
         p, st = self.parts, self.stage_axis
@@ -460,19 +510,18 @@ class Pipeline:
         def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
             return run_graph(p.layer, {**params, IN: x}, layer_constrain)[p.layer_out], None
 
-        if self.mask.all():
-            def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
+        def stage_fn(params: Arrays, x: jax.Array, real: jax.Array | None) -> jax.Array:
+            """One stage or chunk: its slots in order; a padding slot (``real`` False) passes its input through."""
+            if real is None:
                 return lax.scan(layer, x, params)[0]
-        else:  # unequal stages: padding slots pass their input through
-            real = jnp.asarray(self.mask)[stage]
 
-            def stage_fn(params: Arrays, x: jax.Array) -> jax.Array:
-                def slot(x: jax.Array, item: tuple[Arrays, jax.Array]) -> tuple[jax.Array, None]:
-                    ps, on = item
-                    return lax.cond(on, lambda x: layer(x, ps)[0], lambda x: x, x), None
-                return lax.scan(slot, x, (params, real))[0]
+            def slot(x: jax.Array, item: tuple[Arrays, jax.Array]) -> tuple[jax.Array, None]:
+                ps, on = item
+                return lax.cond(on, lambda x: layer(x, ps)[0], lambda x: x, x), None
+            return lax.scan(slot, x, (params, real))[0]
 
-        return _Prepared(stacked, outer, inputs, stage, constrain, self._remat(stage_fn))
+        real = None if self.mask.all() else jnp.asarray(self.mask)[stage]  # [V slots] of this device
+        return _Prepared(stacked, outer, inputs, stage, constrain, self._remat(stage_fn), real)
 
     def _body(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:
         """GPipe: the forward loop; ``jax.grad`` of the ``shard_map`` derives the backward loop."""
@@ -485,114 +534,50 @@ class Pipeline:
         env = {**inputs, **outer, **env}
         dims = p.layer.tensors[IN].dim_names
         xs = self._split(env[p.entry], dims)
-        xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
-        run_stage = c.run_stage
-        perm = [(i, i + 1) for i in range(K - 1)]
+        if self.V > 1:
+            ys = self._circular(c, xs)
+        else:
+            xs = jnp.concatenate([xs, jnp.zeros((K - 1, *xs.shape[1:]), xs.dtype)])
+            run_stage, perm = c.run_stage, [(i, i + 1) for i in range(K - 1)]
 
-        def tick(carry: jax.Array, x_t: jax.Array) -> tuple[jax.Array, jax.Array]:
-            y = run_stage(stacked, jnp.where(stage == 0, x_t, carry))
-            return (lax.ppermute(y, st, perm) if K > 1 else y), y
+            def tick(carry: jax.Array, x_t: jax.Array) -> tuple[jax.Array, jax.Array]:
+                y = run_stage(stacked, jnp.where(stage == 0, x_t, carry), c.real)
+                return (lax.ppermute(y, st, perm) if K > 1 else y), y
 
-        carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
-        _, ys = lax.scan(tick, carry, xs)
-        env[p.exit] = self._merge(ys[K - 1:], dims)
+            carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
+            ys = lax.scan(tick, carry, xs)[1][K - 1:]
+        env[p.exit] = self._merge(ys, dims)
         loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, c.constrain({}))[p.post.loss]
         return lax.psum(jnp.where(stage == K - 1, loss * self.loss_scale, jnp.zeros_like(loss)), everywhere)
 
-    def _body_1f1b(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> tuple[jax.Array, Arrays, Arrays]:
-        """1F1B (PipeDream-flush): loss and gradients, the backward written out (see the module docstring)."""
-        p, K, M, st = self.parts, self.K, self.M, self.stage_axis
-        everywhere = self.manual
-        c = self._prepare(stacked, outer, inputs)
-        stacked, outer, inputs, stage, run_stage = c.stacked, c.outer, c.inputs, c.stage, c.run_stage
-        pre_params = [k for k in outer if k in p.pre.tensors]
-        pre_inputs = {k: v for k, v in inputs.items() if k in p.pre.tensors}
+    def _circular(self, c: _Prepared, xs: jax.Array) -> jax.Array:
+        """The forwards of the interleaved schedule alone (:func:`~.tick_tables.circular_forward`): device ``k``
+        runs its ``f``-th chunk forward at tick ``k + f`` and shifts its output right around the ring; returns
+        what leaves the last virtual stage, ``[M, ...]`` in micro-batch order (on device ``K - 1``)."""
+        K, V, S = self.K, self.V, self.slots
+        plan = tick_tables.circular_forward(K, V, self.M)
+        params = {k: v.reshape(V, S, *v.shape[1:]) for k, v in c.stacked.items()}
+        real = None if c.real is None else c.real.reshape(V, S)
+        col = [tick_tables.FIELDS.index(f) for f in ("micro", "chunk", "x_slot")]
+        perm = plan.channels[0][0]
 
-        def pre_fn(o: Arrays) -> jax.Array:
-            return {**inputs, **run_graph(p.pre, {**o, **pre_inputs}, c.constrain({}))}[p.entry]  # or an input
+        def tick(carry: jax.Array, row: jax.Array) -> tuple[jax.Array, jax.Array]:
+            i, ch, x_slot = (row[c.stage, n] for n in col)
+            x = jnp.where(x_slot < 0, xs[i], carry)
+            y = c.run_stage(jax.tree.map(lambda v: v[ch], params), x, None if real is None else real[ch])
+            return (y if perm is None else lax.ppermute(y, self.stage_axis, list(perm))), y
 
-        entry, pre_vjp = jax.vjp(pre_fn, {k: outer[k] for k in pre_params})
-        dims = p.layer.tensors[IN].dim_names
-        xs = self._split(entry, dims)                            # [M, micro-batch activation]
-        post_params = [t.name for t in self.post_micro.parameters]
-        post_feeds = {}  # the post ops' fed tensors but the exit activation, per micro-batch
-        for t in self.post_micro.fed:
-            if t.name != p.exit and t.role != "parameter":
-                v = inputs[t.name]
-                post_feeds[t.name] = (self._split(v, t.dim_names) if self.batch_dim in t.dim_names
-                                      else jnp.broadcast_to(v, (M, *v.shape)))
-        weight = self.loss_scale * (1.0 / M if self.reduction == "mean" else 1.0)
+        carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), self.manual)
+        ys = lax.scan(tick, carry, jnp.asarray(plan.table))[1]
+        exits = {op[1]: t for t, row in enumerate(plan.ops) if (op := row[K - 1]) and op[2] == V - 1}
+        return ys[np.array([exits[i] for i in range(self.M)])]
 
-        def post_loss(o: Arrays, y: jax.Array, i: jax.Array) -> jax.Array:
-            feeds = {**o, p.exit: y, **{k: v[i] for k, v in post_feeds.items()}}
-            loss = run_graph(self.post_micro, feeds, c.constrain({}))[p.post.loss]
-            return loss.astype(jnp.float32) * weight
+    def _body_ticked(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> tuple[jax.Array, Arrays, Arrays]:
+        """1F1B or interleaved 1F1B: loss and gradients, the backward written out, by the schedule's tick table
+        (:class:`~layoutsearch.backend.one_f_one_b.TickedStep`)."""
+        return TickedStep(self, self._prepare(stacked, outer, inputs), self.ticks).run()
 
-        # What the backward of a stage needs from its forward: the residuals of its VJP (under the remat policy:
-        # the stage input alone for ``full``), less the parameters (the same arrays every micro-batch).
-        pattern = _ResidualPattern()
-        zero_x = jnp.zeros_like(xs[0])
-        stash = [_vary(jnp.zeros((K, *r.shape), r.dtype), everywhere)
-                 for r in pattern.split(stacked, jax.vjp(run_stage, stacked, zero_x)[1])]
-        f32 = lambda tree: jax.tree.map(lambda v: _vary(jnp.zeros(v.shape, jnp.float32), everywhere), tree)
-        state = _State(stash=stash, grads=f32(stacked), post_grads=f32({k: outer[k] for k in post_params}),
-                       loss=_vary(jnp.zeros((), jnp.float32), everywhere),
-                       pending=_vary(jnp.zeros_like(zero_x), everywhere),
-                       d_xs=_vary(jnp.zeros_like(xs), everywhere), recv=_vary(jnp.zeros_like(zero_x), everywhere))
-
-        def forward(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
-            x = jnp.where(stage == 0, xs[i], s.recv)
-            y, vjp = jax.vjp(run_stage, stacked, x)
-            res = pattern.split(stacked, vjp)
-            stash = [buf.at[i % K].set(_vary(r, everywhere)) for buf, r in zip(s.stash, res, strict=True)]
-
-            def last(s: _State) -> tuple[jax.Array, Arrays, jax.Array]:
-                loss, (dpost, dy) = jax.value_and_grad(post_loss, argnums=(0, 1))(
-                    {k: outer[k] for k in post_params}, y, i)
-                return s.loss + loss, jax.tree.map(lambda a, g: a + g.astype(a.dtype), s.post_grads, dpost), dy
-
-            loss, post_grads, pending = lax.cond(stage == K - 1, last, lambda s: (s.loss, s.post_grads, s.pending), s)
-            return dataclasses.replace(s, stash=stash, loss=loss, post_grads=post_grads, pending=pending), y
-
-        def backward(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
-            dy = jnp.where(stage == K - 1, s.pending, s.recv)
-            vjp = pattern.join(stacked, [buf[i % K] for buf in s.stash])
-            dparams, dx = vjp(dy)
-            grads = jax.tree.map(lambda a, g: a + g.astype(a.dtype), s.grads, dparams)
-            d_xs = s.d_xs.at[i].set(jnp.where(stage == 0, dx, jnp.zeros_like(dx)))
-            return dataclasses.replace(s, grads=grads, d_xs=d_xs), dx
-
-        def idle(s: _State, i: jax.Array) -> tuple[_State, jax.Array]:
-            return s, jnp.zeros_like(s.recv)
-
-        def tick(s: _State, t: jax.Array, perm: list[tuple[int, int]]) -> _State:
-            # stage k runs the forward of micro-batch i at tick k + 2i and its backward at tick 2K - 1 - k + 2i
-            odd = (t - stage) % 2
-            i = jnp.where(odd == 0, (t - stage) // 2, (t - (2 * K - 1 - stage)) // 2)
-            on = (i >= 0) & (i < M)
-            s, out = lax.switch(jnp.where(on, 1 + odd, 0), [idle, forward, backward], s, jnp.clip(i, 0, M - 1))
-            recv = lax.ppermute(out, st, perm) if perm else jnp.zeros_like(out)
-            return dataclasses.replace(s, recv=recv)
-
-        # one loop step = two ticks; at each tick the neighbours (k, k + 1) with k of the tick's parity swap
-        # what they computed (an activation forward, a gradient backward): one collective-permute per tick
-        perms = [[(k + d, k + 1 - d) for k in range(par, K - 1, 2) for d in (0, 1)] for par in (0, 1)]
-
-        def step(s: _State, j: jax.Array) -> tuple[_State, None]:
-            return tick(tick(s, 2 * j, perms[0]), 2 * j + 1, perms[1]), None
-
-        s, _ = lax.scan(step, state, jnp.arange(M + K - 1))
-        (d_pre,) = pre_vjp(self._merge(s.d_xs, dims))
-        d_outer = {k: jnp.zeros(v.shape, jnp.float32) for k, v in outer.items()}
-        for src in (d_pre, s.post_grads):
-            d_outer.update({k: d_outer[k] + v.astype(jnp.float32) for k, v in src.items()})
-        loss = jnp.where(stage == K - 1, s.loss, jnp.zeros_like(s.loss))
-        loss, d_outer = lax.psum((loss, d_outer), everywhere)
-        others = tuple(a for a in everywhere if a != st)  # the data axis: the layers' gradients sum over it
-        d_stacked = lax.psum(s.grads, others) if others else s.grads
-        return loss, {k: v[None] for k, v in d_stacked.items()}, d_outer
-
-    def _remat(self, stage_fn: Callable[[Arrays, jax.Array], jax.Array]) -> Callable[[Arrays, jax.Array], jax.Array]:
+    def _remat(self, stage_fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
         """The stage function under the remat policy: ``full`` saves only the stage's input per micro-batch,
         ``selective`` also the projections' outputs (:func:`~.program.selective_saved`)."""
         if self.remat == "none":
@@ -618,74 +603,31 @@ class _Prepared:
     inputs: Arrays
     stage: jax.Array
     constrain: Callable[[Mapping[str, str]], Callable[[str, jax.Array], jax.Array] | None]
-    run_stage: Callable[[Arrays, jax.Array], jax.Array]
+    run_stage: Callable[[Arrays, jax.Array, jax.Array | None], jax.Array]
+    """``run_stage(params, x, real)``: a stage's (or chunk's) slots on ``x`` under the remat policy; ``real``:
+    which slots hold a layer (None: all)."""
+    real: jax.Array | None
+    """This device's slot mask ``[V slots]`` (None when every slot holds a layer)."""
 
 
-@jax.tree_util.register_dataclass
-@dataclass(frozen=True)
-class _State:
-    """The 1F1B loop's carry on one device: ``stash`` (per residual of a stage's VJP, ``K`` slots: micro-batch
-    ``i`` in slot ``i % K``), the float32 gradient accumulators of the stage's layers and of the post ops'
-    parameters, the loss, the last stage's ``pending`` output gradient (from its post ops, for its next tick),
-    ``d_xs`` (the gradients of the micro-batches entering stage 0) and ``recv`` (what the neighbour sent)."""
-
-    stash: list[jax.Array]
-    grads: Arrays
-    post_grads: Arrays
-    loss: jax.Array
-    pending: jax.Array
-    d_xs: jax.Array
-    recv: jax.Array
-
-
-class _ResidualPattern:
-    """The residuals of a stage's VJP (``jax.vjp`` returns its backward as a pytree whose leaves are the
-    residuals) split into what is stashed per micro-batch and the parameters, which JAX forwards as the very
-    arrays passed in: they are not stashed (the same every micro-batch) but put back by :meth:`join`."""
-
-    def __init__(self) -> None:
-        self.treedef: Any = None
-        self.kinds: list[int | None] = []  # per leaf: the index of the parameter it is, or None (stashed)
-        self.avals: list[tuple[tuple[int, ...], Any]] = []
-
-    def split(self, params: Arrays, vjp: Any) -> list[jax.Array]:
-        leaves, treedef = jax.tree.flatten(vjp)
-        plist = jax.tree.leaves(params)
-        kinds = [next((n for n, q in enumerate(plist) if leaf is q), None) for leaf in leaves]
-        stashed = [leaf for leaf, k in zip(leaves, kinds, strict=True) if k is None]
-        avals = [(tuple(x.shape), x.dtype) for x in stashed]
-        if self.treedef is None:
-            self.treedef, self.kinds, self.avals = treedef, kinds, avals
-        elif kinds != self.kinds or avals != self.avals:  # the same function traced twice: cannot happen
-            raise RuntimeError("the stage's VJP residuals differ between two traces")
-        return stashed
-
-    def join(self, params: Arrays, stashed: Sequence[jax.Array]) -> Callable[[jax.Array], tuple[Arrays, jax.Array]]:
-        plist, rest = jax.tree.leaves(params), iter(stashed)
-        return jax.tree.unflatten(self.treedef, [plist[k] if k is not None else next(rest) for k in self.kinds])
-
-
-def _stage_counts(layers: int, stages: int, given: Sequence[int] | None) -> list[int]:
-    """Layers per stage: ``given`` (a contiguous partition: K positive counts summing to the layers), or
-    equal stages."""
+def _stage_counts(layers: int, stages: int, given: Sequence[int] | None, chunks: int = 1) -> list[int]:
+    """Layers per virtual stage: ``given`` (a contiguous partition into ``stages x chunks`` virtual stages, in
+    their order: counts summing to the layers, each at least one with one chunk per device; with several, a
+    chunk may have none, as when the search gives a chunk the embedding alone), or equal ones."""
+    n = stages * chunks
     if given is None:
-        if layers % stages:
-            raise GraphError(f"{layers} layers do not split into {stages} equal stages; choose stages dividing "
-                             f"{layers} or give layers_per_stage")
-        return [layers // stages] * stages
+        if layers % n:
+            what = f"{stages} equal stages" if chunks == 1 else f"{n} equal chunks ({stages} stages x {chunks})"
+            raise GraphError(f"{layers} layers do not split into {what}; choose stages dividing {layers} or give "
+                             "layers_per_stage")
+        return [layers // n] * n
     counts = [int(n) for n in given]
-    if len(counts) != stages or min(counts) < 1 or sum(counts) != layers:
-        raise GraphError(f"layers_per_stage {list(given)} must give each of the {stages} stages at least one layer "
-                         f"and sum to the {layers} layers")
+    least = 1 if chunks == 1 else 0
+    if len(counts) != n or min(counts) < least or sum(counts) != layers:
+        what = f"each of the {stages} stages at least one layer" if chunks == 1 else \
+            f"the layers of each of the {n} chunks ({stages} stages x {chunks}, in virtual-stage order)"
+        raise GraphError(f"layers_per_stage {list(given)} must give {what} and sum to the {layers} layers")
     return counts
-
-
-def _vary(tree: Any, axes: tuple[str, ...]) -> Any:
-    """Cast every array of ``tree`` to varying over those of ``axes`` it is not yet varying over."""
-    def cast(x: jax.Array) -> jax.Array:
-        missing = tuple(a for a in axes if a not in jax.typeof(x).manual_axis_type.varying)
-        return lax.pcast(x, missing, to="varying") if missing else x
-    return jax.tree.map(cast, tree)
 
 
 def pipelined_loss_and_grads(graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int,

@@ -13,8 +13,8 @@ The step executes the plan's decisions: the remat policy (each block under ``jax
 :func:`~layoutsearch.backend.program.run_graph`), gradient accumulation over ``microbatches``
 micro-batches (a ``lax.scan``; micro-batch ``i`` holds examples ``i, i + M, ...`` so a batch split over
 data axes needs no communication) and pipelines (:class:`~layoutsearch.backend.pipeline.Pipeline`: the
-plan's partition of the layers into stages, equal or not, run by the plan's schedule, ``gpipe`` or ``1f1b``;
-``interleaved:V`` is not executed).
+plan's partition of the layers into stages, equal or not, run by the plan's schedule, ``gpipe``, ``1f1b`` or
+``interleaved:V``, whose partition is the chunks' in virtual-stage order).
 
 Precision: with a policy that keeps master weights (``mixed``), the state holds float32 parameters and
 the forward pass casts them to the policy's parameter dtype (bfloat16); the optimizer updates the
@@ -79,7 +79,9 @@ class Program:
 
     ``remat``: ``none``, ``selective`` or ``full``; ``microbatches``: gradient accumulation (without
     ``stage_axis``) or pipeline micro-batches (with it); ``layers_per_stage``: the pipeline's partition
-    (default equal); ``schedule``: the pipeline's, ``gpipe`` (default) or ``1f1b``; ``precision``: the
+    (default equal; with ``interleaved:V``, the ``K V`` chunks' layers in virtual-stage order, as
+    :meth:`~layoutsearch.costmodel.pipeline.PipelineReport.layers_per_stage` gives them); ``schedule``: the
+    pipeline's, ``gpipe`` (default), ``1f1b`` or ``interleaved:V``; ``precision``: the
     policy; ``optimizer``: see :func:`make_optimizer`; ``devices``: the devices of the mesh (default
     :func:`~layoutsearch.devices.jax_devices`: the accelerators when there are enough, else simulated CPU
     devices); ``batch_dim``: the dim split into micro-batches.

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> Result:
         "model": plan.model.name, "mesh": str(mesh), "devices": mesh.size, "processes": jax.process_count(),
         "platform": devices[0].platform, "device_kind": devices[0].device_kind, "hardware_here": here,
         "layout": c.rules_text(), "remat": c.remat, "microbatches": c.microbatches, "stage_axis": c.stage_axis,
-        "schedule": c.schedule, "executed_schedule": "gpipe" if c.stage_axis else None,
+        "schedule": c.schedule, "executed_schedule": program.pipeline.schedule if program.pipeline is not None else None,
         "precision": plan.precision, **measured.to_dict(),
         "tokens_per_s": measured.tokens_per_step / step,
         "predicted": {"hardware": plan.hardware.name, "step_s": plan.step_s},
@@ -169,7 +169,7 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
     rows = [[s["step"], f"{s['loss']:.4f}", format_seconds(s["seconds"]), f"{s['tokens_per_s']:,.0f}"]
             for s in result["steps"]]
     sched = (f", pipeline over {result['stage_axis']} ({result['microbatches']} micro-batches, priced "
-             f"{result['schedule']}, executed gpipe)" if result["stage_axis"] else
+             f"{result['schedule']}, executed {result['executed_schedule']})" if result["stage_axis"] else
              f", {result['microbatches']} micro-batches" if result["microbatches"] > 1 else "")
     out = [f"{result['model']} on {result['mesh']} ({result['devices']} {result['device_kind']} devices, "
            f"{result['processes']} process{'es' if result['processes'] > 1 else ''}): layout "

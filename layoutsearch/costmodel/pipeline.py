@@ -174,11 +174,14 @@ class PipelineReport:
         return self.memory_bytes <= self.inner.hardware.usable_bytes
 
     def layers_per_stage(self, prefix: str = BLOCK_PREFIX) -> tuple[int, ...]:
-        """How many ``prefix.i`` blocks each stage runs: the partition as the GPipe executor takes it
-        (``backend.pipeline.Pipeline(layers_per_stage=...)``); one chunk per device schedules only."""
-        if self.schedule.kind == "interleaved":
-            raise CostModelError("an interleaved schedule runs several chunks per device; the executor runs one")
-        return tuple(sum(block_index(u, prefix) is not None for u in s.units) for s in self.stages)
+        """How many ``prefix.i`` blocks each stage runs, the partition as the executor takes it
+        (``backend.pipeline.Pipeline(layers_per_stage=...)``): one count per device, or with ``interleaved:V``
+        one per chunk in virtual-stage order (chunk ``c`` of device ``k`` is virtual stage ``c K + k``; a chunk
+        may have no block, e.g. the embedding alone)."""
+        K = self.num_stages
+        chunks = [s.chunks or (s.units,) for s in self.stages]
+        groups = [chunks[v % K][v // K] for v in range(K * len(chunks[0]))]
+        return tuple(sum(block_index(u, prefix) is not None for u in g) for g in groups)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -442,7 +445,7 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     last = overlap_schedule(_views(ops, p.classes, once=True) + _views(optimizer, p.classes, once=True), p.classes,
                             hw.async_collectives, hw.collective_matmul)
     sends: list[int] = []  # bytes this device sends per micro-batch: activations forward, gradients backward
-    if stage_axis is not None:
+    if stage_axis is not None and K > 1:  # (interleaved over one device: its chunks hand over locally)
         chain = [u for g in groups for u in g]
         for c in chunk_ids:
             first, last_unit = chain.index(groups[c][0]), chain.index(groups[c][-1])
@@ -465,15 +468,35 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
                   "recompute_workspace": max((u.workspace for u in us), default=0),
                   "working": max((u.working for u in us), default=0)}
         total = sum(memory.values())
-    # a transfer every step of the loop (the time model charges them so; bubble steps move data too)
-    loop_steps = math.ceil(sched.steps(K, microbatches))
-    colls: list[tuple[str, tuple[str, ...], int, int]] = [
-        ("collective-permute", (stage_axis,), b, loop_steps) for b in sends] if stage_axis else []
+    colls = _permutes(sends, stage_axis, sched, K, microbatches)
     for o in ops:
         for c in o.collectives:
             colls.append((c.kind, c.axes, c.bytes, 1 if _once(c, p.classes) else microbatches))
     return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
                        int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids))
+
+
+def _permutes(sends: list[int], stage_axis: str | None, sched: Schedule, K: int, microbatches: int
+              ) -> list[tuple[str, tuple[str, ...], int, int]]:
+    """The collective-permutes of a device per step, as the executor (``backend/pipeline.py``) runs them.
+
+    GPipe and 1F1B: each of the device's transfers (``sends``: an activation to the next stage, a gradient to
+    the previous one) once per step of the loop, ``ceil(steps)`` times (the time model charges them so; bubble
+    steps move data too). Interleaved (``V > 1``; ``backend/tick_tables.py``): the loop is ``2(M V + K - 1)``
+    ticks, each one chunk forward or backward per device, and after each tick one permute per ring direction:
+    an activation goes right (from device ``K - 1`` to device 0 between chunks too) while a gradient goes left,
+    and a device may receive both at once, so a static SPMD program runs both shifts every tick (zeros where
+    the device has nothing to send); with ``K = 2`` both neighbours are the other device and one swap per tick
+    carries either. The time model charges a device's own transfers, ``2V`` per micro-batch (``2V - 1`` on
+    device 0 and ``K - 1``); for ``K > 2`` the executor moves twice that, half of it zeros, over both
+    directions of the links at once."""
+    if stage_axis is None or not sends:
+        return []
+    if sched.kind == "interleaved" and sched.virtual > 1:
+        ticks = 2 * (microbatches * sched.virtual + K - 1)
+        return [("collective-permute", (stage_axis,), max(sends), ticks)] * (1 if K == 2 else 2)
+    loop_steps = math.ceil(sched.steps(K, microbatches))
+    return [("collective-permute", (stage_axis,), b, loop_steps) for b in sends]
 
 
 def _tied_sync(p: _Priced, groups: Sequence[Sequence[str]], devices: list[list[int]], inner: Layout,
