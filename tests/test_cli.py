@@ -213,6 +213,9 @@ def test_search_echoes_the_limit_fills_the_chosen_row_and_folds_identical_baseli
     # on a 2-axis mesh Megatron and the Mesh-TF 2-D layout are the same layout: one row naming both
     assert len(re.findall(r"^megatron = mesh-tf-2d\s+batch:data,", out, re.M)) == 1
     assert not re.search(r"^mesh-tf-2d\s", out, re.M)
+    # how each rules search pruned its space: one row per remat policy
+    assert "how each rules search pruned its space" in out
+    assert len(re.findall(r"^remat (none|selective|full)\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+[\d,]+$", out, re.M)) == 3
     assert out.splitlines()[-1] == ("next: layoutsearch cost gpt " + " ".join(TINY) + " --mesh data:2,model:4 "
                                     "--hardware h100 --layout replicated --remat none")
 

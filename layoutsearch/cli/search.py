@@ -296,6 +296,11 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
     if p:
         out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} "
                    f"variables, {p['memory_rows']} memory rows")
+    if p and p.get("pruning"):
+        out.append(table(["rules search", "candidates", "over the memory bound", "priced", "priced with overlap"],
+                         [[name, f"{r['candidates']:,}", f"{r['memory_bound']:,}", f"{r['priced']:,}",
+                           f"{r['refined']:,}"] for name, r in p["pruning"].items()],
+                         "how each rules search pruned its space (the rest cannot beat the plan: roofline bound)"))
     if result.get("explain"):
         out += ["what the plan costs, in words:", *(f"  - {line}" for line in result["explain"])]
     for what, path in (("plan saved to", result.get("out")), ("plot saved to", result.get("plot"))):
