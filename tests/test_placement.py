@@ -224,6 +224,16 @@ def test_contiguous_throughput_of_every_exact_method_rescored_against_brute_forc
     check_exact(dag, devices_of(dag), "throughput", True, at_most, ("dp", *ILPS))
 
 
+def test_the_dp_finds_an_optimum_above_the_total_when_a_cpu_core_is_slow():
+    """Found by hypothesis: a node that only the CPU core can take besides the accelerator's, at 5x the time.
+    The optimum (5) exceeds the total of the accelerator times (2), where the DP used to stop looking."""
+    from layoutsearch.costdag import DeviceKind
+
+    nodes = (Node("v0", 0.0, times={"accelerator": 1.0, "cpu": 5.0}), Node("v1", 0.0, times={"accelerator": 1.0}))
+    dag = CostDAG(nodes, (), name="slow-cpu", devices=(DeviceKind("accelerator", 1), DeviceKind("cpu", 1, host=True)))
+    check_exact(dag, devices_of(dag), "throughput", True, False, ("dp", *ILPS))
+
+
 @EXAMPLES
 @given(placement_dags(), st.booleans())
 def test_non_contiguous_throughput_of_the_ilps_rescored_against_brute_force(dag, at_most):

@@ -59,6 +59,10 @@ class DP:
         kind_cap = [self._capacity(k) for k in range(len(self.counts))]
         caps = sorted((c for k, n in enumerate(self.counts) for c in [kind_cap[k]] * n), reverse=True)
         self.prefix = np.concatenate([[0.0], np.cumsum(caps)]) * (1 + 1e-12)
+        # from this bound on, every device that can hold anything could hold all the key: every pair is in the
+        # windows, so no solution within it means none at all (a slow CPU core holds less than one unit per
+        # unit of load: the optimum may exceed the total key)
+        self.unbounded = self.total / min((c for c in caps if c > 0), default=1.0)
         self.states = list(np.ndindex(*(c + 1 for c in self.counts)))
         self.held = np.unique([sum(n * c for n, c in zip(s, kind_cap, strict=True)) for s in self.states]) * (1 + 1e-12)
         self.sid = {s: i for i, s in enumerate(self.states)}
@@ -89,7 +93,7 @@ class DP:
             got = self._run(ub)
             if got is not None and got[0] <= ub * (1 + _RTOL):
                 return got
-            if got is None and ub >= self.total:  # every pair was in the window: nothing fits
+            if got is None and ub >= self.unbounded:  # every pair was in the window: nothing fits
                 return None
             ub = got[0] if got is not None else ub * 2
 
