@@ -53,6 +53,11 @@ class _Job:
     num_processes: int
     process_id: int
 
+    @property
+    def who(self) -> str:
+        """This process in messages: ``process ID of N``."""
+        return f"process {self.process_id} of {self.num_processes}"
+
 
 _job: _Job | None = None
 
@@ -161,6 +166,28 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, local_d
     """
     global _job
     start = time.monotonic()
+    job, host, port = _checked_job(coordinator, num_processes, process_id, local_devices, timeout_s)
+
+    import jax
+
+    if _joined(jax, job):
+        return
+    if local_devices is not None:
+        _ask_local_devices(jax, local_devices)
+    _use_cpu_collectives(jax)
+
+    deadline = start + float(timeout_s)
+    waiting = _reach_coordinator(job, host, port, deadline, timeout_s)
+    _start_runtime(jax, job, deadline, waiting)
+    _job = job
+    if jax.process_count() != num_processes:  # pragma: no cover - JAX ignored the runtime
+        raise LayoutSearchError(f"JAX reports {jax.process_count()} processes, the job has {num_processes}")
+
+
+def _checked_job(coordinator: str, num_processes: int, process_id: int, local_devices: int | None,
+                 timeout_s: float) -> tuple[_Job, str, int]:
+    """The job :func:`initialize`'s arguments describe, and the coordinator's host and port; LayoutSearchError
+    for an invalid argument."""
     host, port = parse_coordinator(coordinator)
     _check_int("num_processes", num_processes, 1)
     _check_int("process_id", process_id, 0)
@@ -172,26 +199,29 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, local_d
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0 \
             or not math.isfinite(timeout_s):
         raise LayoutSearchError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    job = _Job(coordinator.strip(), num_processes, process_id)
+    return _Job(coordinator.strip(), num_processes, process_id), host, port
 
-    import jax
 
+def _joined(jax: Any, job: _Job) -> bool:
+    """Whether this process has joined ``job`` already (nothing left to do); LayoutSearchError when JAX's
+    multi-process runtime was initialized for another job, or JAX has started without it."""
     if jax.distributed.is_initialized():
         if job == _job:
-            return
+            return True
         raise LayoutSearchError("JAX's multi-process runtime is already initialized"
                                 + (f" (as process {_job.process_id} of {_job.num_processes} with coordinator "
                                    f"{_job.coordinator})" if _job is not None else ""))
     if _backend_started():
         raise LayoutSearchError("JAX has already started in this process: initialize the multi-process runtime "
                                 "before anything uses JAX (devices, arrays, compiled programs)")
-    if local_devices is not None:
-        _ask_local_devices(jax, local_devices)
-    _use_cpu_collectives(jax)
+    return False
 
-    deadline = start + float(timeout_s)
-    who = f"process {process_id} of {num_processes}"
-    if process_id != 0:
+
+def _reach_coordinator(job: _Job, host: str, port: int, deadline: float, timeout_s: float) -> str:
+    """For processes other than 0, wait until the coordinator's port accepts connections (LayoutSearchError at
+    ``deadline``). Returns the watchdog's message for a job that then does not start in time."""
+    who, num_processes = job.who, job.num_processes
+    if job.process_id != 0:
         try:
             _wait_for_port(host, port, deadline)
         except socket.gaierror as e:
@@ -202,34 +232,35 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, local_d
                 f"the coordinator {job.coordinator} did not answer within {timeout_s:g} s ({who}: "
                 f"{_first_line(e)}); start process 0 with the same coordinator address and check that this "
                 f"host can reach it") from None
-        waiting = (f"{who} reached the coordinator {job.coordinator} but the job did not start within "
-                   f"{timeout_s:g} s: start all {num_processes} processes with the same coordinator and "
-                   f"number of processes, each with its own process id")
-    else:
-        others = "process 1" if num_processes == 2 else f"processes 1..{num_processes - 1}"
-        waiting = (f"process 0 of {num_processes} (the coordinator, on {job.coordinator}) waited {timeout_s:g} s "
-                   f"for the other processes: start {others} with the same coordinator and number of processes")
+        return (f"{who} reached the coordinator {job.coordinator} but the job did not start within "
+                f"{timeout_s:g} s: start all {num_processes} processes with the same coordinator and "
+                f"number of processes, each with its own process id")
+    others = "process 1" if num_processes == 2 else f"processes 1..{num_processes - 1}"
+    return (f"process 0 of {num_processes} (the coordinator, on {job.coordinator}) waited {timeout_s:g} s "
+            f"for the other processes: start {others} with the same coordinator and number of processes")
+
+
+def _start_runtime(jax: Any, job: _Job, deadline: float, waiting: str) -> None:
+    """Start JAX's multi-process runtime and its backend under the watchdog (``waiting``: its message at
+    ``deadline``); LayoutSearchError when either fails."""
     done = _watchdog(waiting, deadline)
     try:
         try:
-            jax.distributed.initialize(coordinator_address=job.coordinator, num_processes=num_processes,
-                                       process_id=process_id,
+            jax.distributed.initialize(coordinator_address=job.coordinator, num_processes=job.num_processes,
+                                       process_id=job.process_id,
                                        initialization_timeout=math.ceil(max(1.0, deadline - time.monotonic()))
                                        + _BACKSTOP_S)
         except Exception as e:  # JaxRuntimeError (e.g. the port in use), RuntimeError, ValueError
-            hint = " (is the port in use?)" if process_id == 0 and "RPC server" in str(e) else ""
+            hint = " (is the port in use?)" if job.process_id == 0 and "RPC server" in str(e) else ""
             raise LayoutSearchError(f"cannot start JAX's multi-process runtime with coordinator "
-                                    f"{job.coordinator} ({who}): {_first_line(e)}{hint}") from None
+                                    f"{job.coordinator} ({job.who}): {_first_line(e)}{hint}") from None
         try:
             jax.devices()  # starts the backend: every process's devices, exchanged over the runtime
         except Exception as e:
-            raise LayoutSearchError(f"JAX's multi-process runtime started but its devices did not ({who}): "
+            raise LayoutSearchError(f"JAX's multi-process runtime started but its devices did not ({job.who}): "
                                     f"{_first_line(e)}") from None
     finally:
         done.set()
-    _job = job
-    if jax.process_count() != num_processes:  # pragma: no cover - JAX ignored the runtime
-        raise LayoutSearchError(f"JAX reports {jax.process_count()} processes, the job has {num_processes}")
 
 
 def is_coordinator() -> bool:

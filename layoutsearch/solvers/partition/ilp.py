@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from layoutsearch.errors import PartitionError
@@ -41,11 +42,51 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
               memory_margin: int = 0) -> tuple[milp.Result, list[int]]:
     """Build and solve the ILP; returns the MILP result (objective and bound in the DAG's time unit) and
     the assignment unit -> device (empty without a solution). ``memory_margin`` tightens every limit."""
-    n, nk = inst.n, len(inst.kinds)
     mdl = milp.Model()
     lower = objective_bound(inst, objective)
     info["lower_bound"] = lower
-    scale = 1.0 / (lower or 1.0)
+    f = _variables(inst, mdl, contiguous, 1.0 / (lower or 1.0))
+    _placement_rows(f, exact_k)
+    _memory_rows(inst, mdl, f.x, mb, memory_margin, info)
+    if contiguous:
+        _contiguity_rows(f)
+    else:
+        _symmetry_rows(f)
+    loads = _loads(f)
+    _transfer_rows(f, objective, loads)
+    goal, res = _objective_rows(f, objective, loads, lower)
+    mdl.objective = {goal: 1.0}
+    if hint:
+        _hint(inst, mdl, f.x, hint, f.flexible, f.z)
+        _complete_hint(mdl)
+    return _solve(f, backend, time_limit, res)
+
+
+@dataclass
+class _Formulation:
+    """The ILP under construction: its model, the kinds each slot may take and the assignment variables
+    ``x[v][s][k]``, with the rows' views of them (``X[v][s]``: unit ``v`` on slot ``s``; ``H[v][s]``: there as a
+    non-host kind) and, for flexible slots, the slot-kind variables ``z[s][k]``."""
+
+    inst: Instance
+    mdl: milp.Model
+    scale: float
+    """Times are multiplied by this (one over the lower bound)."""
+    flexible: bool
+    slot_kinds: list[list[int]]
+    x: list[list[dict[int, int]]]
+    X: list[list[dict[int, float]]]
+    H: list[list[dict[int, float]]]
+    z: list[dict[int, int]] | None = None
+
+    @property
+    def nslots(self) -> int:
+        return len(self.slot_kinds)
+
+
+def _variables(inst: Instance, mdl: milp.Model, contiguous: bool, scale: float) -> _Formulation:
+    """The slots and the assignment variables: one per unit, slot and kind the unit may run on."""
+    n, nk = inst.n, len(inst.kinds)
     flexible = contiguous and nk > 1
     slot_kinds = ([list(range(nk))] * inst.num_devices if flexible else [[k] for k in inst.device_kind])
     nslots = len(slot_kinds)
@@ -57,10 +98,18 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
                     x[v][s][k] = mdl.var()
     X = [[dict.fromkeys(x[v][s].values(), 1.0) for s in range(nslots)] for v in range(n)]
     H = [[{i: 1.0 for k, i in x[v][s].items() if not inst.kinds[k].host} for s in range(nslots)] for v in range(n)]
+    return _Formulation(inst, mdl, scale, flexible, slot_kinds, x, X, H)
+
+
+def _placement_rows(f: _Formulation, exact_k: bool) -> None:
+    """Every unit on one slot; flexible slots of one kind each, at most ``count_k`` of kind ``k`` (the
+    variables ``z``); with ``exact_k``, no slot empty."""
+    inst, mdl, x, n, nslots = f.inst, f.mdl, f.x, f.inst.n, f.nslots
     for v in range(n):
         mdl.add({i: 1 for s in range(nslots) for i in x[v][s].values()}, 1, 1)
-    if flexible:
-        z = [{k: mdl.var() for k in range(nk)} for _ in range(nslots)]
+    if f.flexible:
+        nk = len(inst.kinds)
+        z = f.z = [{k: mdl.var() for k in range(nk)} for _ in range(nslots)]
         for s in range(nslots):
             mdl.add(dict.fromkeys(z[s].values(), 1), hi=1)
             for v in range(n):
@@ -70,38 +119,59 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
             mdl.add({z[s][k]: 1 for s in range(nslots)}, hi=inst.kinds[k].count)
     if exact_k:
         for s in range(nslots):
-            mdl.add({i: 1 for v in range(n) for i in X[v][s]}, 1)
-    _memory_rows(inst, mdl, x, mb, memory_margin, info)
-    if contiguous:
-        for v in range(n):
-            for u in inst.preds[v]:
-                for j in range(nslots - 1):
-                    row: dict[int, float] = {}
-                    for i in range(j + 1):
-                        for var in X[u][i]:
-                            row[var] = row.get(var, 0.0) + 1
-                        for var in X[v][i]:
-                            row[var] = row.get(var, 0.0) - 1
-                    mdl.add(row, 0)
-    else:
-        for s in range(1, nslots):
-            if inst.device_kind[s] != inst.device_kind[s - 1]:
-                continue
-            for v in range(n):
-                row = dict(X[v][s]) | {var: -1.0 for u in range(v) for var in X[u][s - 1]}
-                mdl.add(row, hi=0)
-    loads: list[dict[int, float]] = [{} for _ in range(nslots)]
-    for s in range(nslots):
-        for v in range(n):
+            mdl.add({i: 1 for v in range(n) for i in f.X[v][s]}, 1)
+
+
+def _contiguity_rows(f: _Formulation) -> None:
+    """Contiguous placements: every prefix of slots is down-closed (per order edge ``u -> v`` and slot ``j``,
+    ``sum_{i<=j} X[u,i] >= sum_{i<=j} X[v,i]``)."""
+    X = f.X
+    for v in range(f.inst.n):
+        for u in f.inst.preds[v]:
+            for j in range(f.nslots - 1):
+                row: dict[int, float] = {}
+                for i in range(j + 1):
+                    for var in X[u][i]:
+                        row[var] = row.get(var, 0.0) + 1
+                    for var in X[v][i]:
+                        row[var] = row.get(var, 0.0) - 1
+                f.mdl.add(row, 0)
+
+
+def _symmetry_rows(f: _Formulation) -> None:
+    """Non-contiguous placements: the devices of a kind ordered by their first unit (a unit on a device only
+    when an earlier unit is on the device before it)."""
+    inst, X = f.inst, f.X
+    for s in range(1, f.nslots):
+        if inst.device_kind[s] != inst.device_kind[s - 1]:
+            continue
+        for v in range(inst.n):
+            row = dict(X[v][s]) | {var: -1.0 for u in range(v) for var in X[u][s - 1]}
+            f.mdl.add(row, hi=0)
+
+
+def _loads(f: _Formulation) -> list[dict[int, float]]:
+    """Per slot, the compute part of its load: variable -> scaled time (the transfer rows add to it)."""
+    inst, x = f.inst, f.x
+    loads: list[dict[int, float]] = [{} for _ in range(f.nslots)]
+    for s in range(f.nslots):
+        for v in range(inst.n):
             for k, i in x[v][s].items():
                 if inst.time[k][v]:
-                    loads[s][i] = inst.time[k][v] * scale
+                    loads[s][i] = inst.time[k][v] * f.scale
+    return loads
+
+
+def _transfer_rows(f: _Formulation, objective: str, loads: list[dict[int, float]]) -> None:
+    """Price the tensors crossing slots into ``loads``: live-across-cut indicators for GPipe, else send and
+    receive indicators on every slot that may hold a non-host kind."""
+    inst, mdl, X, H = f.inst, f.mdl, f.X, f.H
     for src, cons, c in inst.tensors:
         if not c:
             continue
-        c *= scale
+        c *= f.scale
         if objective == "gpipe":  # live[j] >= [src in prefix j] - [w in prefix j]; paid by stages j and j + 1
-            for j in range(nslots - 1):
+            for j in range(f.nslots - 1):
                 live = mdl.var(kind="continuous")
                 for w in cons:
                     row = {live: 1.0}
@@ -114,46 +184,63 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
                 for s in (j, j + 1):
                     loads[s][live] = loads[s].get(live, 0.0) + c
             continue
-        for s in range(nslots):
-            if all(inst.kinds[k].host for k in slot_kinds[s]):
+        for s in range(f.nslots):
+            if all(inst.kinds[k].host for k in f.slot_kinds[s]):
                 continue
             send, recv = mdl.var(kind="continuous"), mdl.var(kind="continuous")
             for w in cons:
                 mdl.add({send: 1.0} | _neg(H[src][s]) | X[w][s], 0)
                 mdl.add({recv: 1.0} | _neg(H[w][s]) | X[src][s], 0)
             loads[s][send] = loads[s][recv] = c
+
+
+def _objective_rows(f: _Formulation, objective: str, loads: list[dict[int, float]], lower: float
+                    ) -> tuple[int, float]:
+    """The objective variable ``L`` (at least the scaled lower bound, 1) and its rows: ``L >= load_s`` per slot,
+    or for latency the finish times of the slots. Returns ``L`` and CP-SAT's resolution for it."""
+    inst, mdl, scale = f.inst, f.mdl, f.scale
+    nk, nslots = len(inst.kinds), f.nslots
     top = sum(max((inst.time[k][v] for k in range(nk) if math.isfinite(inst.time[k][v])), default=0.0)
-              for v in range(n)) * scale + 2 * sum(c for _, _, c in inst.tensors) * scale
+              for v in range(inst.n)) * scale + 2 * sum(c for _, _, c in inst.tensors) * scale
     if objective == "gpipe":
         top += 2 * nslots * sum(c for _, _, c in inst.tensors) * scale
     res = min(_CPSAT_RESOLUTION, 2**31 / max([abs(c) for ld in loads for c in ld.values()] + [1.0]))
     goal = mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res)
     mdl.add({goal: 1.0}, lo=1.0 - 1e-9 if lower else 0.0)
     if objective == "latency":
-        finish = [mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res) for _ in range(nslots)]
-        big = max(top, 1.0) * 1.01 + 1.0
-        deps = {(src, w) for src, cons, _ in inst.tensors for w in cons}
-        for s in range(nslots):
-            mdl.add({finish[s]: 1.0} | _neg(loads[s]), 0)
-            mdl.add({goal: 1.0, finish[s]: -1.0}, 0)
-            for r in range(s):
-                e = mdl.var(kind="continuous")
-                for u, w in deps:
-                    mdl.add({e: 1.0} | _neg(X[u][r]) | _neg(X[w][s]), -1)
-                mdl.add({finish[s]: 1.0, finish[r]: -1.0, e: -big} | _neg(loads[s]), -big)
+        _latency_rows(f, goal, loads, top, res)
     else:
         for s in range(nslots):
             mdl.add({goal: 1.0} | _neg(loads[s]), 0)
-    mdl.objective = {goal: 1.0}
-    if hint:
-        _hint(inst, mdl, x, hint, flexible, z if flexible else None)
-        _complete_hint(mdl)
-    sol = milp.solve(mdl, "ortools" if backend == "ilp-ortools" else "pulp", time_limit=time_limit,
+    return goal, res
+
+
+def _latency_rows(f: _Formulation, goal: int, loads: list[dict[int, float]], top: float, res: float) -> None:
+    """Latency: ``F_s >= load_s``, ``F_s >= F_{s'} + load_s - M (1 - e[s',s])`` with ``e[s',s] >= X[u,s'] +
+    X[w,s] - 1`` per dependency ``u -> w``, and ``L >= F_s``."""
+    mdl, X, nslots = f.mdl, f.X, f.nslots
+    finish = [mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res) for _ in range(nslots)]
+    big = max(top, 1.0) * 1.01 + 1.0
+    deps = {(src, w) for src, cons, _ in f.inst.tensors for w in cons}
+    for s in range(nslots):
+        mdl.add({finish[s]: 1.0} | _neg(loads[s]), 0)
+        mdl.add({goal: 1.0, finish[s]: -1.0}, 0)
+        for r in range(s):
+            e = mdl.var(kind="continuous")
+            for u, w in deps:
+                mdl.add({e: 1.0} | _neg(X[u][r]) | _neg(X[w][s]), -1)
+            mdl.add({finish[s]: 1.0, finish[r]: -1.0, e: -big} | _neg(loads[s]), -big)
+
+
+def _solve(f: _Formulation, backend: str, time_limit: float | None, res: float) -> tuple[milp.Result, list[int]]:
+    """Solve the model; the result's objective and bound back in the DAG's time unit, and the assignment."""
+    sol = milp.solve(f.mdl, "ortools" if backend == "ilp-ortools" else "pulp", time_limit=time_limit,
                      cp_scale=res, gap=1e-9 if backend == "ilp-pulp" else 0.0)
+    scale = f.scale
     sol = milp.Result(sol.status, sol.values, sol.objective / scale, None if sol.bound is None else sol.bound / scale)
     if not sol.values:
         return sol, []
-    return sol, _assignment(inst, x, sol.values, flexible, slot_kinds)
+    return sol, _assignment(f.inst, f.x, sol.values, f.flexible, f.slot_kinds)
 
 
 def _neg(row: dict[int, float]) -> dict[int, float]:
