@@ -5,7 +5,8 @@ per device over the step's schedule, gathered into a cost report.
 ``ops``: per-op FLOPs, HBM bytes and the collectives each op causes under a layout.
 ``step``: the training step of a graph and the cost of each op (repeated layers priced once).
 ``memory``: live-set simulation of per-device memory, with rematerialization policies.
-``report``: :func:`estimate` -> :class:`CostReport` (totals and per-op breakdown, JSON and tables).
+``report``: :func:`estimate` -> :class:`CostReport` (``costreport``: totals and per-op breakdown, JSON;
+``render``: tables).
 """
 
 from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
