@@ -413,6 +413,25 @@ def test_1f1b_holds_fewer_micro_batches_than_gpipe():
     assert temp["1f1b"] < 0.7 * temp["gpipe"], temp
 
 
+def first_step_equals_unpipelined(program, g, steps: int) -> list[float]:
+    """Check a compiled pipelined plan's first loss and gradients against the unpipelined step's (rtol 2e-6
+    and 2e-5: float32 reassociation), then train ``steps`` steps; returns the losses."""
+    ref_loss, ref_grads = jax.value_and_grad(forward_fn(g))(init_params(g, 0), random_inputs(g, 0))
+    state = program.init(0)
+    loss, grads = jax.jit(program._loss_and_grads)(state.params, program.random_batch(0))
+    grads = program.pipeline.unstack(grads["stacked"], grads["outer"])
+    np.testing.assert_allclose(float(loss), ref_loss, rtol=2e-6)
+    assert set(grads) == set(ref_grads)
+    for name, r in ref_grads.items():
+        np.testing.assert_allclose(grads[name], r, rtol=2e-5, atol=2e-6, err_msg=name)
+    losses = []
+    for i in range(steps):
+        state, metrics = program.train_step(state, program.random_batch(i))
+        losses.append(float(metrics["loss"]))
+    assert losses[0] == pytest.approx(float(ref_loss), rel=2e-6)
+    return losses
+
+
 def test_a_searched_plan_with_unequal_stages_and_1f1b_trains(tmp_path, capsys):
     """``ls.search(..., pipeline=2)`` on a 3-layer gpt picks stages of 2 + 1 layers and the 1F1B schedule: the
     program runs them as chosen, trains 3 steps (the same losses through ``layoutsearch run PLAN.json``), and its
@@ -427,18 +446,7 @@ def test_a_searched_plan_with_unequal_stages_and_1f1b_trains(tmp_path, capsys):
     assert (plan.chosen.stage_axis, plan.chosen.schedule, plan.layers_per_stage) == ("stage", "1f1b", (2, 1))
     program = plan.compile()
     assert program.pipeline.schedule == "1f1b" and program.pipeline.counts == [2, 1]
-    ref_loss, ref_grads = jax.value_and_grad(forward_fn(g))(init_params(g, 0), random_inputs(g, 0))
-    state = program.init(0)
-    loss, grads = jax.jit(program._loss_and_grads)(state.params, program.random_batch(0))
-    grads = program.pipeline.unstack(grads["stacked"], grads["outer"])
-    np.testing.assert_allclose(float(loss), ref_loss, rtol=2e-6)
-    assert set(grads) == set(ref_grads)
-    for name, r in ref_grads.items():
-        np.testing.assert_allclose(grads[name], r, rtol=2e-5, atol=2e-6, err_msg=name)
-    losses = []
-    for i in range(3):
-        state, metrics = program.train_step(state, program.random_batch(i))
-        losses.append(float(metrics["loss"]))
+    losses = first_step_equals_unpipelined(program, g, 3)
     assert losses[-1] < losses[0]
     path = tmp_path / "plan.json"
     plan.save(path)
