@@ -53,6 +53,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Self
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,21 +166,31 @@ def measure_search(model: str, ops: int) -> dict[str, float]:
     return out
 
 
-def search_rows(models: list[str], sizes: list[int]) -> list[str]:
-    lines = [f"{'model':<15} {'ops':>8} {'step ops':>10} {'cpu (s)':>8} {'x2':>5} {'refined':>8} "
-             f"{'cpu us/(refined x step op)':>27}"]
-    print(lines[0], flush=True)
+def table_rows(header: str, models: list[str], sizes: list[int],
+               row: Callable[[str, dict[str, float], dict[str, float] | None], str],
+               measure_one: Callable[[str, int], dict[str, float]]) -> list[str]:
+    """The header and a row per model and size (``row(model, result, previous size's result)``), each
+    printed as it is measured."""
+    lines = [header]
+    print(header, flush=True)
     for m in models:
         prev: dict[str, float] | None = None
         for n in sizes:
-            r = measure_search(m, n)
-            ratio = f"{r['cpu'] / prev['cpu']:5.2f}" if prev is not None else "    -"
+            r = measure_one(m, n)
+            lines.append(row(m, r, prev))
+            print(lines[-1], flush=True)
             prev = r
-            row = (f"{m:<15} {r['ops']:>8,} {r['step_ops']:>10,} {r['cpu']:>8.2f} {ratio} {r['refined']:>8} "
-                   f"{1e6 * r['cpu'] / (max(1, r['refined']) * r['step_ops']):>27.2f}")
-            print(row, flush=True)
-            lines.append(row)
     return lines
+
+
+def search_rows(models: list[str], sizes: list[int]) -> list[str]:
+    def row(m: str, r: dict[str, float], prev: dict[str, float] | None) -> str:
+        ratio = f"{r['cpu'] / prev['cpu']:5.2f}" if prev is not None else "    -"
+        return (f"{m:<15} {r['ops']:>8,} {r['step_ops']:>10,} {r['cpu']:>8.2f} {ratio} {r['refined']:>8} "
+                f"{1e6 * r['cpu'] / (max(1, r['refined']) * r['step_ops']):>27.2f}")
+
+    return table_rows(f"{'model':<15} {'ops':>8} {'step ops':>10} {'cpu (s)':>8} {'x2':>5} {'refined':>8} "
+                      f"{'cpu us/(refined x step op)':>27}", models, sizes, row, measure_search)
 
 
 def write_results(path: Path, lines: list[str]) -> None:
@@ -234,24 +245,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def estimate_rows(models: list[str], sizes: list[int]) -> list[str]:
-    lines = [f"{'model':<15} {'ops':>8} {'step ops':>10} {'cold (s)':>9} {'cpu (s)':>8} {'full gc':>8} {'x2':>5} "
-             f"{'x2-gc':>5} {'warm (s)':>9} {'cpu (s)':>8} {'cpu us/step op':>15}"]
-    print(lines[0], flush=True)
-    for m in models:
-        prev: dict[str, float] | None = None
-        for n in sizes:
-            r = measure(m, n)
-            ratio, ratio_gc = "    -", "    -"
-            if prev is not None:
-                ratio = f"{r['cold_cpu'] / prev['cold_cpu']:5.2f}"
-                ratio_gc = f"{(r['cold_cpu'] - r['cold_gc']) / (prev['cold_cpu'] - prev['cold_gc']):5.2f}"
-            prev = r
-            row = (f"{m:<15} {r['ops']:>8,} {r['step_ops']:>10,} {r['cold']:>9.2f} {r['cold_cpu']:>8.2f} "
-                   f"{r['cold_gc']:>8.2f} {ratio} {ratio_gc} {r['warm']:>9.2f} {r['warm_cpu']:>8.2f} "
-                   f"{1e6 * r['warm_cpu'] / r['step_ops']:>15.1f}")
-            print(row, flush=True)
-            lines.append(row)
-    return lines
+    def row(m: str, r: dict[str, float], prev: dict[str, float] | None) -> str:
+        ratio, ratio_gc = "    -", "    -"
+        if prev is not None:
+            ratio = f"{r['cold_cpu'] / prev['cold_cpu']:5.2f}"
+            ratio_gc = f"{(r['cold_cpu'] - r['cold_gc']) / (prev['cold_cpu'] - prev['cold_gc']):5.2f}"
+        return (f"{m:<15} {r['ops']:>8,} {r['step_ops']:>10,} {r['cold']:>9.2f} {r['cold_cpu']:>8.2f} "
+                f"{r['cold_gc']:>8.2f} {ratio} {ratio_gc} {r['warm']:>9.2f} {r['warm_cpu']:>8.2f} "
+                f"{1e6 * r['warm_cpu'] / r['step_ops']:>15.1f}")
+
+    return table_rows(f"{'model':<15} {'ops':>8} {'step ops':>10} {'cold (s)':>9} {'cpu (s)':>8} {'full gc':>8} "
+                      f"{'x2':>5} {'x2-gc':>5} {'warm (s)':>9} {'cpu (s)':>8} {'cpu us/step op':>15}", models, sizes,
+                      row, measure)
 
 
 if __name__ == "__main__":
