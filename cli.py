@@ -1,9 +1,7 @@
 #!/usr/bin/env python3
 """Run the layoutsearch command line from a checkout: ``python cli.py models``."""
 
-import sys
-
-from layoutsearch.cli import main
+from layoutsearch.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -28,8 +28,10 @@ Without a renderer the dict is shown as a key/value table. The shared argument h
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from types import ModuleType
+from typing import NoReturn
 
 from layoutsearch.cli import (
     calibrate,
@@ -82,5 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     return execute(args)
 
 
+def run() -> NoReturn:
+    """The ``layoutsearch`` program: :func:`main`, then exit with its status. After Ctrl-C (status 130) the
+    interpreter's finalization is skipped: a native solver interrupted mid-presolve may still be running in
+    a worker thread (:func:`layoutsearch.solvers.milp._interruptible`), and tearing the interpreter down
+    under it aborts the process; files and child processes were already cleaned up on the way out."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -17,8 +17,9 @@ Conventions, the same for every caller:
 * **Determinism.** CP-SAT runs ``threads`` workers with ``interleave_search`` (deterministic
   parallelism) and a fixed seed; CBC is single-process and seeded. The same model gives the same
   solution in every process, unless a time limit cuts the search short.
-* **Ctrl-C.** CP-SAT installs its own SIGINT handling and would swallow the interrupt: around the solve
-  a handler stops the search, and the solve then raises :class:`KeyboardInterrupt`. CBC runs in a
+* **Ctrl-C.** CP-SAT would catch SIGINT itself and return its best solution as if a time limit had hit;
+  it is told not to, and solves in a worker thread while the main thread waits: Ctrl-C stops the search
+  and raises :class:`KeyboardInterrupt`. CBC runs in a
   temporary directory of its own; an interrupt terminates the ``cbc`` child, removes the directory and
   re-raises. Nothing is left behind in the temporary directory.
 * **Status.** ``optimal`` (proven), ``feasible`` (a solution, stopped by the time limit; ``bound`` is the
@@ -27,18 +28,17 @@ Conventions, the same for every caller:
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from layoutsearch.errors import LayoutSearchError
 
@@ -145,8 +145,8 @@ def _solve_cpsat(model: Model, time_limit: float | None, threads: int, scale: fl
     params.relative_gap_limit = gap
     if time_limit is not None:
         params.max_time_in_seconds = float(time_limit)
-    with _stop_on_sigint(solver.stop_search):
-        status = solver.solve(cp)
+    params.catch_sigint_signal = False  # Ctrl-C is ours: see _interruptible
+    status = _interruptible(lambda: solver.solve(cp), solver.stop_search)
     if status == cp_model.INFEASIBLE:
         return Result("infeasible", [], math.inf, None)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -157,26 +157,34 @@ def _solve_cpsat(model: Model, time_limit: float | None, threads: int, scale: fl
     return Result("optimal" if optimal else "feasible", values, objective, solver.best_objective_bound / scale)
 
 
-@contextlib.contextmanager
-def _stop_on_sigint(stop: object) -> Iterator[None]:
-    """While the block runs, SIGINT calls ``stop()``; when it ends, an interrupt raises KeyboardInterrupt.
-    (Signal handlers can only be set from the main thread; elsewhere the block runs unchanged.)"""
+def _interruptible(run: Callable[[], Any], stop: Callable[[], None]) -> Any:
+    """``run()`` (a native solve that holds the main thread, where Python runs signal handlers only
+    between bytecodes) in a worker thread while the main thread waits: on Ctrl-C, ``stop()`` asks the solve
+    to end and KeyboardInterrupt is raised within a second, whether it has or not. Off the main thread
+    ``run()`` runs directly."""
     if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    hit: list[int] = []
+        return run()
+    out: list[Any] = []
+    errors: list[BaseException] = []
 
-    def handler(signum: int, frame: object) -> None:
-        hit.append(signum)
-        stop()  # type: ignore[operator]
+    def work() -> None:
+        try:
+            out.append(run())
+        except BaseException as e:  # handed to the main thread
+            errors.append(e)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    worker = threading.Thread(target=work, name="cp-sat", daemon=True)
+    worker.start()
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if hit:
-        raise KeyboardInterrupt
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        stop()  # CP-SAT checks it only now and then (not during parts of its presolve): wait a moment, no more;
+        worker.join(1.0)  # a solve still running goes with the process (a daemon thread)
+        raise
+    if errors:
+        raise errors[0]
+    return out[0]
 
 
 # -- CBC ------------------------------------------------------------------------------------------------------------
