@@ -282,28 +282,12 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
     base_hw = _base(base)
     import jax
 
-    if devices is None:
-        devices = _devices(mesh)
-    devices = list(devices)
-    if mesh is None:
-        mesh = Mesh((("data", len(devices)),))
-    if mesh.size > len(devices):
-        raise MeshError(f"mesh {mesh} needs {mesh.size} devices and {len(devices)} are available")
-    devices = devices[: mesh.size]
+    mesh, devices = _mesh_devices(mesh, devices)
     dev = devices[0]
     platform, device_kind = dev.platform, dev.device_kind
     simulated = platform == "cpu"
-
-    # The preset the measured figures complete; vendor: whether its peaks are the vendor's.
-    detected = preset_for_device_kind(device_kind) if not simulated else None
-    if base_hw is not None:
-        template, label = base_hw, base_hw.name
-    elif detected is not None:
-        template, label = PRESETS[detected], detected
-    else:
-        template = PRESETS["cpu-sim" if simulated else "h100" if platform == "gpu" else "tpu-v5e"]
-        label = platform
-    vendor = template.name != "cpu-sim" and (base_hw is not None or detected is not None)
+    template, label, known = _template(base_hw, platform, device_kind, simulated)
+    vendor = template.name != "cpu-sim" and known
     plan = plan_for(platform, quick)
 
     say("matmuls")
@@ -312,20 +296,100 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
     say("HBM bandwidth")
     hbm = _measure_hbm(dev, plan)
     axes = _measure_collectives(devices, mesh, plan, say)
+    rates, peak_note, hbm_note = _rates(template, vendor, best, hbm["bandwidth"], platform, device_kind)
+    links, link_notes = _fit_links(template, mesh, axes)
 
+    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    date = now.isoformat().replace("+00:00", "Z")
+    source = (f"measured by layoutsearch calibrate on {date}, {device_kind} x {mesh.size}, JAX {jax.__version__}"
+              + (" (simulated CPU devices: not performance figures)" if simulated else ""))
+    changes: dict[str, Any] = {
+        "name": f"calibrated-{label}", **rates, "fast_link": links["fast"],
+        "slow_link": links["slow"], "source": source, "axis_links": (),
+    }
+    changes.update(_device_changes(dev, template, vendor, simulated))
+    hw = dataclasses.replace(template, **changes)
+    _check(hw)
+    _model_matmuls(hw, rows)
+    hbm.update(vendor_bandwidth=template.hbm_bandwidth if vendor else None,
+               efficiency=hbm["bandwidth"] / rates["hbm_bandwidth"], note=hbm_note)
+
+    meta: dict[str, Any] = {
+        "date": date, "jax_version": jax.__version__, "platform": platform, "device_kind": device_kind,
+        "device_count": mesh.size, "devices_available": len(jax.devices(platform)), "mesh": str(mesh),
+        "base": template.name if known else None,
+        "quick": quick, "simulated": simulated,
+    }
+    if simulated:
+        meta["note"] = SIMULATED_NOTE
+    measurements: dict[str, Any] = {
+        "matmul": {"peaks": peak_note, "best_flops_per_s": best, "rows": rows},
+        "hbm": hbm,
+        "collectives": {"model": "all-reduce: 2(n-1)/n * B / bw + 2(n-1) * alpha; all-gather (B = output bytes): "
+                                 "(n-1)/n * B / bw + (n-1) * alpha; the link takes the all-reduce fit",
+                        "axes": axes, "links": link_notes},
+        "meta": meta,
+    }
+    if simulated:
+        measurements["note"] = SIMULATED_NOTE
+    return hw, measurements
+
+
+def _mesh_devices(mesh: Mesh | None, devices: Sequence[Any] | None) -> tuple[Mesh, list[Any]]:
+    """The mesh to measure (default: every device on one axis ``data``) and its devices, the first
+    ``mesh.size`` of ``devices`` (default: JAX's, see :func:`_devices`)."""
+    if devices is None:
+        devices = _devices(mesh)
+    devices = list(devices)
+    if mesh is None:
+        mesh = Mesh((("data", len(devices)),))
+    if mesh.size > len(devices):
+        raise MeshError(f"mesh {mesh} needs {mesh.size} devices and {len(devices)} are available")
+    return mesh, devices[: mesh.size]
+
+
+def _template(base_hw: Hardware | None, platform: str, device_kind: str,
+              simulated: bool) -> tuple[Hardware, str, bool]:
+    """The preset the measured figures complete, the label of the calibrated hardware's name, and whether
+    the preset is known for the device (``base`` given, or the device kind's preset)."""
+    detected = preset_for_device_kind(device_kind) if not simulated else None
+    if base_hw is not None:
+        template, label = base_hw, base_hw.name
+    elif detected is not None:
+        template, label = PRESETS[detected], detected
+    else:
+        template = PRESETS["cpu-sim" if simulated else "h100" if platform == "gpu" else "tpu-v5e"]
+        label = platform
+    return template, label, base_hw is not None or detected is not None
+
+
+def _rates(template: Hardware, vendor: bool, best: dict[str, float], bandwidth: float, platform: str,
+           device_kind: str) -> tuple[dict[str, float], str, str]:
+    """The compute and HBM figures (``peak_flops``, ``peak_flops_fp32``, ``matmul_efficiency``,
+    ``hbm_bandwidth``, ``memory_efficiency``) from the best matmul rates and the achieved ``bandwidth``:
+    the ``template``'s vendor peaks and the achieved fraction of them when ``vendor``, else the achieved
+    figures at efficiency 1; and a note on each (peaks, HBM)."""
     if vendor:
         peak, peak32 = template.peak_flops, template.peak_flops_fp32
         mm_eff = min(1.0, best["bfloat16"] / peak)
-        hbm_bw, mem_eff = template.hbm_bandwidth, min(1.0, hbm["bandwidth"] / template.hbm_bandwidth)
+        hbm_bw, mem_eff = template.hbm_bandwidth, min(1.0, bandwidth / template.hbm_bandwidth)
         peak_note = f"vendor peaks of preset {template.name}; efficiency = best achieved bf16 rate / peak"
         hbm_note = f"vendor bandwidth of preset {template.name}; efficiency = achieved / vendor"
     else:
         peak, peak32, mm_eff = best["bfloat16"], best["float32"], 1.0
-        hbm_bw, mem_eff = hbm["bandwidth"], 1.0
+        hbm_bw, mem_eff = bandwidth, 1.0
         peak_note = (f"no vendor peak for {device_kind!r} ({platform}): peaks are the best achieved rates, "
                      "efficiency 1.0")
         hbm_note = f"no vendor figure for {device_kind!r} ({platform}): the achieved bandwidth, efficiency 1.0"
+    rates = {"peak_flops": peak, "peak_flops_fp32": peak32, "matmul_efficiency": mm_eff, "hbm_bandwidth": hbm_bw,
+             "memory_efficiency": mem_eff}
+    return rates, peak_note, hbm_note
 
+
+def _fit_links(template: Hardware, mesh: Mesh, axes: dict[str, Any]) -> tuple[dict[str, Link], dict[str, Any]]:
+    """The fast and slow links from the per-axis fits ``axes`` (each marked with its link kind): a link takes
+    the figures of the slowest axis that uses it, or keeps the ``template``'s when no axis does; and a note
+    on each link."""
     # Which link kind each axis uses: links_for on a copy whose two links differ.
     probe = dataclasses.replace(template, fast_link=Link(2.0, 0.0), slow_link=Link(1.0, 0.0))
     kinds = {a: "fast" if link.bandwidth == 2.0 else "slow" for a, link in probe.links_for(mesh).items()}
@@ -344,16 +408,14 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
         links[kind] = Link(measured[slowest]["bandwidth"], measured[slowest]["alpha"], 1.0)
         link_notes[kind] = {"measured": True, "axes": list(measured), "from_axis": slowest,
                             "bandwidth": links[kind].bandwidth, "latency": links[kind].latency, "efficiency": 1.0}
+    return links, link_notes
 
-    now = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
-    date = now.isoformat().replace("+00:00", "Z")
-    source = (f"measured by layoutsearch calibrate on {date}, {device_kind} x {mesh.size}, JAX {jax.__version__}"
-              + (" (simulated CPU devices: not performance figures)" if simulated else ""))
-    changes: dict[str, Any] = {
-        "name": f"calibrated-{label}", "peak_flops": peak, "peak_flops_fp32": peak32, "matmul_efficiency": mm_eff,
-        "hbm_bandwidth": hbm_bw, "memory_efficiency": mem_eff, "fast_link": links["fast"],
-        "slow_link": links["slow"], "source": source, "axis_links": (),
-    }
+
+def _device_changes(dev: Any, template: Hardware, vendor: bool, simulated: bool) -> dict[str, Any]:
+    """The Hardware fields the device itself gives: for an unknown accelerator, its core count and memory
+    limit; for a known one, the memory the runtime reserves of the datasheet's; on CPU, ``cpu-sim``'s
+    backend behaviour."""
+    changes: dict[str, Any] = {}
     if not vendor and not simulated:  # an unknown accelerator: what JAX says of it
         cores = getattr(dev, "core_count", None)
         if isinstance(cores, int) and cores > 0:
@@ -368,9 +430,12 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
             changes["memory_reserved"] = max(0.0, template.hbm_bytes - float(limit))
     if simulated:  # what XLA on CPU compiles (reduce-scatter, fusion, ...), whatever the base preset
         changes.update({k: getattr(PRESETS["cpu-sim"], k) for k in BACKEND_BEHAVIOUR})
-    hw = dataclasses.replace(template, **changes)
-    _check(hw)
+    return changes
 
+
+def _model_matmuls(hw: Hardware, rows: list[dict[str, Any]]) -> None:
+    """Add to each measured matmul row its achieved efficiency and the cost model's prediction on ``hw``
+    (``model_efficiency``, ``predicted_seconds``)."""
     from layoutsearch.costmodel.compute import matmul_efficiency
 
     for r in rows:
@@ -381,28 +446,6 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
         r["efficiency"] = r["flops_per_s"] / p
         r["model_efficiency"] = e
         r["predicted_seconds"] = max(flops / (p * e), moved / (hw.hbm_bandwidth * hw.memory_efficiency))
-    hbm.update(vendor_bandwidth=template.hbm_bandwidth if vendor else None, efficiency=hbm["bandwidth"] / hbm_bw,
-               note=hbm_note)
-
-    meta: dict[str, Any] = {
-        "date": date, "jax_version": jax.__version__, "platform": platform, "device_kind": device_kind,
-        "device_count": mesh.size, "devices_available": len(jax.devices(platform)), "mesh": str(mesh),
-        "base": template.name if (base_hw is not None or detected is not None) else None,
-        "quick": quick, "simulated": simulated,
-    }
-    if simulated:
-        meta["note"] = SIMULATED_NOTE
-    measurements: dict[str, Any] = {
-        "matmul": {"peaks": peak_note, "best_flops_per_s": best, "rows": rows},
-        "hbm": hbm,
-        "collectives": {"model": "all-reduce: 2(n-1)/n * B / bw + 2(n-1) * alpha; all-gather (B = output bytes): "
-                                 "(n-1)/n * B / bw + (n-1) * alpha; the link takes the all-reduce fit",
-                        "axes": axes, "links": link_notes},
-        "meta": meta,
-    }
-    if simulated:
-        measurements["note"] = SIMULATED_NOTE
-    return hw, measurements
 
 
 def _memory_stats(dev: Any) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from typing import Any
 from layoutsearch.errors import LayoutError, LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes, Layout, SpecEntry
+from layoutsearch.mesh import Mesh
 
 FORMATS = ("flax", "nnx", "maxtext", "specs", "python")
 """The formats :func:`export` writes."""
@@ -283,8 +284,6 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
       ``interleaved:V`` (``num_pipeline_repeats: V``, MaxText's circular pipeline).
     * ``slices`` (> 1: multi-slice) splits ``dcn_axis`` (default: the major-most mesh axis it divides) into
       ``slices`` across slices (``dcn_*``) times the rest within a slice (``ici_*``)."""
-    from layoutsearch.costmodel.pipeline import Schedule
-
     mesh = layout.mesh
     names = maxtext_axis_map(mesh.names, axis_map, stage_axis)
     if stage_axis is None:
@@ -292,9 +291,28 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     inner = _without_stage_rules(layout, stage_axis)
     if graph is not None:
         inner.check(graph)
-    rules_in = _rules(inner)
+    rules = _rules(inner)  # per-tensor entries raise before any other check
+    out: dict[str, Any] = {"mesh_axes": list(MAXTEXT_MESH_AXES)}
+    out.update(_maxtext_parallelism(mesh, names, slices, dcn_axis))
+    out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]
+    out["logical_axis_rules"] = _maxtext_logical_rules(rules, mesh, names, dim_names, stage_axis)
+    if remat is not None:
+        if remat not in MAXTEXT_REMAT_POLICY:
+            raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+        out["remat_policy"] = MAXTEXT_REMAT_POLICY[remat]
+    out.update(_maxtext_pipeline(mesh, stage_axis, microbatches, schedule, graph))
+    if graph is not None and "batch" in graph.dims:
+        accumulation = out.get("gradient_accumulation_steps", 1)
+        out["per_device_batch_size"] = _number(graph.dims["batch"] / (mesh.size * accumulation))
+    unknown = sorted(set(out) - maxtext_keys())
+    assert not unknown, f"keys not in {_KEYS_FILE}: {unknown}"
+    return out
 
-    # ici and dcn parallelism
+
+def _maxtext_parallelism(mesh: Mesh, names: Mapping[str, str], slices: int, dcn_axis: str | None) -> dict[str, int]:
+    """The ``ici_*`` and ``dcn_*`` parallelism keys of :func:`maxtext_overrides`: every MaxText mesh axis's
+    size within a slice and across ``slices`` (``dcn_axis``, default the major-most mesh axis they divide,
+    spans the slices)."""
     if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
         raise LayoutError(f"slices must be a positive integer, got {slices!r}")
     ici = dict.fromkeys(MAXTEXT_MESH_AXES, 1)
@@ -314,20 +332,25 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     elif dcn_axis is not None:
         mesh.axis_size(dcn_axis)
     assert math.prod(ici.values()) * math.prod(dcn.values()) == mesh.size
-
-    out: dict[str, Any] = {"mesh_axes": list(MAXTEXT_MESH_AXES)}
-    out.update({maxtext_parallelism_key(a, "ici"): ici[a] for a in MAXTEXT_MESH_AXES})
+    out = {maxtext_parallelism_key(a, "ici"): ici[a] for a in MAXTEXT_MESH_AXES}
     out.update({maxtext_parallelism_key(a, "dcn"): dcn[a] for a in MAXTEXT_MESH_AXES})
+    return out
 
-    # the input batch and the logical axis rules
-    batch_axes: Axes = ()
+
+def _batch_axes(inner: Layout, graph: Graph | None) -> Axes:
+    """The mesh axes splitting the input batch: those of the graph's first input with a ``batch`` dim, else
+    (no graph) those the rules give ``batch``."""
     if graph is not None:
         source = next((t for t in graph.tensors.values() if t.role == "input" and "batch" in t.dim_names), None)
-        if source is not None:
-            batch_axes = inner.dim_layout(source).get("batch", ())
-    else:
-        batch_axes = inner.rules_layout(["batch"]).get("batch", ())
-    out["data_sharding"] = [[names[a] for a in batch_axes]]
+        return inner.dim_layout(source).get("batch", ()) if source is not None else ()
+    return inner.rules_layout(["batch"]).get("batch", ())
+
+
+def _maxtext_logical_rules(rules_in: Sequence[tuple[str, Axes]], mesh: Mesh, names: Mapping[str, str],
+                           dim_names: Mapping[str, str | Sequence[str]] | None,
+                           stage_axis: str | None) -> list[list[Any]]:
+    """MaxText's ``logical_axis_rules`` for ``rules_in`` (the layout's rules without those of the stage axis),
+    in MaxText's logical names and mesh axes, plus the layers-over-stages rules of a pipeline."""
     rules: list[list[Any]] = []
     for dim, axes in rules_in:
         logical = _maxtext_names(dim, dim_names)
@@ -340,18 +363,21 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
             rules.append([name, [names[a] for a in axes]])
     if stage_axis is not None and mesh.axis_size(stage_axis) > 1:
         rules += [["layers", ["stage"]], ["activation_stage", ["stage"]]]
-    out["logical_axis_rules"] = rules
+    return rules
 
-    if remat is not None:
-        if remat not in MAXTEXT_REMAT_POLICY:
-            raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(REMAT_POLICIES)})")
-        out["remat_policy"] = MAXTEXT_REMAT_POLICY[remat]
 
-    # micro-batches and the pipeline
+def _maxtext_pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, schedule: str | None,
+                      graph: Graph | None) -> dict[str, int]:
+    """The micro-batch keys of :func:`maxtext_overrides`: ``num_pipeline_microbatches``,
+    ``num_layers_per_pipeline_stage`` and ``num_pipeline_repeats`` over a stage axis of more than one stage,
+    else ``gradient_accumulation_steps`` (more than one micro-batch)."""
+    from layoutsearch.costmodel.pipeline import Schedule
+
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
     sched = Schedule.parse(schedule or "1f1b")
     stages = mesh.axis_size(stage_axis) if stage_axis is not None else 1
+    out: dict[str, int] = {}
     if stages > 1:
         if microbatches > 1:
             if microbatches % stages:
@@ -368,11 +394,6 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
         out["num_pipeline_repeats"] = repeats
     elif microbatches > 1:
         out["gradient_accumulation_steps"] = microbatches
-    if graph is not None and "batch" in graph.dims:
-        accumulation = out.get("gradient_accumulation_steps", 1)
-        out["per_device_batch_size"] = _number(graph.dims["batch"] / (mesh.size * accumulation))
-    unknown = sorted(set(out) - maxtext_keys())
-    assert not unknown, f"keys not in {_KEYS_FILE}: {unknown}"
     return out
 
 

@@ -33,8 +33,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from layoutsearch.costmodel.ops import _reshape_layout
 from layoutsearch.costmodel.report import estimate
+from layoutsearch.costmodel.reshape import reshape_layout
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.devices import jax_devices
 from layoutsearch.ir.graph import Graph
@@ -345,7 +345,7 @@ def nonuniform_splits(graph: Graph, layout: Layout) -> list[str]:
     for op in graph.ops:  # a reshape that cannot carry its input's split over to its output reshards
         if isinstance(op, Reshape):
             src = real(layout.dim_layout(graph.tensors[op.inputs[0]]))
-            produced, need = _reshape_layout(op, src, graph, layout.mesh)
+            produced, need = reshape_layout(op, src, graph, layout.mesh)
             if real(need) != src or real(produced) != real(layout.dim_layout(graph.tensors[op.output])):
                 out.append(f"reshape {op.name} regroups a split dim")
     return out

@@ -1,0 +1,105 @@
+"""Translation of reductions, contractions and the composites of :mod:`layoutsearch.importer.patterns`:
+``reduce_*`` -> reduce, ``dot_general`` -> einsum (paired axes named alike), softmax, layer norm and
+cross-entropy -> their IR ops over a named dim."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from layoutsearch.errors import GraphError
+from layoutsearch.importer.pending import DimRef
+from layoutsearch.importer.trace import Node
+from layoutsearch.importer.translate_base import FLOAT_DTYPES, TranslatorBase, Val
+from layoutsearch.ir import ops as O
+
+
+class ReductionRules(TranslatorBase):
+    """The rules for reductions, contractions and composites."""
+
+    # -- reductions and contractions
+    def _reduce(self, node: Node, fn: str) -> Val:
+        v = self.dense(self.val(node.ins[0]))
+        axes = set(node.params["axes"])
+        kept = [a for i, a in enumerate(v.labels) if i not in axes]
+        out = self.emit(O.Reduce, fn, [v.tensor], kept, self.dtype(v), fn=fn)
+        return self._val(out.tensor, _fit_units(kept, node.outs[0].shape, self.labels.size))
+
+    def _reduce_sum(self, node: Node) -> Val:
+        return self._reduce(node, "sum")
+
+    def _reduce_max(self, node: Node) -> Val:
+        return self._reduce(node, "max")
+
+    def _reduce_mean(self, node: Node) -> Val:
+        return self._reduce(node, "mean")
+
+    def _dot_general(self, node: Node) -> Val:
+        lhs, rhs = (self.dense(self.val(x)) for x in node.ins)
+        (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+        ll, rl = list(lhs.labels), list(rhs.labels)
+        for i, j in zip((*lc, *lb), (*rc, *rb), strict=True):
+            if ll[i] is None or rl[j] is None or self.labels.same(ll[i], rl[j]):
+                continue
+            if not self._holds(rl, ll[i]):
+                rl[j] = ll[i]  # rename the rhs axis after the lhs one
+            elif not self._holds(ll, rl[j]):
+                ll[i] = rl[j]  # the rhs has that name elsewhere: rename the lhs axis instead
+            else:
+                ll[i] = rl[j] = self.labels.fresh(ll[i], {self.labels.find(a) for a in (*ll, *rl) if a is not None})
+        lhs = self.relabel(lhs, ll) if ll != list(lhs.labels) else lhs
+        paired = set(rc) | set(rb)
+        lhs_roots = {self.labels.find(a) for a in ll if a is not None}
+        for j, a in enumerate(rl):
+            if j not in paired and a is not None and self.labels.find(a) in lhs_roots:
+                rl[j] = self.labels.fresh(a, lhs_roots | {self.labels.find(b) for b in rl if b is not None})
+        if len({self.labels.find(a) for a in rl if a is not None}) < sum(a is not None for a in rl):
+            raise self.unsupported("a contraction whose axes the importer cannot name apart")
+        rhs = self.relabel(rhs, rl) if rl != list(rhs.labels) else rhs
+        free_l = [a for i, a in enumerate(ll) if i not in lc and i not in lb]
+        free_r = [a for j, a in enumerate(rl) if j not in rc and j not in rb]
+        labels = [ll[i] for i in lb] + free_l + free_r
+        dtype = node.outs[0].dtype
+        return self.emit(O.Einsum, "einsum", [lhs.tensor, rhs.tensor], labels,
+                         dtype if dtype in FLOAT_DTYPES else self.dtype(lhs))
+
+    # -- composites (patterns)
+    def _softmax(self, node: Node) -> Val:
+        v = self.dense(self.val(node.ins[0]))
+        return self.emit(O.Softmax, "softmax", [v.tensor], v.labels, self.dtype(v),
+                         dim=DimRef(self._axis_label(v, node.params["axis"])))
+
+    def _layer_norm(self, node: Node) -> Val:
+        v = self.dense(self.val(node.ins[0]))
+        out = self.emit(O.LayerNorm, "layer_norm", [v.tensor], v.labels, self.dtype(v),
+                        dim=DimRef(self._axis_label(v, node.params["axis"])), eps=node.params["eps"],
+                        center=node.params["center"])
+        return self._val(out.tensor, _fit_units(list(v.labels), node.outs[0].shape, self.labels.size))
+
+    def _cross_entropy(self, node: Node) -> Val:
+        logits = self.dense(self.val(node.ins[0]))
+        axis = node.params["axis"]
+        dim = self._axis_label(logits, axis)
+        rest = [a for i, a in enumerate(logits.labels) if i != axis]
+        ids = self.conform(self.val(node.ins[1]), rest)
+        out = self.emit(O.CrossEntropy, "cross_entropy", [logits.tensor, ids.tensor], rest, self.dtype(logits),
+                        dim=DimRef(dim))
+        return self._val(out.tensor, _fit_units(rest, node.outs[0].shape, self.labels.size))
+
+    def _holds(self, labels: Sequence[int | None], a: int) -> bool:
+        r = self.labels.find(a)
+        return any(b is not None and self.labels.find(b) == r for b in labels)
+
+def _fit_units(labels: Sequence[int | None], shape: Sequence[int], size: Callable[[int], int]) -> list[int | None]:
+    """``labels`` (the non-unit axes of a result, in order) placed on ``shape``, whose other axes are 1."""
+    out: list[int | None] = []
+    it = [a for a in labels if a is not None]
+    k = 0
+    for s in shape:
+        if k < len(it) and size(it[k]) == s:
+            out.append(it[k])
+            k += 1
+        elif s == 1:
+            out.append(None)
+        else:
+            raise GraphError(f"internal: cannot place dims of sizes {[size(a) for a in it]} on shape {list(shape)}")
+    return out
