@@ -2,7 +2,8 @@
 per device over the step's schedule, gathered into a cost report.
 
 ``collectives``: alpha-beta time of ring / hierarchical collectives over mesh axes.
-``ops``: per-op FLOPs, HBM bytes and the collectives each op causes under a layout.
+``ops``: per-op FLOPs, HBM bytes and the collectives each op causes under a layout (``flops``: FLOPs as
+XLA counts them; ``comms``: reshards and partial sums; ``reshape``: reshape layouts).
 ``step``: the training step of a graph and the cost of each op (repeated layers priced once).
 ``memory``: live-set simulation of per-device memory, with rematerialization policies.
 ``report``: :func:`estimate` -> :class:`CostReport` (``costreport``: totals and per-op breakdown, JSON;
