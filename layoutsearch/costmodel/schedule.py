@@ -75,7 +75,8 @@ class Schedule:
             return float(microbatches)
         held = float(min(microbatches, stages - stage))
         if self.kind == "interleaved" and stages > 1:
-            held *= 1 + (stages - 1) / (stages * self.virtual)
+            # never more than the micro-batches there are (M = K: every chunk of every micro-batch at most)
+            held = min(held * (1 + (stages - 1) / (stages * self.virtual)), float(microbatches))
         return held
 
 
