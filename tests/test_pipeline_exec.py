@@ -62,8 +62,9 @@ import pytest
 
 from layoutsearch import zoo
 from layoutsearch.backend import hlo
-from layoutsearch.backend.pipeline import IN, Pipeline, compile_pipeline, pipelined_loss_and_grads, split_graph
+from layoutsearch.backend.pipeline import Pipeline, compile_pipeline, pipelined_loss_and_grads
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs
+from layoutsearch.backend.stages import IN, split_graph
 from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh

@@ -27,8 +27,9 @@ from test_pipeline_exec import FAST, MEGATRON, first_step_equals_unpipelined
 
 from layoutsearch import zoo
 from layoutsearch.backend import hlo, tick_tables
-from layoutsearch.backend.pipeline import IN, Pipeline
+from layoutsearch.backend.pipeline import Pipeline
 from layoutsearch.backend.program import forward_fn, init_params, random_inputs
+from layoutsearch.backend.stages import IN
 from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.layout import Layout

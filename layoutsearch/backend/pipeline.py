@@ -1,16 +1,8 @@
 """Pipelined training steps of an IR graph: stages over a ``stage`` mesh axis, GPipe, 1F1B or interleaved 1F1B.
 
-The graph's repeated blocks ``layer.0 .. layer.{L-1}`` (ops tagged
-``block="layer.i"``, tensors named ``layer.i/<name>``) must be structurally
-identical: the same ops and tensors after the prefix, one activation entering
-and one leaving each block with the same dims, and parameters of their own.
-Stage ``s`` of ``K`` holds a contiguous run of ``layers_per_stage[s]`` layers
-(any partition the search picks; default ``L/K`` each). With ``interleaved:V``
-each device holds ``V`` chunks of contiguous layers, chunk ``c`` of device
-``k`` being virtual stage ``c K + k``: ``layers_per_stage`` then gives the
-``K V`` chunks' layers in virtual-stage order (any contiguous partition; a
-chunk may hold none, e.g. where the search gave a chunk the embedding alone;
-default ``L/(K V)`` each).
+The graph is cut into pre ops, one template layer and post ops, and its layers are placed on stages, by
+:mod:`~layoutsearch.backend.stages` (which says what the blocks must be and what ``layers_per_stage``
+gives); this module runs the result.
 
 Unequal stages (e.g. 3 + 5 layers on 2 stages). One SPMD program gives every
 device the same local shapes, so the layer parameters are stacked
@@ -139,7 +131,6 @@ batch; layer tensors take the layout of ``layer.0``'s.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,139 +146,18 @@ from jax.sharding import PartitionSpec as P
 from layoutsearch.backend import tick_tables
 from layoutsearch.backend.one_f_one_b import TickedStep, vary
 from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
+from layoutsearch.backend.stages import IN, check_batch_local, slot_layers, slot_mask, split_graph, stage_counts
 from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import CostModelError, GraphError, LayoutError
-from layoutsearch.ir import ops as O
-from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.names import BLOCK_PREFIX, block_index, block_name, scope_prefix, scoped
-from layoutsearch.ir.tensor import Tensor
+from layoutsearch.ir.names import BLOCK_PREFIX, block_name, scoped
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
-IN = "__in__"
-"""Name of the activation entering a block, in the template layer graph."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved:V")
 """The schedules the executor runs (those the cost model prices)."""
 _vary = vary
-
-
-@dataclass(frozen=True)
-class PipelineParts:
-    """A forward graph cut for pipelining (batch dims already resized).
-
-    ``pre`` computes ``entry`` (the activation entering ``layer.0``) from the
-    inputs on a local batch; ``layer`` is one block with template names (its
-    input is :data:`IN`, its output ``layer_out``) on a micro-batch; ``post``
-    computes the loss from ``exit`` (the activation leaving the last block).
-    ``layer_params`` are the template parameter names, ``outer_params`` the
-    parameters of ``pre`` and ``post``; ``layer_names`` maps template names to
-    those of ``layer.0``.
-    """
-
-    pre: Graph
-    layer: Graph
-    post: Graph
-    entry: str
-    exit: str
-    layer_out: str
-    layers: int
-    layer_params: tuple[str, ...]
-    outer_params: tuple[str, ...]
-    layer_names: dict[str, str]
-
-
-def _subgraph(graph: Graph, name: str, ops: list[O.Op], rename: Mapping[str, str], batch_dim: str, batch: int,
-              loss: str | None = None) -> Graph:
-    """The graph of ``ops`` (tensors renamed, ``batch_dim`` resized to ``batch``); tensors read but not
-    produced by ``ops`` become fed inputs (parameters stay parameters)."""
-    produced = {op.output for op in ops}
-    used = dict.fromkeys(t for op in ops for t in (*op.inputs, op.output))
-    tensors = []
-    for t in (graph.tensors[n] for n in used):
-        dims = tuple(Dim(d.name, batch) if d.name == batch_dim else d for d in t.dims)
-        role = t.role if t.name in produced or t.role == "parameter" else "input"
-        role = "loss" if t.name == loss else ("activation" if role == "loss" else role)
-        tensors.append(Tensor(rename.get(t.name, t.name), dims, t.dtype, role))
-    new_ops = [dataclasses.replace(op, name=rename.get(op.name, op.name), output=rename.get(op.output, op.output),
-                                   inputs=tuple(rename.get(t, t) for t in op.inputs), block=None) for op in ops]
-    return Graph(name, tensors, new_ops, loss=rename.get(loss, loss) if loss else None)
-
-
-def _check_batch_local(graph: Graph, ops: list[O.Op], batch_dim: str, allowed: str | None, where: str) -> None:
-    """Every op reading a batch-carrying tensor keeps the batch dim (examples stay independent)."""
-    for op in ops:
-        if op.output != allowed and any(batch_dim in graph.tensors[t].dim_names for t in op.inputs) \
-                and batch_dim not in graph.tensors[op.output].dim_names:
-            raise GraphError(f"{where}: op {op.name!r} mixes examples (drops dim {batch_dim!r}); "
-                             "pipelining splits the batch into micro-batches and needs examples independent")
-
-
-def split_graph(graph: Graph, stages: int, microbatches: int, data: int = 1, batch_dim: str = "batch",
-                block_prefix: str = BLOCK_PREFIX) -> PipelineParts:
-    """Cut ``graph`` into pre / one template layer / post; GraphError says what does not fit."""
-    if graph.loss is None:
-        raise GraphError(f"graph {graph.name!r} has no loss to pipeline")
-    B = graph.dim(batch_dim).size
-    if B % (data * microbatches):
-        raise GraphError(f"batch {B} is not divisible by data {data} x microbatches {microbatches}")
-    blocks: dict[int, list[O.Op]] = {}
-    for op in graph.ops:
-        if (i := block_index(op.block, block_prefix)) is not None:
-            blocks.setdefault(i, []).append(op)
-    L = len(blocks)
-    if L == 0 or sorted(blocks) != list(range(L)):
-        raise GraphError(f"graph {graph.name!r} needs blocks {block_name(0, block_prefix)} .. "
-                         f"{block_name('N-1', block_prefix)}, found {sorted(blocks)}")
-    in_block = {op.name for ops in blocks.values() for op in ops}
-    templates, entries, exits, canon = [], [], [], []
-    for i in range(L):
-        block = block_name(i, block_prefix)
-        ops, pre = blocks[i], scope_prefix(block)
-        produced = {op.output for op in ops}
-        external = list(dict.fromkeys(t for op in ops for t in op.inputs if t not in produced))
-        acts = [t for t in external if graph.tensors[t].role != "parameter"]
-        foreign = [t for t in external if graph.tensors[t].role == "parameter" and not t.startswith(pre)]
-        names = {op.name for op in ops}
-        outs = [t for t in produced if t == graph.loss or any(c.name not in names for c in graph.consumers[t])]
-        if len(acts) != 1 or len(outs) != 1 or foreign:
-            raise GraphError(f"block {block} must read one activation and its own parameters and produce "
-                             f"one activation; it reads {acts + foreign} and produces {outs}")
-        if i and acts[0] != exits[-1]:
-            raise GraphError(f"block {block} reads {acts[0]!r}, not the output of the previous block")
-        entries.append(acts[0])
-        exits.append(outs[0])
-        rename = {n: n.removeprefix(pre) for n in [*produced, *external, *(op.name for op in ops)]}
-        rename[acts[0]] = IN
-        g = _subgraph(graph, f"{graph.name}/layer", ops, rename, batch_dim, B // (data * microbatches))
-        templates.append((g, {v: k for k, v in rename.items()}))
-        canon.append(([dataclasses.replace(op, block=None) for op in g.ops], g.tensors, rename[outs[0]]))
-    for i in range(1, L):
-        if canon[i] != canon[0]:
-            raise GraphError(f"block {block_name(i, block_prefix)} differs from {block_name(0, block_prefix)} "
-                             "(ops, shapes or names); "
-                             "pipelining needs identical layers")
-    layer, layer_names = templates[0]
-    act_in, act_out = layer.tensors[IN], layer.tensors[canon[0][2]]
-    if act_in.dims != act_out.dims or act_in.dtype != act_out.dtype or batch_dim not in act_in.dim_names:
-        raise GraphError(f"the activation entering a block {act_in.dims} and leaving it {act_out.dims} must have "
-                         f"the same dims, including {batch_dim!r}")
-    _check_batch_local(graph, [op for ops in blocks.values() for op in ops], batch_dim, None, "layers")
-    downstream = set()
-    for op in graph.ops:
-        if op.name in in_block or any(t in downstream or t == exits[-1] for t in op.inputs):
-            downstream.add(op.output)
-    pre_ops = [op for op in graph.ops if op.name not in in_block and op.output not in downstream]
-    post_ops = [op for op in graph.ops if op.name not in in_block and op.output in downstream]
-    if data > 1:  # pre and post run on a data shard of the batch
-        _check_batch_local(graph, pre_ops + post_ops, batch_dim, graph.loss, "ops outside the layers")
-    local = B // data
-    pre_g = _subgraph(graph, f"{graph.name}/pre", pre_ops, {}, batch_dim, local)
-    post_g = _subgraph(graph, f"{graph.name}/post", post_ops, {}, batch_dim, local, loss=graph.loss)
-    outer = tuple(dict.fromkeys(t.name for g in (pre_g, post_g) for t in g.parameters))
-    return PipelineParts(pre_g, layer, post_g, entries[0], exits[-1], canon[0][2], L,
-                         tuple(t.name for t in layer.parameters), outer, layer_names)
 
 
 class Pipeline:
@@ -331,13 +201,12 @@ class Pipeline:
                               f"(Megatron-LM's constraint): {microbatches} micro-batches, {self.K} stages")
         self.parts = split_graph(graph, self.K, microbatches, self.D, batch_dim, block_prefix)
         self.act_dims = self.parts.layer.tensors[IN].dim_names
-        self.counts = _stage_counts(self.parts.layers, self.K, layers_per_stage, self.V)
+        self.counts = stage_counts(self.parts.layers, self.K, layers_per_stage, self.V)
         """Layers per virtual stage (chunk ``c`` of device ``k`` is virtual stage ``c K + k``)."""
         self.slots = max(self.counts)
         """Layer slots per chunk (the largest chunk's layers)."""
-        counts = np.array(self.counts).reshape(self.V, self.K).T  # [K, V]
-        # [K, V slots]: whether device k's slot c*slots + j holds a layer (of its chunk c)
-        self.mask = (np.arange(self.slots)[None, None, :] < counts[:, :, None]).reshape(self.K, -1)
+        self.mask = slot_mask(self.counts, self.K, self.V)
+        """``[K, V slots]``: whether device ``k``'s slot ``c slots + j`` holds a layer (of its chunk ``c``)."""
         self.manual = (stage_axis, data_axis) if data_axis in mesh_shape else (stage_axis,)
         self.layout = self._check_layout(layout, mesh_shape)
         self.loss_scale = self._data_scale()
@@ -348,7 +217,7 @@ class Pipeline:
                           else tick_tables.interleaved(self.K, self.V, microbatches))
             self.reduction = batch_reduction(graph, batch_dim)
             post = self.parts.post
-            _check_batch_local(graph, [graph.op(op.name) for op in post.ops], batch_dim, graph.loss, "post ops")
+            check_batch_local(graph, [graph.op(op.name) for op in post.ops], batch_dim, graph.loss, "post ops")
             foreign = [t.name for t in post.fed if t.name != self.parts.exit and t.role == "input"
                        and graph.producer(t.name) is not None]
             if foreign:
@@ -395,15 +264,6 @@ class Pipeline:
     def shardings(self) -> tuple[dict[str, NamedSharding], ...]:
         return tuple({k: NamedSharding(self.mesh, s) for k, s in d.items()} for d in self.specs())
 
-    def _slot_layers(self) -> list[list[int]]:
-        """Per device, the layer in each of its slots (``V`` chunks of ``slots`` slots; padding slots repeat
-        their chunk's first layer, or the last layer for a chunk without one; they are skipped when run and
-        their gradients dropped)."""
-        first = np.concatenate([[0], np.cumsum(self.counts)[:-1]])
-        last = self.parts.layers - 1
-        return [[min(int(first[c * self.K + k]) + (j if j < self.counts[c * self.K + k] else 0), last)
-                 for c in range(self.V) for j in range(self.slots)] for k in range(self.K)]
-
     def _layer_param(self, i: int, k: str) -> str:
         """The graph's name of template parameter ``k`` in layer ``i``."""
         return scoped(block_name(i, self.block_prefix), k)
@@ -412,7 +272,7 @@ class Pipeline:
         """The graph's parameters as (stacked ``[K, V slots, ...]`` layer parameters: device ``k`` holds, per
         chunk ``c``, the ``layers_per_stage[c K + k]`` layers of virtual stage ``c K + k`` in order, then padding;
         outer parameters)."""
-        slots = self._slot_layers()
+        slots = slot_layers(self.counts, self.K, self.V)
         stacked = {k: jnp.stack([jnp.stack([params[self._layer_param(i, k)] for i in row]) for row in slots])
                    for k in self.parts.layer_params}
         return stacked, {k: params[k] for k in self.parts.outer_params}
@@ -421,7 +281,7 @@ class Pipeline:
         """Inverse of :meth:`stack` (padding slots dropped)."""
         out = dict(outer)
         for k, v in stacked.items():
-            for s, row in enumerate(self._slot_layers()):
+            for s, row in enumerate(slot_layers(self.counts, self.K, self.V)):
                 out.update({self._layer_param(i, k): v[s, j] for j, i in enumerate(row) if self.mask[s, j]})
         return out
 
@@ -608,26 +468,6 @@ class _Prepared:
     which slots hold a layer (None: all)."""
     real: jax.Array | None
     """This device's slot mask ``[V slots]`` (None when every slot holds a layer)."""
-
-
-def _stage_counts(layers: int, stages: int, given: Sequence[int] | None, chunks: int = 1) -> list[int]:
-    """Layers per virtual stage: ``given`` (a contiguous partition into ``stages x chunks`` virtual stages, in
-    their order: counts summing to the layers, each at least one with one chunk per device; with several, a
-    chunk may have none, as when the search gives a chunk the embedding alone), or equal ones."""
-    n = stages * chunks
-    if given is None:
-        if layers % n:
-            what = f"{stages} equal stages" if chunks == 1 else f"{n} equal chunks ({stages} stages x {chunks})"
-            raise GraphError(f"{layers} layers do not split into {what}; choose stages dividing {layers} or give "
-                             "layers_per_stage")
-        return [layers // n] * n
-    counts = [int(n) for n in given]
-    least = 1 if chunks == 1 else 0
-    if len(counts) != n or min(counts) < least or sum(counts) != layers:
-        what = f"each of the {stages} stages at least one layer" if chunks == 1 else \
-            f"the layers of each of the {n} chunks ({stages} stages x {chunks}, in virtual-stage order)"
-        raise GraphError(f"layers_per_stage {list(given)} must give {what} and sum to the {layers} layers")
-    return counts
 
 
 def pipelined_loss_and_grads(graph: Graph, mesh_shape: Mapping[str, int], *, microbatches: int,

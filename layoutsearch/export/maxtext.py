@@ -1,27 +1,5 @@
-"""Exports of a layout to the formats JAX, Flax and MaxText programs consume.
-
-One front door, :func:`export` (``layout``, ``graph``, a format name -> paste-able text):
-
-* ``flax``: Flax Linen ``logical_axis_rules`` (:func:`flax_logical_axis_rules`) as Python, logical
-  axis names = the graph's dim names, for ``nn.logical_axis_rules`` / ``nn.logical_to_mesh_sharding``;
-* ``nnx``: the rules Flax NNX applies to ``nnx.Variable`` ``out_sharding`` metadata
-  (:func:`nnx_logical_axis_rules`): one mesh-axes value per logical name, every dim of the graph;
-* ``maxtext``: a MaxText config override YAML with MaxText's own keys, mesh axes and logical axis
-  names (:func:`maxtext_overrides`, :func:`maxtext_yaml`);
-* ``specs``: JSON ``{tensor name: PartitionSpec entries}`` for every tensor (:func:`partition_specs`);
-* ``python``: a paste-able Python snippet that builds the mesh and one ``NamedSharding`` per tensor
-  (:func:`python_snippet`).
-
-Rule precedence is the same in layoutsearch and in Flax Linen (rules in order; a rule applies to a
-tensor when its dim is still unassigned and none of its mesh axes is used yet; a rule with no axes,
-``d_model:-``, claims the dim unsplit), so Linen rules are the layout's rules unchanged.
-
-Flax NNX is different (flax 0.12.8, ``flax/nnx/spmd.py: get_var_pspec`` and
-``flax/core/spmd.py: from_sharding_rules``): it turns the rules into a dict and looks each logical name
-of a Variable's ``out_sharding`` up in it, with no precedence, no fallback (of two rules for a name the
-last wins) and no check that a mesh axis is used once; a name without a rule is kept as it is, i.e. taken
-as a mesh axis name. The NNX export therefore gives every dim of the graph exactly one value, the one it
-has in every parameter, and refuses a layout in which a dim needs two values in two parameters.
+"""A layout as a MaxText config override: MaxText's own keys, mesh axes and logical axis names
+(:func:`maxtext_overrides`, as commented YAML :func:`maxtext_yaml`).
 
 MaxText (:data:`MAXTEXT_MESH_AXES`, :data:`MAXTEXT_AXIS_NAMES`, :data:`MAXTEXT_DIM_NAMES`,
 :data:`MAXTEXT_REMAT_POLICY`): the mesh axes of the layout are mapped onto MaxText's mesh axes by name
@@ -40,17 +18,13 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from layoutsearch.errors import LayoutError, LayoutSearchError
+from layoutsearch.errors import LayoutError
+from layoutsearch.export.specs import logical_rules, without_stage_rules
 from layoutsearch.ir.graph import Graph
-from layoutsearch.layout import Axes, Layout, SpecEntry
+from layoutsearch.layout import Axes, Layout
 from layoutsearch.mesh import Mesh
 
-FORMATS = ("flax", "nnx", "maxtext", "specs", "python")
-"""The formats :func:`export` writes."""
-
-REMAT_POLICIES = ("none", "selective", "full")
-
-# -- MaxText tables ---------------------------------------------------------------------------------------------------
+# -- tables ---------------------------------------------------------------------------------------------------------
 
 MAXTEXT_MESH_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert", "autoregressive")
 """MaxText 0.2.x's ``mesh_axes``, in MaxText's order (its ``create_device_mesh`` takes the ici/dcn values in
@@ -127,94 +101,7 @@ def maxtext_parallelism_key(axis: str, kind: str = "ici") -> str:
     return f"{kind}_{'pipeline' if axis == 'stage' else axis}_parallelism"
 
 
-# -- PartitionSpecs and Flax Linen ------------------------------------------------------------------------------------
-
-def partition_specs(layout: Layout, graph: Graph) -> dict[str, tuple[SpecEntry, ...]]:
-    """Tensor name -> PartitionSpec entries (None, an axis, or a tuple of axes per dim).
-
-    Checks the layout against ``graph`` first (LayoutError if it does not fit)."""
-    layout.check(graph)
-    return {t.name: layout.spec(t) for t in graph.tensors.values()}
-
-
-def _rules(layout: Layout) -> tuple[tuple[str, Axes], ...]:
-    """The layout's rules, which apply exactly as Flax applies logical axis rules."""
-    if layout.tensors:
-        names = ", ".join(repr(n) for n, _ in layout.tensors)
-        raise LayoutError(f"layout has per-tensor entries ({names}), which logical axis rules cannot express; "
-                          "export it with partition_specs or python_snippet instead")
-    return layout.rules
-
-
-def _entry(axes: Axes) -> str | tuple[str, ...] | None:
-    return None if not axes else axes[0] if len(axes) == 1 else tuple(axes)
-
-
-def flax_logical_axis_rules(layout: Layout) -> list[tuple[str, str | tuple[str, ...] | None]]:
-    """The global rules as Flax ``logical_axis_rules``: ``[("batch", "data"), ("embed", ("data", "fsdp")), ...]``.
-
-    Logical axis names are the graph's dim names. Raises LayoutError for a
-    layout with per-tensor entries (rules cannot express them)."""
-    return [(dim, _entry(axes)) for dim, axes in _rules(layout)]
-
-
-def _without_stage_rules(layout: Layout, stage_axis: str | None) -> Layout:
-    """The layout inside a pipeline stage: rules naming the stage axis dropped (as the pipeline cost model does)."""
-    if stage_axis is None:
-        return layout
-    layout.mesh.axis_size(stage_axis)  # a clear error for an axis the mesh lacks
-    return Layout(layout.mesh, tuple((d, a) for d, a in layout.rules if stage_axis not in a), layout.tensors)
-
-
-# -- Flax NNX ---------------------------------------------------------------------------------------------------------
-
-def _nnx_values(layout: Layout, graph: Graph) -> tuple[dict[str, SpecEntry], dict[str, list[str]]]:
-    """Dim -> its one NNX value, and dim -> the non-parameter tensors in which the layout gives it another."""
-    specs = partition_specs(layout, graph)
-    order = [d for d, _ in layout.rules if d in graph.dims]
-    order += [d for d in graph.dims if d not in order]
-    order = list(dict.fromkeys(order))
-    first_rule = {}
-    for d, axes in layout.rules:
-        first_rule.setdefault(d, _entry(axes))
-    param_value: dict[str, tuple[SpecEntry, str]] = {}
-    for t in graph.tensors.values():
-        if t.role not in ("parameter", "optimizer_state"):
-            continue
-        for d, s in zip(t.dim_names, specs[t.name], strict=True):
-            if d not in param_value:
-                param_value[d] = (s, t.name)
-            elif param_value[d][0] != s:
-                other_spec, other = param_value[d]
-                raise LayoutError(
-                    f"Flax NNX gives a logical axis one mesh-axes value, but this layout splits dim {d!r} as "
-                    f"{other_spec!r} in {other!r} and as {s!r} in {t.name!r}; export it as 'flax' (Linen rules, "
-                    "which nn.logical_to_mesh_axes applies with precedence) or 'specs' instead")
-    values: dict[str, SpecEntry] = {}
-    for d in order:
-        values[d] = param_value[d][0] if d in param_value else first_rule.get(d)
-    differ: dict[str, list[str]] = {}
-    for t in graph.tensors.values():
-        for d, s in zip(t.dim_names, specs[t.name], strict=True):
-            if s != values[d]:
-                differ.setdefault(d, []).append(t.name)
-    return values, differ
-
-
-def nnx_logical_axis_rules(layout: Layout, graph: Graph) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:
-    """The rules Flax NNX needs: ``(("batch", "data"), ("d_model", None), ...)``, one pair per dim of ``graph``.
-
-    Use with ``nnx.logical_axis_rules(rules)`` (or a Variable's ``sharding_rules`` metadata) and Variables
-    whose ``out_sharding`` holds the graph's dim names; ``nnx.get_partition_spec`` then gives every
-    parameter the layout's PartitionSpec. NNX looks names up without precedence, so each dim gets the
-    one value it has in every parameter (LayoutError if two parameters need two values); dims in no
-    parameter get their first rule's axes. Activations in which the layout splits a dim otherwise are
-    reported by :func:`export`'s ``nnx`` text; constrain them with the ``specs`` export."""
-    values, _ = _nnx_values(layout, graph)
-    return tuple(values.items())
-
-
-# -- MaxText ----------------------------------------------------------------------------------------------------------
+# -- the overrides ----------------------------------------------------------------------------------------------------
 
 def maxtext_axis_map(mesh_names: Sequence[str], axis_map: Mapping[str, str] | None = None,
                      stage_axis: str | None = None) -> dict[str, str]:
@@ -288,17 +175,17 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     names = maxtext_axis_map(mesh.names, axis_map, stage_axis)
     if stage_axis is None:
         stage_axis = next((a for a, t in names.items() if t == "stage"), None)
-    inner = _without_stage_rules(layout, stage_axis)
+    inner = without_stage_rules(layout, stage_axis)
     if graph is not None:
         inner.check(graph)
-    rules = _rules(inner)  # per-tensor entries raise before any other check
+    rules = logical_rules(inner)  # per-tensor entries raise before any other check
     out: dict[str, Any] = {"mesh_axes": list(MAXTEXT_MESH_AXES)}
     out.update(_maxtext_parallelism(mesh, names, slices, dcn_axis))
     out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]
     out["logical_axis_rules"] = _maxtext_logical_rules(rules, mesh, names, dim_names, stage_axis)
     if remat is not None:
         if remat not in MAXTEXT_REMAT_POLICY:
-            raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+            raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(MAXTEXT_REMAT_POLICY)})")
         out["remat_policy"] = MAXTEXT_REMAT_POLICY[remat]
     out.update(_maxtext_pipeline(mesh, stage_axis, microbatches, schedule, graph))
     if graph is not None and "batch" in graph.dims:
@@ -423,7 +310,7 @@ def maxtext_yaml(layout: Layout, graph: Graph | None = None, *, dim_names: Mappi
     lines += ["# mesh_axes is MaxText 0.2.x's own list, in the order its code builds the mesh from the ici/dcn values;",
               "# if your MaxText's base.yml lists other mesh axes, keep its mesh_axes and drop this line."]
     renamed = []
-    for dim, _ in _rules(_without_stage_rules(layout, stage)):
+    for dim, _ in logical_rules(without_stage_rules(layout, stage)):
         logical = _maxtext_names(dim, dim_names)
         if logical != (dim,):
             renamed.append(f"{dim} -> {', '.join(logical) or '(none)'}")
@@ -456,144 +343,4 @@ def maxtext_yaml(layout: Layout, graph: Graph | None = None, *, dim_names: Mappi
                          + (f" / {accumulation} accumulation steps (MaxText's global batch = per_device_batch_size"
                             " x devices x gradient_accumulation_steps)" if accumulation > 1 else ""))
         lines.append(f"{key}: {json.dumps(value)}")
-    return "\n".join(lines) + "\n"
-
-
-# -- Python snippet ---------------------------------------------------------------------------------------------------
-
-def _spec_source(spec: tuple[SpecEntry, ...]) -> str:
-    parts = []
-    for s in spec:
-        if s is None:
-            parts.append("None")
-        elif isinstance(s, str):
-            parts.append(repr(s))
-        else:
-            parts.append("(" + ", ".join(repr(a) for a in s) + ")")
-    return "P(" + ", ".join(parts) + ")"
-
-
-def _mesh_source(layout: Layout) -> list[str]:
-    mesh = layout.mesh
-    return [
-        "# Auto axes: XLA propagates shardings through every op (jax.make_mesh's default, Explicit axes,",
-        "# rejects e.g. a matmul whose contracted dim is split).",
-        f"mesh = jax.make_mesh({tuple(s for _, s in mesh.axes)!r}, {tuple(mesh.names)!r},",
-        f"                     axis_types=(jax.sharding.AxisType.Auto,) * {len(mesh.axes)})",
-    ]
-
-
-def python_snippet(layout: Layout, graph: Graph) -> str:
-    """Paste-able Python: the mesh (Auto axes), ``partition_specs`` (one ``PartitionSpec`` per tensor),
-    ``shardings`` (``NamedSharding`` per tensor) and, for a rules-only layout, ``logical_axis_rules``."""
-    specs = partition_specs(layout, graph)
-    mesh = layout.mesh
-    rules = layout.describe() or "replicated"
-    lines = [
-        f"# layoutsearch: model {graph.name!r} on mesh {mesh} (rules: {rules})",
-        "import jax",
-        "from jax.sharding import NamedSharding",
-        "from jax.sharding import PartitionSpec as P",
-        "",
-        *_mesh_source(layout),
-        "partition_specs = {",
-        *(f"    {name!r}: {_spec_source(spec)}," for name, spec in specs.items()),
-        "}",
-        "shardings = {name: NamedSharding(mesh, spec) for name, spec in partition_specs.items()}",
-    ]
-    if not layout.tensors:
-        lines.append(f"logical_axis_rules = {flax_logical_axis_rules(layout)!r}  # Flax nn.logical_axis_rules")
-    return "\n".join(lines) + "\n"
-
-
-# -- the front door ---------------------------------------------------------------------------------------------------
-
-_FLAX_REMAT = {
-    "none": "no nn.remat",
-    "selective": "nn.remat(Block, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)",
-    "full": "nn.remat(Block) (policy None: nothing saved, the layer recomputed)",
-}
-
-
-def _plan_comments(layout: Layout, remat: str, microbatches: int, stage_axis: str | None,
-                   schedule: str | None) -> list[str]:
-    out = [f"# remat {remat}: {_FLAX_REMAT[remat]} around each layer"]
-    if stage_axis is not None:
-        out.append(f"# pipeline over mesh axis {stage_axis!r} ({layout.mesh.axis_size(stage_axis)} stages, schedule "
-                   f"{schedule or '1f1b'}, {microbatches} micro-batches): these rules lay out each stage; rules "
-                   f"naming {stage_axis!r} are left out")
-    elif microbatches > 1:
-        out.append(f"# gradient accumulation over {microbatches} micro-batches (batch / {microbatches} each)")
-    return out
-
-
-def _example_dims(graph: Graph) -> str:
-    """The dim names of a parameter of ``graph`` (one with the most dims), as Python source, for the comments."""
-    params = [t for t in graph.tensors.values() if t.role == "parameter"] or list(graph.tensors.values())
-    best = max(params, key=lambda t: len(t.dim_names), default=None)
-    return repr(tuple(best.dim_names)) if best is not None else "('batch',)"
-
-
-def _entries_source(pairs: Sequence[tuple[str, Any]], open_: str, close: str) -> list[str]:
-    if not pairs:
-        return [f"logical_axis_rules = {open_}{close}"]
-    return [f"logical_axis_rules = {open_}", *(f"    {(d, v)!r}," for d, v in pairs), close]
-
-
-def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", microbatches: int = 1,
-           stage_axis: str | None = None, schedule: str | None = None,
-           dim_names: Mapping[str, str | Sequence[str]] | None = None, axis_map: Mapping[str, str] | None = None,
-           slices: int = 1, dcn_axis: str | None = None) -> str:
-    """``layout`` (checked against ``graph``) in format ``fmt`` (:data:`FORMATS`), as paste-able text.
-
-    * ``flax``: Python ``logical_axis_rules = [...]`` (Flax Linen; logical names = dim names);
-    * ``nnx``: Python ``logical_axis_rules = (...)`` for ``nnx.logical_axis_rules`` (one pair per dim);
-    * ``maxtext``: MaxText override YAML (:func:`maxtext_yaml`; ``dim_names``, ``axis_map``, ``slices``,
-      ``dcn_axis`` apply here only);
-    * ``specs``: JSON ``{tensor: [entry, ...]}`` (an entry: null, an axis, or a list of axes);
-    * ``python``: :func:`python_snippet`.
-
-    ``remat`` (none, selective, full), ``microbatches``, ``stage_axis`` and ``schedule`` describe the plan:
-    MaxText gets their keys, flax and nnx a comment, and with a ``stage_axis`` the rules naming it are
-    dropped (each stage is laid out over the other axes, as the pipeline cost model does)."""
-    if fmt not in FORMATS:
-        raise LayoutSearchError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
-    if remat not in REMAT_POLICIES:
-        raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(REMAT_POLICIES)})")
-    layout.check(graph)
-    if fmt == "maxtext":
-        return maxtext_yaml(layout, graph, dim_names=dim_names, axis_map=axis_map, remat=remat,
-                            microbatches=microbatches, stage_axis=stage_axis, schedule=schedule, slices=slices,
-                            dcn_axis=dcn_axis)
-    inner = _without_stage_rules(layout, stage_axis)
-    if fmt == "specs":
-        specs = partition_specs(inner, graph)
-        items = [f"  {json.dumps(n)}: {json.dumps([list(e) if isinstance(e, tuple) else e for e in s])}"
-                 for n, s in specs.items()]
-        return "{\n" + ",\n".join(items) + "\n}\n"
-    if fmt == "python":
-        return python_snippet(inner, graph)
-    head = f"# layoutsearch: model {graph.name!r} on mesh {layout.mesh}, layout {inner.describe() or '(replicated)'}"
-    plan = _plan_comments(layout, remat, microbatches, stage_axis, schedule)
-    if fmt == "flax":
-        lines = [head,
-                 "# Flax Linen logical_axis_rules (logical axis names = the model's dim names), used with",
-                 f"# nn.with_logical_partitioning(init, {_example_dims(graph)}) and `with nn.logical_axis_rules(",
-                 "# logical_axis_rules):` or nn.logical_to_mesh_sharding(nn.get_partition_spec(variables), mesh,",
-                 "# logical_axis_rules); rules apply in order, as in layoutsearch.",
-                 *plan, *_entries_source(flax_logical_axis_rules(inner), "[", "]")]
-        return "\n".join(lines) + "\n"
-    values, differ = _nnx_values(inner, graph)
-    lines = [head,
-             "# Flax NNX logical axis rules: one mesh-axes value per logical name (the model's dim names), every dim",
-             "# listed (NNX takes a name without a rule as a mesh axis). Declare parameters with",
-             f"# nnx.Param(value, out_sharding={_example_dims(graph)}) and build the model under",
-             "# `with jax.set_mesh(mesh), nnx.logical_axis_rules(logical_axis_rules):` (NNX shards each Param as",
-             "# it is created; nnx.get_partition_spec / get_named_sharding under the rules give the same specs).",
-             "# Exact for every parameter."]
-    if differ:
-        lines.append("# Activations where the layout splits a dim otherwise (constrain them with the 'specs' export): "
-                     + "; ".join(f"{d}: {len(ts)} ({ts[0]}{', ...' if len(ts) > 1 else ''})"
-                                 for d, ts in differ.items()))
-    lines += [*plan, *_entries_source(list(values.items()), "(", ")")]
     return "\n".join(lines) + "\n"
