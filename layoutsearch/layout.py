@@ -78,6 +78,9 @@ class Layout:
     mesh: Mesh
     rules: tuple[tuple[str, Axes], ...] = ()
     tensors: tuple[tuple[str, tuple[tuple[str, Axes], ...]], ...] = field(default=())
+    _shapes: dict[Any, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False,
+                                                hash=False)
+    """Per-device shapes computed so far (:meth:`local_shape`), keyed by the dims of tensors the rules lay out."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple((d, tuple(a)) for d, a in self.rules))
@@ -164,8 +167,12 @@ class Layout:
 
     def local_shape(self, tensor: Tensor) -> tuple[int, ...]:
         """Per-device shape of ``tensor`` (assumes :meth:`check` passed)."""
-        lay = self.dim_layout(tensor)
-        return tuple(d.size // self.mesh.group_size(lay.get(d.name, ())) for d in tensor.dims)
+        key = tensor.dims if not self.tensors else (tensor.name, tensor.dims)
+        shape = self._shapes.get(key)
+        if shape is None:
+            lay = self.dim_layout(tensor)
+            shape = self._shapes[key] = tuple(d.size // self.mesh.group_size(lay.get(d.name, ())) for d in tensor.dims)
+        return shape
 
     def local_bytes(self, tensor: Tensor) -> int:
         """Per-device bytes of ``tensor``."""

@@ -18,6 +18,7 @@ them without touching the peaks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -108,9 +109,13 @@ class Mesh:
         """Number of devices."""
         return math.prod(s for _, s in self.axes)
 
+    @functools.cached_property
+    def _sizes(self) -> dict[str, int]:
+        return dict(self.axes)
+
     def axis_size(self, axis: str) -> int:
         try:
-            return self.shape[axis]
+            return self._sizes[axis]
         except KeyError:
             raise MeshError(f"unknown mesh axis {axis!r} (mesh has: {', '.join(self.names)})") from None
 

@@ -251,3 +251,86 @@ def test_time_limit_covers_the_whole_search_and_says_what_it_cut(gpt, free):
 def test_time_limit_must_be_positive_and_finite(gpt, bad):
     with pytest.raises(LayoutSearchError, match="time limit must be a positive number of seconds"):
         search(gpt, MESH, time_limit=bad)
+
+
+# -- gradient accumulation: bounds and optimality -------------------------------------------------------------------
+
+ACCUMULATE = {"batch": 16, "seq": 64, "vocab": 64, "d_model": 32, "heads": 4, "layers": 2}
+"""Activations dominate this model's memory: a limit below every unaccumulated plan's peak leaves accumulated
+plans that fit."""
+
+
+@pytest.fixture(scope="module")
+def accumulating():
+    """(model, mesh, hardware, limit, the micro-batch's candidates): the limit 3% below the smallest peak of
+    any unaccumulated plan."""
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.baselines import baseline_sets
+    from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
+    from layoutsearch.solvers.space import Pricer
+
+    g, mesh, hw = zoo.build("gpt", **ACCUMULATE), Mesh.of("data:2,model:2"), hardware("h100")
+    full = training_step(g)
+    pricer = Pricer(full, mesh, hw)
+    cands = rules_candidates(full, mesh, hw, pricer, baseline_sets(baseline_rules(full, mesh)))
+    limit = 0.97 * min(RulesSearch(full, mesh, hw, pricer, cands, p).min_memory()[0]
+                       for p in ("none", "selective", "full"))
+    return g, mesh, hw, limit, cands[0]
+
+
+def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None):
+    """Every (rule set, remat policy) in ``pick`` (default: all) priced as an accumulated step by
+    ``price_plan``, independently of the search's bounds."""
+    from layoutsearch.layout import Layout
+    from layoutsearch.solvers.search import price_plan
+    from layoutsearch.solvers.space import rules_of
+
+    for k in range(len(cands)) if pick is None else pick:
+        rules = rules_of(cands, k, list(g.dims), mesh)
+        for policy in policies:
+            try:
+                yield k, policy, price_plan(g, Layout(mesh, rules), hw, remat=policy, microbatches=M,
+                                            memory_limit=limit)
+            except LayoutSearchError:
+                continue
+
+
+@pytest.mark.parametrize("M", [2, 4])
+def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
+    """M x (one micro-batch's compute and critical collectives without the optimizer) is a lower bound of the
+    accumulated step, and a micro-batch that does not fit means the accumulated step does not: checked on
+    random rule sets against ``price_plan``."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.solvers.build import build_space
+    from layoutsearch.solvers.rules_search import RulesSearch, strategy_values
+    from layoutsearch.solvers.space import Pricer
+
+    g, mesh, hw, limit, cands = accumulating
+    micro = training_step(resized(g, {"batch": g.dims["batch"] // M}))
+    pricer = Pricer(micro, mesh, hw)
+    pick = np.random.default_rng(M).choice(len(cands), 60, replace=False)
+    for policy in ("none", "full"):
+        rs = RulesSearch(micro, mesh, hw, pricer, (cands, np.zeros(len(cands))), policy)
+        rs.price(pick)
+        space = build_space(micro, mesh, hw, "rules", rules=cands.take(pick), pricer=pricer.bound(optimizer=False),
+                            remat=policy)
+        bound = dict(zip(pick.tolist(), M * strategy_values(space.problem)[0], strict=True))
+        for k, _, plan in _accumulated_plans(g, mesh, hw, limit, cands, M, (policy,), pick.tolist()):
+            assert bound[k] <= plan.step_s * (1 + 1e-9)
+            assert rs.mem[k] <= plan.memory_bytes
+            assert M * rs.lb[k] <= plan.step_s * (1 + 1e-9)
+
+
+@pytest.mark.slow
+def test_accumulated_plan_is_the_best_of_every_rule_set_and_policy(accumulating):
+    """The search's accumulated plan equals brute force: every rule set under every remat policy priced as an
+    accumulated step (7,000 plans, about a minute)."""
+    g, mesh, hw, limit, cands = accumulating
+    plan = search(g, mesh, memory_limit=limit, hardware=hw, microbatches=2, baselines=False, top=1)
+    fitting = [p for _, _, p in _accumulated_plans(g, mesh, hw, limit, cands, 2, ("none", "selective", "full"))
+               if p.fits]
+    assert plan.optimal and plan.chosen.microbatches == 2
+    assert plan.chosen.step_s == pytest.approx(min(p.step_s for p in fitting), rel=1e-12)

@@ -186,21 +186,25 @@ def _op_costs(g: Graph, layout: Layout, hw: Hardware, attention: str,
 def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware) -> Callable[..., OpReport]:
     """A function ``report(cost, phase, prefix="")`` pricing one op execution: its compute time (roofline) and
     its collectives (``prefix`` leads their causes); each collective of one kind, axes and size is priced once."""
-    priced: dict[tuple[str, tuple[str, ...], int], CollectiveCost] = {}
+    priced: dict[tuple[str, tuple[str, ...], int], tuple[CollectiveCost, tuple[str, ...]]] = {}
+    timed: dict[tuple, tuple[float, str]] = {}
 
-    def price(kind: str, axes: tuple[str, ...], nbytes: int) -> CollectiveCost:
+    def price(kind: str, axes: tuple[str, ...], nbytes: int) -> tuple[CollectiveCost, tuple[str, ...]]:
+        """The collective's cost and its communicator (the axes of size > 1)."""
         key = (kind, axes, nbytes)
         c = priced.get(key)
         if c is None:
-            c = priced[key] = collective_time(kind, nbytes, axes, mesh, hw)
+            communicator = tuple(a for a in axes if mesh.axis_size(a) > 1) or tuple(axes)
+            c = priced[key] = (collective_time(kind, nbytes, axes, mesh, hw), communicator)
         return c
 
     def report(cost: OpCost, phase: str, prefix: str = "") -> OpReport:
-        seconds, bound = compute_seconds(cost, hw)
+        key = (cost.flops, cost.hbm_bytes, cost.matmul, cost.dtype, cost.matmul_dims)
+        hit = timed.get(key)
+        seconds, bound = hit if hit is not None else timed.setdefault(key, compute_seconds(cost, hw))
         colls = []
         for c in cost.comms:
-            p = price(c.kind, c.axes, c.bytes)
-            axes = tuple(a for a in c.axes if mesh.axis_size(a) > 1) or tuple(c.axes)  # one communicator
+            p, axes = price(c.kind, c.axes, c.bytes)
             colls.append(CollectiveRecord(cost.op, phase, c.kind, axes, c.bytes, p.seconds, c.tensor,
                                           prefix + c.cause, p.link_bytes))
         return OpReport(cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul, seconds,

@@ -326,7 +326,7 @@ class _Builder(SpaceNodes):
 
             if base not in kinds:
                 kinds[base] = ([it.kind for it in items()[0]], [it.kind for it in items()[1]])
-            for j, kind in enumerate(kinds[base][0]):
+            for j, kind in enumerate(kinds[base][0] if self.p.optimizer or op.phase != "optimizer" else ()):
                 for _ in range(self.runs(op)):
                     self.items.add_cost(("op", base, kind), lambda j=j, items=items: items()[0][j])
             for j, kind in enumerate(kinds[base][1]):
@@ -339,7 +339,7 @@ class _Builder(SpaceNodes):
         g = self.g
         readers: dict[tuple[str, str], list[tuple[int, int, O.Op]]] = defaultdict(list)
         for k, op in enumerate(g.ops):
-            if isinstance(op, O.Einsum):
+            if isinstance(op, O.Einsum) and (self.p.optimizer or op.phase != "optimizer"):
                 for i, x in enumerate(op.inputs):
                     readers[(x, op.phase if self.hw.regather_weights else "")].append((k, i, op))
         for (x, _), slots in readers.items():

@@ -10,6 +10,8 @@ overlap (:func:`overlapped_top`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from layoutsearch.costmodel.compute import fastest_matmul_rate, hbm_seconds
@@ -330,6 +332,65 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
 
 
+def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
+                    limit: float | None, top: int, upper: float | None, deadline: Deadline,
+                    progress: Progress | None) -> tuple[list[Costed], bool]:
+    """The ``top`` fastest fitting plans of a gradient-accumulation step over ``microbatches`` micro-batches
+    whose layout is a rules candidate of ``rs`` (the rules space of ONE micro-batch's step), priced by
+    ``price(k)`` (candidate ``k`` as the accumulated step: None when it cannot be); with ``upper``, only
+    those faster than it (the plans found without accumulation: a slower one cannot make the top).
+
+    Bounds, for ``M`` micro-batches: the accumulated step runs each micro-batch's forward and backward
+    passes ``M`` times (compute on one stream, a critical collective holding it) and the optimizer once, so
+    ``M`` times the micro-batch's roofline bound (:func:`_compute_bounds`) and ``M`` times its compute plus
+    critical collectives without the optimizer (:meth:`~.space.Pricer.bound` with ``optimizer=False``) are
+    lower bounds of it; and its peak holds the micro-batch's peak plus the gradient accumulators, so a
+    candidate whose micro-batch does not fit cannot. Candidates are priced in the order of the second bound
+    until the ``top``-th best step is below the next bound (or the next bound reaches ``upper``). Without
+    ``upper``, the first cut is the ``top``-th best accumulated step that fits among the micro-batch's plans
+    taken in the order of their step without overlap. Returns (plans fastest first, proven)."""
+    M = microbatches
+    plans: dict[int, Costed | None] = {}
+    cut = upper
+    if cut is None:
+        priced = rs.bound_and_price(limit, top, progress, deadline)
+        fit = priced[rs.mem[priced] <= limit * (1 + 1e-12)] if limit is not None else priced
+        seeds: list[float] = []
+        for k in fit[np.argsort(rs.cost[fit], kind="stable")].tolist():
+            if len(seeds) >= top or len(plans) >= MAX_REFINED or (seeds and deadline.passed()):
+                break
+            plans[k] = plan = price(k)
+            if plan is not None and plan.fits:
+                seeds.append(plan.step_s)
+        if not seeds:
+            return [], not rs.cut_short and len(plans) == len(fit)
+        cut = max(seeds)
+    rs.price_below(cut / M, limit)
+    done = np.nonzero(~np.isnan(rs.cost))[0]
+    ok = rs.mem[done] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(done), bool)
+    near = done[ok & (M * rs.lb[done] < cut * (1 + 1e-9))]
+    if not len(near):
+        return [], not rs.cut_short
+    space = build_space(rs.g, rs.mesh, rs.hw, "rules", rules=rs.cands.take(near),
+                        pricer=rs.pricer.bound(optimizer=False), remat=rs.remat)
+    lower = sorted(zip((M * strategy_values(space.problem)[0]).tolist(), near.tolist(), strict=True))
+    proven = not rs.cut_short
+    for low, k in lower:
+        if k in plans:
+            continue
+        steps = sorted(p.step_s for p in plans.values() if p is not None and p.fits)
+        if low >= cut * (1 + 1e-9) or (len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9)):
+            break
+        if len(plans) >= MAX_REFINED or (steps and deadline.passed()):
+            proven = False
+            rs.cut_short.append(f"{M} micro-batches, remat {rs.remat}: stopped after pricing {len(plans)} "
+                                "accumulated steps (best and runner-ups among those, not proven)")
+            break
+        plans[k] = price(k)
+    rs.refined = len(plans)
+    return sorted((p for p in plans.values() if p is not None and p.fits), key=lambda c: c.step_s)[:top], proven
+
+
 def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies: tuple[str, ...],
                    searches: list[RulesSearch], limit: float | None, optimizer: str, attention: str,
                    overlap: float | str, name: str) -> Costed:
@@ -354,5 +415,5 @@ def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies:
 
 
 
-__all__ = ["MAX_REFINED", "SEARCH_OVERLAP", "RulesSearch", "costed_rules", "first_fitting", "overlapped_top",
+__all__ = ["MAX_REFINED", "SEARCH_OVERLAP", "RulesSearch", "accumulated_top", "costed_rules", "first_fitting", "overlapped_top",
            "rules_candidates", "strategy_values"]

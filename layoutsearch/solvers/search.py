@@ -57,7 +57,14 @@ from layoutsearch.solvers.clock import Deadline, Progress, reporting
 from layoutsearch.solvers.dispatch import SOLVERS, solve
 from layoutsearch.solvers.finer import solve_finer
 from layoutsearch.solvers.plan import Baseline, Costed, Decision, Plan
-from layoutsearch.solvers.rules_search import RulesSearch, costed_rules, first_fitting, overlapped_top, rules_candidates
+from layoutsearch.solvers.rules_search import (
+    RulesSearch,
+    accumulated_top,
+    costed_rules,
+    first_fitting,
+    overlapped_top,
+    rules_candidates,
+)
 from layoutsearch.solvers.space import (
     SPACES,
     Pricer,
@@ -125,13 +132,13 @@ def _costed_microbatched(name: str, layout: Layout, rep: Any, limit: float | Non
 
 
 def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
-                 top: int, solver: str, optimizer: str, precision: Precision | str, attention: str,
+                 top: int, upper: float | None, optimizer: str, precision: Precision | str, attention: str,
                  overlap: float | str, deadline: Deadline, progress: Progress | None,
-                 pruning: dict[str, dict[str, int]] | None = None) -> list[Costed]:
-    """The fastest plans with ``M`` gradient-accumulation micro-batches: the layouts searched on one
-    micro-batch (whose peak can only be below the accumulated step's: the step adds the gradient
-    accumulators), then priced as the accumulated step
-    (:func:`~layoutsearch.costmodel.pipeline.price_pipeline` without a stage axis)."""
+                 pruning: dict[str, dict[str, int]] | None = None) -> tuple[list[Costed], bool, bool]:
+    """The fastest plans with ``M`` gradient-accumulation micro-batches (with ``upper``: those faster than it),
+    proven per remat policy by :func:`~.rules_search.accumulated_top` over the rules space of one micro-batch,
+    each priced as the accumulated step (:func:`~layoutsearch.costmodel.pipeline.price_pipeline` without a
+    stage axis). Returns (plans, proven, whether any layout's micro-batch fits the limit)."""
     from layoutsearch.costmodel.pipeline import price_pipeline
 
     B = graph.dims["batch"]
@@ -139,25 +146,35 @@ def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple
     pricer = Pricer(micro, mesh, hw, attention)
     candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
     out: list[Costed] = []
+    proven, micro_fits = True, False
     for policy in policies:
         if out and deadline.passed():
+            proven = False
             break
         if progress is not None:
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
         rs = RulesSearch(micro, mesh, hw, pricer, candidates, policy)
-        plans, _, _, _ = overlapped_top(rs, limit, top, solver, deadline, overlap, attention, optimizer, None)
-        if pruning is not None:
-            pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
-        for p in plans:
-            layout = Layout(mesh, p.rules)
+        micro_fits = micro_fits or limit is None or bool(np.any(rs.mem_lb <= limit * (1 + 1e-9)))
+
+        def price(k: int, rs: RulesSearch = rs, policy: str = policy) -> Costed | None:
+            layout = Layout(mesh, rules_of(rs.cands, k, rs.dims, mesh))
             try:
                 rep = price_pipeline(graph, layout, hw, stage_axis=None, microbatches=M, remat=policy,
                                      optimizer=optimizer, precision=precision, attention=attention,
                                      overlap=overlap if overlap == "auto" else 0)
             except LayoutSearchError:
-                continue
-            out.append(_costed_microbatched("", layout, rep, limit, hw))
-    return out
+                return None
+            return _costed_microbatched("", layout, rep, limit, hw)
+
+        steps = sorted(p.step_s for p in out if _within(p, limit))
+        bound = min(upper if upper is not None else math.inf, steps[top - 1] if len(steps) >= top else math.inf)
+        plans, ok = accumulated_top(rs, M, price, limit, top, bound if bound < math.inf else None, deadline,
+                                    progress)
+        if pruning is not None:
+            pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
+        out += plans
+        proven = proven and ok
+    return out, proven, micro_fits
 
 
 def _microbatch_options(batch: int, microbatches: int | str) -> list[int]:
@@ -195,9 +212,10 @@ class _Found:
             self.gap = (self.gap or 0.0) if proven else max(gap or 0.0, self.gap or 0.0)
 
     def proof(self, chosen: Costed) -> tuple[bool, float | None]:
-        """(optimal, gap) of ``chosen``: the proof over unaccumulated, unpipelined plans; none for a plan found
-        by the heuristics of :func:`_accumulated` or :func:`~.pipeline_search.search_pipeline`."""
-        if chosen.microbatches > 1 or chosen.pipelined:
+        """(optimal, gap) of ``chosen``: the proof over the unpipelined plans searched (layouts x remat policies
+        x the micro-batch counts tried); none for a plan found by the heuristics of
+        :func:`~.pipeline_search.search_pipeline`."""
+        if chosen.pipelined:
             return False, None
         return self.optimal, None if self.gap_unknown else self.gap
 
@@ -289,8 +307,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                 continue
             _search_layouts(found, g, mesh, hw, limit, policy, space, solver, top, tie, pricer, candidates,
                             deadline, optimizer, attention, overlap, progress)
-        _search_accumulation(found, graph, g, mesh, hw, limit, policies, microbatches, solver, top, deadline,
-                             optimizer, precision, attention, overlap, progress)
+        _search_accumulation(found, graph, g, mesh, hw, limit, policies, microbatches, top, deadline, optimizer,
+                             precision, attention, overlap, progress)
     why_not_piped = ""
     if pipeline != "off":
         if found.options and deadline.passed():
@@ -352,11 +370,12 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
 
 
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
-                         policies: tuple[str, ...], microbatches: int | str, solver: str, top: int,
-                         deadline: Deadline, optimizer: str, precision: Precision | str, attention: str,
-                         overlap: float | str, progress: Progress | None) -> None:
+                         policies: tuple[str, ...], microbatches: int | str, top: int, deadline: Deadline,
+                         optimizer: str, precision: Precision | str, attention: str, overlap: float | str,
+                         progress: Progress | None) -> None:
     """Gradient accumulation, when the memory limit binds (a plan faster than the best found does not fit)
-    or ``microbatches`` is given: the first micro-batch count that fits and the next."""
+    or ``microbatches`` is given: the first micro-batch count whose micro-batch fits and the next; only
+    plans that can make the ``top`` are priced (the ``top``-th best found so far bounds them)."""
     best = min((p.step_s for p in found.options), default=math.inf)
     binds = limit is not None and any(
         bool(np.any((rs.mem > limit * (1 + 1e-12)) & (rs.lb < best))) for rs in found.searches)
@@ -367,12 +386,18 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
         if found.options and deadline.passed():
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
-        plans = _accumulated(graph, mesh, hw, M, policies, limit, top, solver, optimizer, precision, attention,
-                             overlap, deadline, progress, found.pruning)
+        steps = sorted(p.step_s for p in found.options if _within(p, limit))
+        upper = steps[top - 1] if len(steps) >= top else None
+        plans, proven, fits = _accumulated(graph, mesh, hw, M, policies, limit, top, upper, optimizer, precision,
+                                           attention, overlap, deadline, progress, found.pruning)
         plans = sorted((p for p in plans if _within(p, limit)), key=lambda c: c.step_s)
         found.options += plans[:top]
-        found.decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None))
-        fitted += bool(plans)
+        found.optimal = found.optimal and proven
+        found.gap_unknown = found.gap_unknown or not proven
+        why = f"no plan can beat the {top} fastest found (up to {upper:.4g} s): proven by its lower bounds" \
+            if not plans and fits and upper is not None else ""
+        found.decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None, why))
+        fitted += bool(plans) or fits
         if fitted >= 2:  # the first count that fits and one more: more micro-batches only add overhead
             break
 

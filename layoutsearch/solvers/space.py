@@ -483,13 +483,19 @@ class Pricer:
         """Which collectives the prices count: ``all``, or ``critical`` (those the step always waits for: a
         lower bound of the overlapped step, see :meth:`bound`)."""
         self.classes = collective_classes(graph)
+        self.optimizer = True
+        """Whether the optimizer's ops are priced (False: a space built with this pricer prices one micro-batch's
+        forward and backward passes, see :meth:`bound`)."""
 
-    def bound(self) -> Pricer:
+    def bound(self, optimizer: bool = True) -> Pricer:
         """A copy (sharing this pricer's caches) whose prices count only critical collectives: a space built
         with it has, per strategy, a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap`
-        schedules (compute runs on one stream, and a critical collective holds it for at least its time)."""
+        schedules (compute runs on one stream, and a critical collective holds it for at least its time).
+        ``optimizer=False`` leaves the optimizer's ops out: a lower bound of one micro-batch's share of a
+        gradient-accumulation step, which runs the optimizer once for all micro-batches."""
         other = copy.copy(self)
         other.counted = "critical"
+        other.optimizer = optimizer
         return other
 
     def counts(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
