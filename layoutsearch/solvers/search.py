@@ -23,6 +23,10 @@ bound exceeds it before the solver runs. Their plans are priced again by the
 cost model's op rules (:func:`~.space.evaluate`), without overlap; the
 better of the two is returned, so a plan is never worse than the rules
 optimum, nor than any baseline (every baseline is a rule set of the space).
+Gradient accumulation over ``M`` micro-batches is searched the same way on
+one micro-batch's rules space, with the accumulated step as the objective
+(:func:`~.rules_search.accumulated_top`: ``M`` times the micro-batch's
+bounds bound it), and only for plans that can enter the ``top`` found so far.
 
 Baselines: data parallelism (batch over every axis), FSDP (data parallelism
 with parameters, gradients and optimizer state split over the same axes),
@@ -188,7 +192,7 @@ def _microbatch_options(batch: int, microbatches: int | str) -> list[int]:
 @dataclass
 class _Found:
     """What the phases of a search found: the plans (fitting or not), the best per decision, the proof over
-    unaccumulated, unpipelined plans, the rules searches (one per remat policy) and what the time limit cut
+    unpipelined plans, the rules searches (one per remat policy) and what the time limit cut
     short, in words."""
 
     options: list[Costed] = field(default_factory=list)
@@ -282,8 +286,9 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     Returns a :class:`Plan`: the chosen plan, ``top - 1`` runner-ups, the baselines (priced unless
     ``baselines`` is False), and ``decisions``
     (the best plan per remat policy, micro-batch count and pipeline choice). ``optimal`` is the proof over
-    unaccumulated, unpipelined plans (layouts x remat policies); a chosen accumulated or pipelined plan is
-    labelled not proven (its layout comes from the best layouts of one micro-batch). Raises
+    unpipelined plans searched (layouts x remat policies x the micro-batch counts tried: 1, and with
+    ``microbatches="auto"`` the first count whose micro-batch fits and the next); a chosen pipelined plan is
+    labelled not proven (its stage layouts come from the best layouts of one stage). Raises
     :class:`InfeasibleError` naming the smallest peak memory and what would help when nothing fits,
     LayoutSearchError for a bad argument.
     """
