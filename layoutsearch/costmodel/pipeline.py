@@ -67,6 +67,7 @@ the slowest stage under the memory limit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -78,7 +79,7 @@ from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
-from layoutsearch.costmodel.pipeline_units import Unit, unit_chain, unit_costs, unit_of_ops
+from layoutsearch.costmodel.pipeline_units import Unit, accumulators, unit_chain, unit_costs, unit_of_ops
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
 from layoutsearch.costmodel.schedule import SCHEDULE_KINDS, Schedule, speedup
 from layoutsearch.costmodel.step import resized, training_step
@@ -230,14 +231,22 @@ def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list
 
 @dataclass(frozen=True)
 class _Priced:
-    """The micro-batch step priced under the inner layout, split into units."""
+    """The micro-batch step priced under the inner layout, split into units (their costs computed when first
+    asked for: gradient accumulation needs only the accumulators)."""
 
     graph: Graph
     report: CostReport
     unit: dict[str, str]
-    units: dict[str, Unit]
     chain: list[str]
     classes: dict[str, str]
+    inner: Layout
+    remat: str
+    accumulate: bool
+    on_chip: frozenset[str]
+
+    @functools.cached_property
+    def units(self) -> dict[str, Unit]:
+        return unit_costs(self.graph, self.report, self.inner, self.unit, self.remat, self.accumulate, self.on_chip)
 
 
 def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: str, optimizer: Optimizer | str,
@@ -256,8 +265,8 @@ def _price(graph: Graph, inner: Layout, hw: Hardware, microbatches: int, remat: 
     rep = estimate(mb_graph, inner, hw, remat=remat, attention=attention)
     unit = unit_of_ops(mb_graph)
     on_chip = fusion_plan(mb_graph, hw.fusion, resolve_attention(attention, hw)).on_chip
-    units = unit_costs(mb_graph, rep, inner, unit, remat, microbatches > 1, on_chip)
-    return _Priced(mb_graph, rep, unit, units, unit_chain(mb_graph, unit), collective_classes(mb_graph))
+    return _Priced(mb_graph, rep, unit, unit_chain(mb_graph, unit), collective_classes(mb_graph), inner, remat,
+                   microbatches > 1, on_chip)
 
 
 def _unit_seconds(p: _Priced, u: str, hw: Hardware) -> float:
@@ -436,7 +445,6 @@ def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh) -> CostDAG:
 def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int],
            groups: Sequence[Sequence[str]], device: int, K: int, sched: Schedule, microbatches: int,
            stage_axis: str | None, mesh: Mesh) -> StageReport:
-    us = [p.units[n] for n in names]
     mine = set(names)  # the stage's ops in the schedule's order: forwards, then backwards
     ops = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase != "optimizer"]
     optimizer = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase == "optimizer"]
@@ -456,12 +464,14 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     transfer = sum(collective_time("collective-permute", b, (stage_axis,), mesh, hw).seconds
                    for b in sends) if stage_axis is not None else 0.0
     in_flight = sched.in_flight(device, K, microbatches) if stage_axis is not None else 1.0
-    accumulator = sum(u.accumulator for u in us)
     if stage_axis is None:  # the simulated peak of one micro-batch, plus the wider gradient accumulator
+        accumulator = sum(accumulators(p.graph, p.inner, p.unit).values()) if p.accumulate else 0
         memory = dict(p.report.memory.breakdown)
         memory["gradients"] = memory.get("gradients", 0) + accumulator
         total = p.report.memory.peak_bytes + accumulator
     else:
+        us = [p.units[n] for n in names]
+        accumulator = sum(u.accumulator for u in us)
         memory = {"parameters": sum(u.parameters for u in us), "optimizer_state": sum(u.optimizer_state for u in us),
                   "gradients": sum(u.gradients for u in us) + accumulator,
                   "activations": int(in_flight * sum(u.saved for u in us)),

@@ -97,10 +97,11 @@ def unit_costs(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], 
     plan = remat_plan(g, remat)
     recomputed = set(plan.recomputed)
     lb = layout.local_bytes
-    master = g.meta.get("training", {}).get("master_weights") or {}
-    grads = {grad_name(p.name): p for p in g.parameters}
-    acc_itemsize = {p: g.tensors[m].itemsize for p, m in master.items()}
+    grads = {grad_name(p.name) for p in g.parameters}
     fed = {t.name for t in g.fed}
+    if accumulate:
+        for u, nbytes in accumulators(g, layout, unit).items():
+            units[u].accumulator = nbytes
     counted: set[tuple[str, str]] = set()
 
     def add(u: str, what: str, t: str, nbytes: int) -> None:
@@ -118,9 +119,6 @@ def unit_costs(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], 
                 add(u, "optimizer_state", t, lb(tensor))
             elif t in grads:
                 add(u, "gradients", t, lb(tensor))
-                if accumulate:
-                    wider = acc_itemsize.get(grads[t].name, tensor.itemsize) - tensor.itemsize
-                    add(u, "accumulator", "acc:" + t, lb(tensor) // tensor.itemsize * wider)
         if op.phase != "forward" or op.name in recomputed:
             for t in op.inputs:  # what a backward (or recomputing) op reads from the forward pass is saved
                 tensor = g.tensors[t]
@@ -150,6 +148,26 @@ def unit_costs(g: Graph, rep: CostReport, layout: Layout, unit: dict[str, str], 
     return units
 
 
+def accumulators(g: Graph, layout: Layout, unit: dict[str, str]) -> dict[str, int]:
+    """Per unit, the bytes gradient accumulation adds to its gradients: each parameter gradient a unit's ops
+    touch, accumulated at its master weight's width (fp32 for bf16 gradients under mixed precision), less the
+    gradient's own bytes (none without master weights)."""
+    master = g.meta.get("training", {}).get("master_weights") or {}
+    wider = {grad_name(p.name): g.tensors[master[p.name]].itemsize if p.name in master else None
+             for p in g.parameters}
+    out: dict[str, int] = defaultdict(int)
+    counted: set[tuple[str, str]] = set()
+    for op in g.ops:
+        u = unit[op.name]
+        for t in (*op.inputs, op.output):
+            if t in wider and (u, t) not in counted:
+                counted.add((u, t))
+                tensor = g.tensors[t]
+                out[u] += layout.local_bytes(tensor) // tensor.itemsize * ((wider[t] or tensor.itemsize)
+                                                                            - tensor.itemsize)
+    return out
+
+
 def unit_chain(g: Graph, unit: dict[str, str]) -> list[str]:
     """The units in the order a micro-batch runs through them: ``pre``, the blocks, ``post``."""
     blocks = list(dict.fromkeys(unit[op.name] for op in g.ops if op.phase == "forward"))
@@ -157,4 +175,4 @@ def unit_chain(g: Graph, unit: dict[str, str]) -> list[str]:
     return ([PRE] if PRE in blocks else []) + mid + ([POST] if POST in blocks else [])
 
 
-__all__ = ["POST", "PRE", "Unit", "unit_chain", "unit_costs", "unit_of_ops"]
+__all__ = ["POST", "PRE", "Unit", "accumulators", "unit_chain", "unit_costs", "unit_of_ops"]
