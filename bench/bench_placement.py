@@ -84,7 +84,7 @@ def main() -> None:
              "Times in the instances' own unit. `contiguous optimum`: the DP (throughput) or, for latency, the "
              "CP-SAT ILP within the time limit started from the local-search heuristic (the better of the two is "
              "returned; `gap`: against `lower bound`, the best of the solver's bound, the longest path of the "
-             "nodes' fastest times and the relaxation without communication). Next column: for latency the "
+             "nodes' fastest times, the relaxation without communication and the path bound). Next column: for latency the "
              "local search heuristic's value and time alone, for throughput the non-contiguous CP-SAT ILP started "
              "from the contiguous optimum improved by local search, with its gap against the relaxation without "
              "communication or the solver's bound. `/x`: optimum / baseline x (one device, equal split, "

@@ -531,3 +531,117 @@ def test_a_stopped_latency_ilp_keeps_the_better_of_itself_and_its_heuristic_and_
     bound = part.info["lower_bound"]
     assert 0 < bound <= part.objective
     assert part.optimal or part.gap == pytest.approx((part.objective - bound) / part.objective, rel=1e-9)
+
+
+# -- latency: the path bound and the interval-chain start on memory-bound chains ------------------------------------
+
+@st.composite
+def latency_dags(draw):
+    """Inference graphs shaped like the paper's: a chain with skip edges and short branches, tensors that cost
+    more than the nodes, accelerators (1-3) whose memory forces splits, 0-1 CPU cores ten times slower."""
+    acc, cpu = draw(st.integers(1, 3)), draw(st.integers(0, 1))
+    n = draw(st.integers(2, 5 if acc + cpu == 4 else 6))
+    names = [f"v{i}" for i in range(n)]
+    nodes = []
+    for i in range(n):
+        t = float(draw(st.integers(0, 4)))
+        times = {"accelerator": t} | ({"cpu": 10 * t + draw(st.integers(0, 3))} if cpu else {})
+        nodes.append(Node(names[i], times=times, memory_bytes=draw(st.integers(1, 6))))
+    edges = []
+    for j in range(n - 1):
+        cost = float(draw(st.integers(0, 12)))
+        edges.append(Edge(names[j], names[j + 1], cost))
+        for i in range(j + 2, n):
+            if draw(st.integers(0, 3)) == 0:
+                edges.append(Edge(names[j], names[i], cost))
+    total = sum(nd.memory_bytes for nd in nodes)
+    limit = draw(st.sampled_from([max(6, -(-total // acc)), max(6, total // 2), 6]))
+    kinds = (DeviceKind("accelerator", acc, limit), DeviceKind("cpu", cpu, None, host=True))
+    return CostDAG(tuple(nodes), tuple(edges), name="chain", devices=kinds, time_unit="unit")
+
+
+@EXAMPLES
+@given(latency_dags())
+def test_latency_on_memory_bound_chains_every_method_rescored_against_brute_force(dag):
+    """The ILPs (started from the heuristic, their objective capped at its latency) reach the brute-force
+    optimum; the heuristic's split is feasible, re-scored to its value and never below the optimum; the path
+    bound and the reported lower bound never exceed the optimum."""
+    from layoutsearch.solvers.partition.bounds import objective_bound, path_bound
+
+    devs = devices_of(dag)
+    best = brute_force(dag, devs, "latency", True, True)
+    check_exact(dag, devs, "latency", True, True, ILPS)
+    if best is None:
+        return
+    for inst in reduced_instances(dag, True):
+        assert path_bound(inst) <= best * (1 + 1e-9) + 1e-9
+        assert objective_bound(inst, "latency") <= best * (1 + 1e-9) + 1e-9
+    try:
+        heur = partition(dag, objective="latency", solver="local")
+    except PartitionError:
+        return
+    place = placement_of(heur, devs)
+    assert feasible(dag, place, devs, True, True)
+    assert score(dag, place, devs, "latency") == pytest.approx(heur.objective, rel=1e-9)
+    assert heur.objective >= best - 1e-9
+    assert heur.info["lower_bound"] <= best * (1 + 1e-9) + 1e-9
+
+
+@EXAMPLES
+@given(latency_dags())
+def test_the_interval_chain_start_is_contiguous_and_priced_as_its_sum_of_loads_at_most(dag):
+    from layoutsearch.solvers.partition.chain import chain_start
+    from layoutsearch.solvers.partition.instance import evaluate, value
+
+    devs = devices_of(dag)
+    best = brute_force(dag, devs, "latency", True, True)
+    full, inst = reduced_instances(dag, True)
+    sigma = chain_start(inst, 1)
+    if sigma is None:
+        return
+    from layoutsearch.solvers.partition.reduce import expand
+
+    flat = expand(full, inst, sigma)
+    place = {full.names[v]: flat[v] for v in range(full.n)}
+    assert feasible(dag, place, devs, True, True)
+    loads, _ = evaluate(inst, sigma, "latency", 1)
+    got = score(dag, place, devs, "latency")
+    assert got == pytest.approx(value(inst, sigma, loads, "latency", 1), rel=1e-9)
+    assert best is not None and best - 1e-9 <= got <= sum(loads) + 1e-9
+
+
+def test_the_path_bound_prices_a_forced_split_hand_solved():
+    """a -> b -> c, each of time 1 and memory 4 on accelerators holding 8, no CPU: two accelerators, the cut
+    after a or after b pays its tensor twice (sent, received): 3 + 2 * 2 = 7 (the cheaper tensor, a's 2)."""
+    from layoutsearch.solvers.partition.bounds import critical_path, path_bound
+
+    dag = CostDAG(tuple(Node(x, times={"accelerator": 1.0}, memory_bytes=4) for x in "abc"),
+                  (Edge("a", "b", 2.0), Edge("b", "c", 5.0)),
+                  devices=(DeviceKind("accelerator", 2, 8), DeviceKind("cpu", 0, None, host=True)))
+    full, _ = reduced_instances(dag, True)
+    assert critical_path(full) == 3.0
+    assert path_bound(full) == 7.0
+    assert partition(dag, objective="latency", solver="ilp-ortools").objective == 7.0
+    assert brute_force(dag, devices_of(dag), "latency", True, True) == 7.0
+
+
+def test_the_path_bound_charges_the_skip_tensor_hand_solved():
+    """a feeds b, x and c (one tensor of cost 3), b and x feed c (cost 1 each); memory (4 + 2 + 2 + 4 over
+    accelerators holding 8) forces a cut. Best: a alone, then b, x, c: 1 + 3 (sent) + 3 (received) + 3 = 10.
+    The path a -> b -> c cut after a pays a's tensor on both sides (9: the path's hull leaves x out); cut
+    after b it pays a's skip tensor too (11, not 2 + 1 + 1 + 1 + 1 = 6 for the path's own tensors only).
+    With the min cuts, the device of b and c either holds x (time 1) or receives its tensor (1): 10, tight."""
+    from layoutsearch.solvers.partition.bounds import path_bound
+
+    def node(name, mem):
+        return Node(name, times={"accelerator": 1.0}, memory_bytes=mem)
+
+    nodes = (node("a", 4), node("b", 2), node("x", 2), node("c", 4))
+    edges = (Edge("a", "b", 3.0), Edge("a", "x", 3.0), Edge("a", "c", 3.0), Edge("b", "c", 1.0), Edge("x", "c", 1.0))
+    dag = CostDAG(nodes, edges, devices=(DeviceKind("accelerator", 3, 8), DeviceKind("cpu", 0, None, host=True)))
+    full, _ = reduced_instances(dag, True)
+    assert brute_force(dag, devices_of(dag), "latency", True, True) == 10.0
+    assert path_bound(full, refine_s=0.0) == 9.0
+    assert path_bound(full) == pytest.approx(10.0, rel=1e-6) and path_bound(full) <= 10.0
+    part = partition(dag, objective="latency", solver="ilp-ortools")
+    assert part.objective == 10.0 and part.optimal

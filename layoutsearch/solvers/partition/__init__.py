@@ -36,6 +36,7 @@ from layoutsearch.solvers.partition.baselines import (
 )
 from layoutsearch.solvers.partition.bounds import objective_bound
 from layoutsearch.solvers.partition.brute import BRUTE_MAX_NODES, brute
+from layoutsearch.solvers.partition.chain import chain_start
 from layoutsearch.solvers.partition.dp import run_dp
 from layoutsearch.solvers.partition.ideals import MAX_IDEALS, Ideals, TooManyIdeals, count_ideals
 from layoutsearch.solvers.partition.ilp import solve_ilp
@@ -59,6 +60,8 @@ from layoutsearch.solvers.partition.reduce import expand, reduce
 SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute", "local")
 AUTO_ILP_TIME_LIMIT = 60.0
 """Seconds given to the ILP when ``solver="auto"`` falls back to it without a ``time_limit``."""
+_PROVEN_RTOL = 1e-9
+"""A latency start within this relative distance of the lower bound is reported optimal without a solve."""
 
 __all__ = ["AUTO_ILP_TIME_LIMIT", "BRUTE_MAX_NODES", "MAX_IDEALS", "OBJECTIVES", "SOLVERS", "Partition",
            "StageCosts", "against_equal_split", "count_ideals", "equal_split", "expert_split", "one_device",
@@ -135,7 +138,9 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     sigma = expand(full, inst, sigma_r)
     part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     if gap is None:  # an ILP stopped early: its gap against the best proven bound
-        bounds = [b for b in (info.pop("bound", None), objective_bound(inst, objective)) if b is not None]
+        bounds = [b for b in (info.pop("bound", None), info.get("lower_bound"),
+                              objective_bound(inst, objective, microbatches) if "lower_bound" not in info else None)
+                  if b is not None]
         info["lower_bound"] = max(bounds)
         factor = microbatches + part.num_stages - 1 if objective == "gpipe" else 1
         gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
@@ -210,13 +215,21 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
                     None)  # exactly k devices: a start that leaves one empty is no start
         if time_limit is not None:
             time_limit = max(1.0, time_limit - (time.monotonic() - started))
-    sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint)
+    lower = None
+    if objective == "latency" and hint is not None:
+        # a start that meets the lower bound (a valid one, see .bounds) is optimal: nothing left to solve
+        lower = info["lower_bound"] = objective_bound(inst, objective, mb)
+        if _value(inst, hint, objective, mb) <= lower * (1 + _PROVEN_RTOL):
+            info["proven_by"] = "the lower bound"
+            return solver, list(hint), True, 0.0
+    sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint, lower=lower)
     if sigma and _over_memory(inst, sigma, objective, mb):
         # The solver's feasibility tolerance (about 1e-6, relative) let a device exceed its limit by a hair:
         # solve again with the limits tightened by more than that tolerance.
         margin = max(1, math.ceil(max(k.limit or 0 for k in inst.kinds) * 2e-6))
         info["memory_limit_tightened_by"] = margin
-        sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint, margin)
+        sol, sigma = solve_ilp(inst, objective, mb, contiguous, exact_k, solver, time_limit, info, hint, margin,
+                               lower=lower)
     if not sigma and hint is not None:  # nothing in time (or refused by the conservative memory rounding)
         info["kept_warm_start"] = True
         return solver, list(hint), False, None
@@ -236,19 +249,23 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
 
 def _heuristic(inst: Instance, hint: list[int] | None, objective: str, mb: int, contiguous: bool, limit: float,
                info: dict[str, Any]) -> list[int] | None:
-    """The local search from the DP's start (``hint``) and from greedy intervals, the better of the two (the
-    time ``limit`` shared); None when there is no start."""
+    """The local search from the DP's start (``hint``) and from greedy intervals (for latency also from devices
+    filled in order, the PipeDream-style split and the best interval chain of :mod:`.chain`, found within a
+    third of the time), the best of them (the time ``limit`` shared); None when there is no start."""
     starts = [(info.get("warm_start", "dp"), hint)] if hint is not None else []
     for name, balance in (("greedy intervals", True), ("devices filled in order", False)):
         greedy = greedy_start(inst, mb, balance)
         if greedy is not None and all(greedy != s for _, s in starts) and (balance or objective == "latency"):
             starts.append((name, greedy))
+    deadline = time.monotonic() + limit
     if objective == "latency":
         split = interval_split(inst, mb)
         if split is not None and all(split != s for _, s in starts):
             starts.append(("the PipeDream-style split", split))
+        chain = chain_start(inst, mb, limit / 3)
+        if chain is not None and all(chain != s for _, s in starts):
+            starts.insert(0, ("the best interval chain", chain))
     best: tuple[float, list[int], str] | None = None
-    deadline = time.monotonic() + limit
     for i, (name, start) in enumerate(starts):
         left = max(0.05, (deadline - time.monotonic()) / (len(starts) - i))
         sigma = local_search(inst, start, objective, mb, contiguous, left)

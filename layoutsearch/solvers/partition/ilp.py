@@ -14,7 +14,9 @@ kind) price the transfers; GPipe uses live-across-cut indicators instead. ``L >=
 GPipe); for latency ``F_s >= load_s``, ``F_s >= F_{s'} + load_s - M (1 - e[s',s])`` with
 ``e[s',s] >= X[u,s'] + X[w,s] - 1`` per dependency ``u -> w`` and ``L >= F_s``. ``L`` is also at least the
 lower bound of :func:`.bounds.objective_bound` (the relaxation without communication; for latency also the
-longest path of the units' fastest times). Minimize ``L``.
+longest path of the units' fastest times and the path bound). For latency with a warm start, ``L`` (and so
+every ``F_s``) is capped a hair above the start's latency and ``M`` is that cap (no optimum lies above a
+known placement; without a start ``M`` is the sum of every time). Minimize ``L``.
 
 Times are scaled by that lower bound so that the solvers' absolute tolerances act as relative ones.
 A warm start (the DP's optimum, or the local search's placement) is handed to the solver as a complete hint:
@@ -31,20 +33,27 @@ from typing import Any
 from layoutsearch.errors import PartitionError
 from layoutsearch.solvers import milp
 from layoutsearch.solvers.partition.bounds import objective_bound
-from layoutsearch.solvers.partition.instance import Instance
+from layoutsearch.solvers.partition.instance import Instance, evaluate, value
 
 _CPSAT_RESOLUTION = 1e9
 """CP-SAT's integer resolution: scaled times (about 1 for the lower bound) in units of one over this."""
+_UPPER_SLACK = 1e-4
+"""Relative room above a known placement's latency left to ``L`` (the hint's rounding stays feasible)."""
 
 
 def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k: bool, backend: str,
               time_limit: float | None, info: dict[str, Any], hint: Sequence[int] | None = None,
-              memory_margin: int = 0) -> tuple[milp.Result, list[int]]:
+              memory_margin: int = 0, lower: float | None = None) -> tuple[milp.Result, list[int]]:
     """Build and solve the ILP; returns the MILP result (objective and bound in the DAG's time unit) and
-    the assignment unit -> device (empty without a solution). ``memory_margin`` tightens every limit."""
+    the assignment unit -> device (empty without a solution). ``memory_margin`` tightens every limit;
+    ``lower``: :func:`.bounds.objective_bound` when already computed."""
     mdl = milp.Model()
-    lower = objective_bound(inst, objective)
+    lower = objective_bound(inst, objective, mb) if lower is None else lower
     info["lower_bound"] = lower
+    upper = None
+    if objective == "latency" and hint:  # the start's latency: no better solution lies above it
+        loads, _ = evaluate(inst, hint, objective, mb)
+        upper = value(inst, hint, loads, objective, mb)
     f = _variables(inst, mdl, contiguous, 1.0 / (lower or 1.0))
     _placement_rows(f, exact_k)
     _memory_rows(inst, mdl, f.x, mb, memory_margin, info)
@@ -54,7 +63,7 @@ def solve_ilp(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k
         _symmetry_rows(f)
     loads = _loads(f)
     _transfer_rows(f, objective, loads)
-    goal, res = _objective_rows(f, objective, loads, lower)
+    goal, res = _objective_rows(f, objective, loads, lower, upper)
     mdl.objective = {goal: 1.0}
     if hint:
         _hint(inst, mdl, f.x, hint, f.flexible, f.z)
@@ -194,10 +203,15 @@ def _transfer_rows(f: _Formulation, objective: str, loads: list[dict[int, float]
             loads[s][send] = loads[s][recv] = c
 
 
-def _objective_rows(f: _Formulation, objective: str, loads: list[dict[int, float]], lower: float
-                    ) -> tuple[int, float]:
+def _objective_rows(f: _Formulation, objective: str, loads: list[dict[int, float]], lower: float,
+                    upper: float | None = None) -> tuple[int, float]:
     """The objective variable ``L`` (at least the scaled lower bound, 1) and its rows: ``L >= load_s`` per slot,
-    or for latency the finish times of the slots. Returns ``L`` and CP-SAT's resolution for it."""
+    or for latency the finish times of the slots. Returns ``L`` and CP-SAT's resolution for it.
+
+    ``upper`` (latency only): the latency of a known placement (the warm start). ``L`` and so every finish
+    time are then capped a hair above it, and the big-M of the precedence rows is that cap instead of the
+    sum of every time: an optimum is never above a known placement, so no optimum is cut off (the start
+    itself stays feasible: it is hinted with ``L`` at its latency), and the LP relaxation is much tighter."""
     inst, mdl, scale = f.inst, f.mdl, f.scale
     nk, nslots = len(inst.kinds), f.nslots
     top = sum(max((inst.time[k][v] for k in range(nk) if math.isfinite(inst.time[k][v])), default=0.0)
@@ -205,7 +219,10 @@ def _objective_rows(f: _Formulation, objective: str, loads: list[dict[int, float
     if objective == "gpipe":
         top += 2 * nslots * sum(c for _, _, c in inst.tensors) * scale
     res = min(_CPSAT_RESOLUTION, 2**31 / max([abs(c) for ld in loads for c in ld.values()] + [1.0]))
-    goal = mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res)
+    cap = max(top, 1.0) * 1.01 + 1.0
+    if objective == "latency" and upper is not None and math.isfinite(upper):
+        cap = min(cap, max(upper * scale, 1.0) * (1 + _UPPER_SLACK) + 10 / res)
+    goal = mdl.var(0, cap, kind="continuous", unit=1 / res)
     mdl.add({goal: 1.0}, lo=1.0 - 1e-9 if lower else 0.0)
     if objective == "latency":
         _latency_rows(f, goal, loads, top, res)
@@ -219,8 +236,9 @@ def _latency_rows(f: _Formulation, goal: int, loads: list[dict[int, float]], top
     """Latency: ``F_s >= load_s``, ``F_s >= F_{s'} + load_s - M (1 - e[s',s])`` with ``e[s',s] >= X[u,s'] +
     X[w,s] - 1`` per dependency ``u -> w``, and ``L >= F_s``."""
     mdl, X, nslots = f.mdl, f.X, f.nslots
-    finish = [mdl.var(0, max(top, 1.0) * 1.01 + 1.0, kind="continuous", unit=1 / res) for _ in range(nslots)]
-    big = max(top, 1.0) * 1.01 + 1.0
+    cap = mdl.vars[goal].ub  # F_s <= L <= cap, so M = cap makes the row void when e = 0
+    finish = [mdl.var(0, cap, kind="continuous", unit=1 / res) for _ in range(nslots)]
+    big = cap
     deps = {(src, w) for src, cons, _ in f.inst.tensors for w in cons}
     for s in range(nslots):
         mdl.add({finish[s]: 1.0} | _neg(loads[s]), 0)
