@@ -123,15 +123,32 @@ def summary(results: list[dict]) -> None:
               + "  ".join(f"{c:>16}" for c in cells) + f"  {plan}")
 
 
+def headline(results: list[dict], rows: list[tuple] = HEADLINE) -> None:
+    """The joint searches (layout, remat, accumulation, pipelines where asked) at the default memory limit."""
+    print("\n# the joint search (layout, remat, gradient accumulation; pipelines where asked), default memory limit")
+    for name, model_kw, mesh, hw, kw in rows:
+        r = run(model_kw, mesh, "rules", "auto", hw=hw, **kw)
+        r["name"] = name
+        show(r)
+        results.append(r)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a CI-sized sweep")
+    ap.add_argument("--headline", action="store_true",
+                    help="only the joint searches of the issue's two headline problems (and accumulation alone)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     gpt3 = {"preset": "gpt3-175b"}
     results = []
-    print(f"# bench/bench_search.py{' --quick' if args.quick else ''}, {datetime.date.today()}, "
+    flag = " --quick" if args.quick else " --headline" if args.headline else ""
+    print(f"# bench/bench_search.py{flag}, {datetime.date.today()}, "
           f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
+    if args.headline:
+        headline(results)
+        summary(results)
+        return
     solvers = SOLVERS
     layers = (2, 8, 128) if args.quick else (2, 8, 24, 48, 96, 128)
     print("\n# model size (GPT-3 175B widths), 1024 devices, 3 axes, rules space")
@@ -167,12 +184,7 @@ def main() -> None:
             r = run(gpt3, "data:8,model:8", "ops", solver, memory_limit=None, time_limit=240)
             show(r)
             results.append(r)
-    print("\n# the joint search (layout, remat, gradient accumulation; pipelines where asked), default memory limit")
-    for name, model_kw, mesh, hw, kw in HEADLINE[1:2] if args.quick else HEADLINE:
-        r = run(model_kw, mesh, "rules", "auto", hw=hw, **kw)
-        r["name"] = name
-        show(r)
-        results.append(r)
+    headline(results, HEADLINE[1:2] if args.quick else HEADLINE)
     summary(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
