@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -219,28 +220,45 @@ def _cut_path(inst: Instance, path: list[int], anc: list[int], desc: list[int], 
     ``g[j][s]``, the least cost of blocks covering ``p_1 .. p_j`` using ``s`` devices of each kind, is
     ``min over i <= j and kinds k of g[i - 1][s - e_k] + time_k(H(i, j))`` plus, unless ``k`` is a host,
     ``recv(i, j) + send(i, j)``; state vectors dominated by one with no more devices at no more cost are
-    dropped."""
-    length, n = len(path), inst.n
+    dropped. With a ``deadline``, the loads of the blocks a best cut uses are raised to their min cuts
+    (point 5, :func:`_raise_to_min_cuts`)."""
+    length = len(path)
     kinds = [(k, kind) for k, kind in enumerate(inst.kinds) if kind.count > 0]
-    nk = len(kinds)
     tensors = [(src, cons, c) for src, cons, c in inst.tensors if any(w != src for w in cons)]
-    cons_mask = [sum(1 << w for w in cons) for _, cons, _ in tensors]
-    consumed_by: list[list[int]] = [[] for _ in range(n)]
-    produced_by: list[list[int]] = [[] for _ in range(n)]
+    blocks = _path_blocks(inst, path, anc, desc, memw, kinds, tensors)
+    send = _block_sends(inst.n, path, anc, desc, blocks, tensors)
+    loads: dict[tuple[int, int, int], float] = {}
+    for i in range(length):
+        for j in range(i, i + len(blocks[i])):
+            times, mem, recv = blocks[i][j - i]
+            for a, (_, kind) in enumerate(kinds):
+                if not (math.isinf(times[a]) or (kind.limit is not None and mem > kind.limit)):
+                    loads[(i, j, a)] = times[a] + (0.0 if kind.host else recv + send[i][j - i])
+    value, used = _best_cut(length, kinds, loads)
+    if deadline is None or not math.isfinite(value):
+        return value if math.isfinite(value) else 0.0
+    return _raise_to_min_cuts(inst, path, anc, desc, kinds, tensors, loads, used, deadline)
+
+
+def _path_blocks(inst: Instance, path: list[int], anc: list[int], desc: list[int], memw: list[int],
+                 kinds: list[tuple[int, Any]], tensors: list[tuple[int, Any, float]]
+                 ) -> list[list[tuple[list[float], int, float]]]:
+    """Per block ``(i, j)`` of ``path`` still holdable on some kind (``blocks[i][j - i]``): its hull's time on
+    each kind, memory, and the tensors it surely receives (produced before ``p_i``)."""
+    nk = len(kinds)
+    consumed_by: list[list[int]] = [[] for _ in range(inst.n)]
     for t, (src, cons, _) in enumerate(tensors):
-        produced_by[src].append(t)
         for w in set(cons):
             if w != src:
                 consumed_by[w].append(t)
-    # per block (i, j) still holdable on some kind: the hull's time per kind, memory and received tensors
     blocks: list[list[tuple[list[float], int, float]]] = []
-    for i in range(length):
+    for i in range(len(path)):
         before = anc[path[i - 1]] if i > 0 else 0
         hull, mem, recv = 0, 0, 0.0
         times = [0.0] * nk
         seen: set[int] = set()
         row: list[tuple[list[float], int, float]] = []
-        for j in range(i, length):
+        for j in range(i, len(path)):
             grown = desc[path[i]] & anc[path[j]]
             new, hull = grown & ~hull, grown
             while new:
@@ -259,7 +277,19 @@ def _cut_path(inst: Instance, path: list[int], anc: list[int], desc: list[int], 
                 break  # the hull only grows with j
             row.append((list(times), mem, recv))
         blocks.append(row)
-    # the tensors each block surely sends: produced in the hull, consumed by a descendant of p_{j+1}
+    return blocks
+
+
+def _block_sends(n: int, path: list[int], anc: list[int], desc: list[int],
+                 blocks: list[list[tuple[list[float], int, float]]], tensors: list[tuple[int, Any, float]]
+                 ) -> list[list[float]]:
+    """Per block ``(i, j)`` (``send[i][j - i]``): the tensors it surely sends, produced in its hull and
+    consumed by a descendant of ``p_{j+1}``."""
+    cons_mask = [sum(1 << w for w in cons) for _, cons, _ in tensors]
+    produced_by: list[list[int]] = [[] for _ in range(n)]
+    for t, (src, _, _) in enumerate(tensors):
+        produced_by[src].append(t)
+    length = len(path)
     send = [[0.0] * len(blocks[i]) for i in range(length)]
     for j in range(length - 1):
         after = desc[path[j + 1]]
@@ -275,20 +305,20 @@ def _cut_path(inst: Instance, path: list[int], anc: list[int], desc: list[int], 
                 new ^= low
                 out += math.fsum(tensors[t][2] for t in produced_by[v] if cons_mask[t] & after)
             send[i][j - i] = out
-    loads: dict[tuple[int, int, int], float] = {}
-    for i in range(length):
-        for j in range(i, i + len(blocks[i])):
-            times, mem, recv = blocks[i][j - i]
-            for a, (_, kind) in enumerate(kinds):
-                if not (math.isinf(times[a]) or (kind.limit is not None and mem > kind.limit)):
-                    loads[(i, j, a)] = times[a] + (0.0 if kind.host else recv + send[i][j - i])
-    value, used = _best_cut(length, kinds, loads)
-    if deadline is None or not math.isfinite(value):
-        return value if math.isfinite(value) else 0.0
-    # point 5: raise the loads of the blocks a best cut uses to their min cuts, until it uses raised ones only
-    # (first with the device counts dropped, a quicker shortest path, then with them)
+    return send
+
+
+def _raise_to_min_cuts(inst: Instance, path: list[int], anc: list[int], desc: list[int],
+                       kinds: list[tuple[int, Any]], tensors: list[tuple[int, Any, float]],
+                       loads: dict[tuple[int, int, int], float], used: list[tuple[int, int, int]],
+                       deadline: float) -> float:
+    """Point 5: the loads of the blocks a best cut uses raised to their min cuts, until a best cut uses raised
+    ones only or ``deadline`` passes (first with the device counts dropped, a quicker shortest path, then with
+    them); returns the best cut's value."""
+    length = len(path)
     cutter = _MinCut(inst, tensors, [k for k, _ in kinds])
     raised: set[tuple[int, int, int]] = set()
+    value = math.inf
     for counted in (False, True):
         while True:
             if not counted:

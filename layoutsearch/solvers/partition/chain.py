@@ -91,18 +91,7 @@ def interval_chain(inst: Instance, order: Sequence[int], mb: int, deadline: floa
     for i, v in enumerate(order):
         pos[v] = i
     memw = inst.memw(mb)
-    # per position: the tensors produced there (cost, position of the last consumer) and consumed there
-    # (cost, position of the source): a tensor crosses the interval's boundary when its source is inside and
-    # a consumer outside, or a consumer inside and the source outside
-    out_of: list[list[tuple[float, int]]] = [[] for _ in range(n)]
-    into: list[list[tuple[float, int, int]]] = [[] for _ in range(n)]
-    for t, (src, cons, c) in enumerate(inst.tensors):
-        ps = [pos[w] for w in set(cons) if w != src]
-        if not ps:
-            continue
-        out_of[pos[src]].append((c, max(ps)))
-        for p in sorted(set(ps)):
-            into[p].append((c, pos[src], t))
+    out_of, into = _crossings(inst, pos)
     counts = [k.count for k in kinds]
     nk = len(kinds)
     # g[j]: state (devices used of each kind) -> (least sum of loads covering positions < j, back pointer)
@@ -151,8 +140,30 @@ def interval_chain(inst: Instance, order: Sequence[int], mb: int, deadline: floa
                         here[nxt] = (cand, (i, k, state))
             if not any(alive):
                 break
-    if not g[n]:
-        return None
+    return _traced_back(g, order, counts) if g[n] else None
+
+
+def _crossings(inst: Instance, pos: list[int]
+               ) -> tuple[list[list[tuple[float, int]]], list[list[tuple[float, int, int]]]]:
+    """Per position of the order: the tensors produced there (cost, position of the last consumer) and those
+    consumed there (cost, position of the source, tensor): a tensor crosses an interval's boundary when its
+    source is inside and a consumer outside, or a consumer inside and the source outside."""
+    out_of: list[list[tuple[float, int]]] = [[] for _ in range(inst.n)]
+    into: list[list[tuple[float, int, int]]] = [[] for _ in range(inst.n)]
+    for t, (src, cons, c) in enumerate(inst.tensors):
+        ps = [pos[w] for w in set(cons) if w != src]
+        if not ps:
+            continue
+        out_of[pos[src]].append((c, max(ps)))
+        for p in sorted(set(ps)):
+            into[p].append((c, pos[src], t))
+    return out_of, into
+
+
+def _traced_back(g: list[dict[tuple[int, ...], tuple[float, tuple[int, int, tuple[int, ...]] | None]]],
+                 order: Sequence[int], counts: list[int]) -> list[int]:
+    """The device of every node in the best state of the last position (devices numbered kind by kind)."""
+    n, nk = len(order), len(counts)
     state = min(g[n], key=lambda s: (g[n][s][0], s))
     offset = [sum(counts[:k]) for k in range(nk)]
     sigma = [0] * n
