@@ -2,8 +2,9 @@
 
 One kind of ``K`` devices: every assignment monotone along the order edges (contiguous; with all ``K``
 stages used unless at most ``K`` are asked for), or every assignment up to relabelling of the devices
-(restricted growth strings, non-contiguous). Several kinds: every assignment of eligible devices,
-contiguous ones being those whose device graph of order edges is acyclic. ``O(D^n (n + |E|))``.
+(restricted growth strings, non-contiguous). Several kinds: every assignment of eligible devices (using
+every device unless at most the devices are asked for), contiguous ones being those whose device graph of
+order edges is acyclic. ``O(D^n (n + |E|))``.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ def _one_kind(inst: Instance, k: int, contiguous: bool, exact_k: bool) -> Iterat
     return rec(0, -1)
 
 
-def _kinds(inst: Instance, contiguous: bool) -> Iterator[list[int]]:
+def _kinds(inst: Instance, contiguous: bool, exact_k: bool) -> Iterator[list[int]]:
     options = [[d for d in range(inst.num_devices) if math.isfinite(inst.time[inst.device_kind[d]][v])]
                for v in range(inst.n)]
     for sigma in itertools.product(*options):
+        if exact_k and len(set(sigma)) < inst.num_devices:
+            continue  # every device holds a unit
         if contiguous:
             graph = nx.DiGraph((sigma[u], sigma[v]) for v in range(inst.n) for u in inst.preds[v]
                                if sigma[u] != sigma[v])
@@ -61,7 +64,7 @@ def brute(inst: Instance, objective: str, mb: int, contiguous: bool, exact_k: bo
     if len(inst.kinds) == 1:
         candidates = _one_kind(inst, inst.kinds[0].count, contiguous, exact_k)
     else:
-        candidates = _kinds(inst, contiguous)
+        candidates = _kinds(inst, contiguous, exact_k)
     best: list[int] = []
     best_value, min_mem = math.inf, math.inf
     for sigma in candidates:
