@@ -85,7 +85,7 @@ def test_the_chosen_plan_is_never_worse_than_a_baseline_that_fits(gpt, free, mes
 
 def test_baselines_are_the_textbook_layouts(gpt):
     from layoutsearch.mesh import Mesh
-    from layoutsearch.solvers.space import rules_of
+    from layoutsearch.solvers.rulesets import rules_of
 
     mesh = Mesh.parse(MESH)
     base = baseline_rules(gpt, mesh)
@@ -146,7 +146,8 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
     from layoutsearch.layout import Layout
     from layoutsearch.mesh import Mesh, hardware
     from layoutsearch.solvers.build import build_space
-    from layoutsearch.solvers.space import Pricer, rules_of
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rulesets import rules_of
 
     s = importlib.import_module("layoutsearch.solvers.rules_search")
     g, mesh, hw = training_step(gpt), Mesh.parse(MESH), hardware("h100")
@@ -181,7 +182,7 @@ def test_the_rules_space_holds_sequence_parallelism_and_hybrid_fsdp(gpt):
     from layoutsearch.costmodel.step import training_step
     from layoutsearch.layout import format_rules
     from layoutsearch.mesh import Mesh
-    from layoutsearch.solvers.space import rule_sets, rules_of
+    from layoutsearch.solvers.rulesets import rule_sets, rules_of
 
     g, mesh = training_step(gpt), Mesh.parse("data:2,fsdp:2,model:2")
     sets = rule_sets(g, mesh)
@@ -267,8 +268,8 @@ def accumulating():
     from layoutsearch.costmodel.step import training_step
     from layoutsearch.mesh import Mesh, hardware
     from layoutsearch.solvers.baselines import baseline_sets
+    from layoutsearch.solvers.pricer import Pricer
     from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
-    from layoutsearch.solvers.space import Pricer
 
     g, mesh, hw = zoo.build("gpt", **ACCUMULATE), Mesh.of("data:2,model:2"), hardware("h100")
     full = training_step(g)
@@ -283,8 +284,8 @@ def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None):
     """Every (rule set, remat policy) in ``pick`` (default: all) priced as an accumulated step by
     ``price_plan``, independently of the search's bounds."""
     from layoutsearch.layout import Layout
+    from layoutsearch.solvers.rulesets import rules_of
     from layoutsearch.solvers.search import price_plan
-    from layoutsearch.solvers.space import rules_of
 
     for k in range(len(cands)) if pick is None else pick:
         rules = rules_of(cands, k, list(g.dims), mesh)
@@ -305,8 +306,8 @@ def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
 
     from layoutsearch.costmodel.step import resized, training_step
     from layoutsearch.solvers.build import build_space
+    from layoutsearch.solvers.pricer import Pricer
     from layoutsearch.solvers.rules_search import RulesSearch, strategy_values
-    from layoutsearch.solvers.space import Pricer
 
     g, mesh, hw, limit, cands = accumulating
     micro = training_step(resized(g, {"batch": g.dims["batch"] // M}))

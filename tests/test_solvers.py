@@ -19,8 +19,9 @@ from layoutsearch.mesh import Mesh, hardware
 from layoutsearch.solvers import dp, ilp
 from layoutsearch.solvers import enumerate as enum
 from layoutsearch.solvers.build import build_space
+from layoutsearch.solvers.pricer import evaluate
 from layoutsearch.solvers.problem import Factor, MemItem, MemRow, Problem, prune, restrict
-from layoutsearch.solvers.space import evaluate, rule_sets, rules_of
+from layoutsearch.solvers.rulesets import rule_sets, rules_of
 
 HW = hardware("cpu-sim")
 REL = 1e-9

@@ -57,10 +57,12 @@ Units (:mod:`layoutsearch.costmodel.pipeline_units`): the ops of each
 top-level block form one unit; ops outside blocks form ``pre`` (forward ops no
 block op precedes, e.g. the embedding, and their backward) and ``post`` (the
 head and loss). This module prices given stages
-(:func:`price_pipeline`, :meth:`MicrobatchStep.report`); choosing them is the
-solvers' work: :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline`
-partitions the chain ``pre, layer.0, ..., post`` (:meth:`MicrobatchStep.costdag`,
-a :class:`~layoutsearch.costdag.CostDAG`) with the exact partitioner, minimizing
+(:func:`price_pipeline`, :meth:`MicrobatchStep.report`, into a
+:class:`~layoutsearch.costmodel.pipeline_report.PipelineReport`); choosing
+them is the solvers' work:
+:func:`layoutsearch.solvers.pipeline_search.estimate_pipeline` partitions the
+chain ``pre, layer.0, ..., post`` (:meth:`MicrobatchStep.costdag`, a
+:class:`~layoutsearch.costdag.CostDAG`) with the exact partitioner, minimizing
 the slowest stage under the memory limit.
 """
 
@@ -79,138 +81,18 @@ from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.overlap import classify, collective_classes
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
+from layoutsearch.costmodel.pipeline_report import PipelineReport, StageReport
 from layoutsearch.costmodel.pipeline_units import Unit, accumulators, unit_chain, unit_costs, unit_of_ops
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
 from layoutsearch.costmodel.schedule import SCHEDULE_KINDS, Schedule, speedup
 from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import CostModelError, PartitionError
-from layoutsearch.gantt import render_gantt
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.names import BLOCK_PREFIX, block_index
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
-
-
-@dataclass(frozen=True)
-class StageReport:
-    """One pipeline stage (or the only one, for gradient accumulation): its units and its cost per device.
-
-    ``microbatch_s``: one micro-batch through the stage (forward, backward and recomputation with their
-    exposed communication, transfers included); ``once_s``: once per step (gradient all-reduces as exposed
-    behind the last micro-batch, and the optimizer); ``memory`` the breakdown of ``memory_bytes``."""
-
-    units: tuple[str, ...]
-    microbatch_s: float
-    transfer_s: float
-    once_s: float
-    in_flight: float
-    memory_bytes: int
-    memory: dict[str, int]
-    collectives: tuple[tuple[str, tuple[str, ...], int, int], ...] = ()  # (kind, axes, bytes, count) per step
-
-    @property
-    def static_bytes(self) -> int:
-        """Parameters, optimizer state and gradients."""
-        return sum(self.memory.get(k, 0) for k in ("parameters", "optimizer_state", "gradients"))
-
-    @property
-    def activation_bytes(self) -> int:
-        """Activations kept for the micro-batches in flight, plus the recomputation workspace."""
-        return sum(self.memory.get(k, 0) for k in ("activations", "recompute_workspace"))
-
-    chunks: tuple[tuple[str, ...], ...] = ()
-    """The contiguous groups of units the device runs (one, or V with the interleaved schedule)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
-        return {"units": list(self.units), "chunks": [list(c) for c in self.chunks or (self.units,)],
-                "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
-                "once_s": self.once_s, "in_flight": self.in_flight, "memory_bytes": self.memory_bytes,
-                "memory": dict(self.memory), "collectives": colls}
-
-
-@dataclass(frozen=True)
-class PipelineReport:
-    """Predicted cost of a micro-batched step (see the module docstring). ``stage_axis`` None: gradient
-    accumulation on one stage."""
-
-    model: str
-    mesh: Mesh
-    stage_axis: str | None
-    schedule: Schedule
-    microbatches: int
-    remat: str
-    inner_layout: str
-    stages: tuple[StageReport, ...]
-    step_s: float
-    tied_s: float
-    partition_method: str
-    partition_optimal: bool
-    inner: CostReport = field(repr=False)
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stages)
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Idle fraction of the micro-batch loop with equal stages."""
-        return self.schedule.bubble(self.num_stages, self.microbatches)
-
-    @property
-    def pipeline_s(self) -> float:
-        """The micro-batch loop: ``steps(K, M) * max_k t_k``."""
-        return self.schedule.steps(self.num_stages, self.microbatches) * max(s.microbatch_s for s in self.stages)
-
-    @property
-    def memory_bytes(self) -> int:
-        """Peak memory per device: the largest stage's."""
-        return max(s.memory_bytes for s in self.stages)
-
-    @property
-    def fits(self) -> bool:
-        return self.memory_bytes <= self.inner.hardware.usable_bytes
-
-    def layers_per_stage(self, prefix: str = BLOCK_PREFIX) -> tuple[int, ...]:
-        """How many ``prefix.i`` blocks each stage runs, the partition as the executor takes it
-        (``backend.pipeline.Pipeline(layers_per_stage=...)``): one count per device, or with ``interleaved:V``
-        one per chunk in virtual-stage order (chunk ``c`` of device ``k`` is virtual stage ``c K + k``; a chunk
-        may have no block, e.g. the embedding alone)."""
-        K = self.num_stages
-        chunks = [s.chunks or (s.units,) for s in self.stages]
-        groups = [chunks[v % K][v // K] for v in range(K * len(chunks[0]))]
-        return tuple(sum(block_index(u, prefix) is not None for u in g) for g in groups)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model, "mesh": str(self.mesh), "stage_axis": self.stage_axis,
-            "schedule": str(self.schedule), "stages": self.num_stages, "microbatches": self.microbatches,
-            "remat": self.remat, "inner_layout": self.inner_layout, "step_s": self.step_s,
-            "pipeline_s": self.pipeline_s, "tied_s": self.tied_s, "memory_bytes": self.memory_bytes,
-            "bubble_fraction": self.bubble_fraction, "fits": self.fits,
-            "hbm_bytes": self.inner.hardware.hbm_bytes, "usable_bytes": self.inner.hardware.usable_bytes,
-            "hardware": self.inner.hardware.name,
-            "precision": self.inner.precision, "attention": self.inner.attention,
-            "partition": {"method": self.partition_method, "optimal": self.partition_optimal},
-            "stage_costs": [s.to_dict() for s in self.stages],
-            "microbatch": self.inner.to_dict(ops=False),
-        }
-
-    def gantt(self) -> str:
-        """The schedule as a text Gantt chart (GPipe or 1F1B; the interleaved schedule as its 1F1B skeleton),
-        with each stage's busy fraction."""
-        labels = [f"stage {k} ({' + '.join(f'{c[0]}..{c[-1]}' for c in s.chunks or (s.units,))})"
-                  for k, s in enumerate(self.stages)]
-        kind = "gpipe" if self.schedule.kind == "gpipe" else "1f1b"
-        text = render_gantt(self.num_stages, self.microbatches, labels=labels,
-                            times=[s.microbatch_s for s in self.stages], schedule=kind)
-        if self.schedule.kind == "interleaved":
-            text += (f"\n(interleaved:{self.schedule.virtual}: each device runs {self.schedule.virtual} chunks per "
-                     f"micro-batch; bubble {self.bubble_fraction:.1%} instead of the chart's)")
-        return text
 
 
 def _once(c: Any, classes: dict[str, str]) -> bool:

@@ -107,7 +107,7 @@ def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
 def op_signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:
     """What an op's cost depends on besides its names and the layout: its kind and cost attributes, its phase,
     which of its inputs are the same tensor, and the dims and dtypes of its inputs and output. Repeated ops
-    (:func:`repeats`) and tied blocks (:func:`layoutsearch.solvers.space.block_families`) have equal
+    (:func:`repeats`) and tied blocks (:func:`layoutsearch.solvers.blocks.block_families`) have equal
     signatures."""
     t = graph.tensors
     same = tuple(op.inputs.index(n) for n in op.inputs)

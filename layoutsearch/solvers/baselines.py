@@ -13,11 +13,7 @@ from typing import Any
 
 from layoutsearch.ir.graph import Graph
 from layoutsearch.mesh import Mesh
-from layoutsearch.solvers.space import (
-    RuleSets,
-    model_groups,
-    rule_set,
-)
+from layoutsearch.solvers.rulesets import RuleSets, model_groups, rule_set
 
 _MODEL_DIMS = ("heads", "kv_heads", "q_per_kv", "d_ff", "hidden", "vocab", "experts")
 

@@ -46,18 +46,13 @@ from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.solvers.assemble import Item, Items, Roles, assemble
+from layoutsearch.solvers.axismaps import NONE, project
+from layoutsearch.solvers.blocks import strip_block
 from layoutsearch.solvers.clock import Deadline
 from layoutsearch.solvers.nodes import SpaceNodes
-from layoutsearch.solvers.space import (
-    NONE,
-    SPACES,
-    Pricer,
-    RuleSets,
-    Space,
-    _strip,
-    project,
-    rule_sets,
-)
+from layoutsearch.solvers.pricer import Pricer
+from layoutsearch.solvers.rulesets import RuleSets, rule_sets
+from layoutsearch.solvers.space import SPACES, Space
 
 
 class _Builder(SpaceNodes):
@@ -288,8 +283,8 @@ class _Builder(SpaceNodes):
         def make() -> list[Any]:
             fam = self.families(True)
             sig = signature_ids(self.g)
-            return [(fam[op.block], _strip(op.name, op.block)) if op.block is not None else ("untagged", sig[op.name])
-                    for op in self.g.ops]
+            return [(fam[op.block], strip_block(op.name, op.block)) if op.block is not None
+                    else ("untagged", sig[op.name]) for op in self.g.ops]
 
         return self.cached(("point_classes",), make)
 

@@ -2,7 +2,7 @@
 
 The rules optimum is a plan of theirs (their candidates include its projections), so its cost is an upper
 bound and :func:`~.problem.prune` drops every strategy whose lower bound exceeds it before the solver runs.
-Their plans are priced again by the cost model's op rules (:func:`~.space.evaluate`), without overlap; the
+Their plans are priced again by the cost model's op rules (:func:`~.pricer.evaluate`), without overlap; the
 better of the two is returned, so a plan is never worse than the rules optimum.
 """
 
@@ -16,20 +16,16 @@ import numpy as np
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.solvers.axismaps import NONE
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline, Progress, TimeUp, reporting
 from layoutsearch.solvers.dispatch import problem_stats, solve, solver_for
 from layoutsearch.solvers.plan import Costed
+from layoutsearch.solvers.pricer import Pricer, evaluate
 from layoutsearch.solvers.problem import Solution, prune
 from layoutsearch.solvers.rules_search import SEARCH_OVERLAP, RulesSearch, costed_rules
-from layoutsearch.solvers.space import (
-    NONE,
-    Pricer,
-    RuleSets,
-    Space,
-    evaluate,
-    rules_of,
-)
+from layoutsearch.solvers.rulesets import RuleSets, rules_of
+from layoutsearch.solvers.space import Space
 
 
 def _costed(name: str, g: Graph, mesh: Mesh, hw: Hardware, space: Space, assign: tuple[int, ...],

@@ -22,7 +22,10 @@ from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.layout import DimLayout
 from layoutsearch.mesh import Mesh
-from layoutsearch.solvers.space import NONE, Node, RuleSets, _strip, axis_maps, block_families, project, to_dim_layout
+from layoutsearch.solvers.axismaps import NONE, axis_maps, project, to_dim_layout
+from layoutsearch.solvers.blocks import block_families, strip_block
+from layoutsearch.solvers.rulesets import RuleSets
+from layoutsearch.solvers.space import Node
 
 
 def _with_variants(I: np.ndarray, out_mask: np.ndarray, dim_sizes: np.ndarray, axis_sizes: np.ndarray,
@@ -143,7 +146,7 @@ class SpaceNodes:
             return index[key]
 
         def cls(name: str, block: str | None) -> tuple:
-            return (fam[block], _strip(name, block)) if block is not None else (None, name)
+            return (fam[block], strip_block(name, block)) if block is not None else (None, name)
 
         if self.kind == "layers":
             blocks = sorted({b for b in fam}, key=lambda b: [op.block for op in g.ops].index(b))

@@ -41,7 +41,7 @@ from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
 from layoutsearch.solvers.baselines import baseline_rules
 from layoutsearch.solvers.clock import Deadline, Progress
-from layoutsearch.solvers.space import rules_of
+from layoutsearch.solvers.rulesets import rules_of
 
 
 def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,

@@ -55,6 +55,10 @@ class Costed:
     def pipelined(self) -> bool:
         return self.stage_axis is not None
 
+    def within(self, limit: float | None) -> bool:
+        """Whether the peak fits ``limit`` (bytes; None: no limit), up to rounding."""
+        return limit is None or self.memory_bytes <= limit * (1 + 1e-12)
+
     def rules_text(self) -> str:
         from layoutsearch.layout import format_rules
 
@@ -68,6 +72,18 @@ class Costed:
                    d["compute_s"], d["comm_s"], d["memory_bytes"], d["fits"], remat=d.get("remat", "none"),
                    microbatches=d.get("microbatches", 1), stage_axis=d.get("stage_axis"),
                    schedule=d.get("schedule"))
+
+    @classmethod
+    def from_microbatched(cls, name: str, layout: Layout, rep: Any, limit: float | None,
+                          usable_bytes: float) -> Costed:
+        """A micro-batched step's :class:`~layoutsearch.costmodel.pipeline.PipelineReport` (gradient accumulation
+        or a pipeline) as a plan: compute and communication are the micro-batch's times the micro-batches; it
+        fits ``limit`` (``usable_bytes``, the device's, without one)."""
+        M = rep.microbatches
+        fit = limit if limit is not None else usable_bytes
+        return cls(name, layout, layout.rules, rep.step_s, rep.inner.compute_s * M, rep.inner.comm_s * M,
+                   rep.memory_bytes, rep.memory_bytes <= fit, None, rep, remat=rep.remat, microbatches=M,
+                   stage_axis=rep.stage_axis, schedule=str(rep.schedule) if rep.stage_axis is not None else None)
 
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "rules": [[d, list(a)] for d, a in self.rules] if self.rules is not None else None,

@@ -27,13 +27,9 @@ from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline, Progress
 from layoutsearch.solvers.dispatch import solve, solver_for
 from layoutsearch.solvers.plan import Costed
+from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.problem import MemItem, MemRow, Problem
-from layoutsearch.solvers.space import (
-    Pricer,
-    RuleSets,
-    rule_sets,
-    rules_of,
-)
+from layoutsearch.solvers.rulesets import RuleSets, rule_sets, rules_of
 
 SEARCH_OVERLAP = 0.0
 """The spaces price a step as the sum of its ops' compute and communication (the overlap schedule is not a
@@ -273,7 +269,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     fastest proven.
 
     The space prices a step as the sum of its ops (``C``: the step without overlap) and, with
-    :meth:`~.space.Pricer.bound`, its compute plus the collectives the step always waits for (``A``, a lower
+    :meth:`~.pricer.Pricer.bound`, its compute plus the collectives the step always waits for (``A``, a lower
     bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
     gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
     smallest ``C`` that fit; their ``k``-th is the first cut. Every fitting candidate whose roofline bound is
@@ -343,7 +339,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     Bounds, for ``M`` micro-batches: the accumulated step runs each micro-batch's forward and backward
     passes ``M`` times (compute on one stream, a critical collective holding it) and the optimizer once, so
     ``M`` times the micro-batch's roofline bound (:func:`_compute_bounds`) and ``M`` times its compute plus
-    critical collectives without the optimizer (:meth:`~.space.Pricer.bound` with ``optimizer=False``) are
+    critical collectives without the optimizer (:meth:`~.pricer.Pricer.bound` with ``optimizer=False``) are
     lower bounds of it; and its peak holds the micro-batch's peak plus the gradient accumulators, so a
     candidate whose micro-batch does not fit cannot. Candidates are priced in the order of the second bound
     until the ``top``-th best step is below the next bound (or the next bound reaches ``upper``). Without

@@ -20,7 +20,7 @@ serial optimum is then refined under overlap (:func:`overlapped_top`). The
 plan of theirs (their candidates include its projections), so its cost is an
 upper bound and :func:`~.problem.prune` drops every strategy whose lower
 bound exceeds it before the solver runs. Their plans are priced again by the
-cost model's op rules (:func:`~.space.evaluate`), without overlap; the
+cost model's op rules (:func:`~.pricer.evaluate`), without overlap; the
 better of the two is returned, so a plan is never worse than the rules
 optimum, nor than any baseline (every baseline is a rule set of the space).
 Gradient accumulation over ``M`` micro-batches is searched the same way on
@@ -49,32 +49,29 @@ import numpy as np
 
 from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.pipeline import unit_of_ops
-from layoutsearch.costmodel.step import resized, training_step
+from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.layout import Layout, format_rules
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
+from layoutsearch.solvers.accumulation import accumulated, microbatch_options
 from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
 from layoutsearch.solvers.clock import Deadline, Progress, reporting
 from layoutsearch.solvers.dispatch import SOLVERS, solve
 from layoutsearch.solvers.finer import solve_finer
 from layoutsearch.solvers.plan import Baseline, Costed, Decision, Plan
+from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.rules_search import (
     RulesSearch,
-    accumulated_top,
     costed_rules,
     first_fitting,
     overlapped_top,
     rules_candidates,
 )
-from layoutsearch.solvers.space import (
-    SPACES,
-    Pricer,
-    RuleSets,
-    rules_of,
-)
+from layoutsearch.solvers.rulesets import RuleSets, rules_of
+from layoutsearch.solvers.space import SPACES
 from layoutsearch.units import format_bytes, parse_bytes
 
 
@@ -120,73 +117,8 @@ def _pipelined(graph: Graph, mesh: Mesh, hw: Hardware, limit: float | None, pipe
                              deadline=deadline)
     except LayoutSearchError as e:
         return [], str(e)
-    return [_costed_microbatched("pipelined", Layout.from_rules(mesh, pp.report.inner_layout), pp.report, limit,
-                                 hw)], ""
-
-
-def _costed_microbatched(name: str, layout: Layout, rep: Any, limit: float | None, hw: Hardware) -> Costed:
-    """A micro-batched step's :class:`~layoutsearch.costmodel.pipeline.PipelineReport` as a Costed (compute
-    and communication: the micro-batch's, times the micro-batches)."""
-    fit = limit if limit is not None else hw.usable_bytes
-    M = rep.microbatches
-    return Costed(name, layout, layout.rules, rep.step_s, rep.inner.compute_s * M, rep.inner.comm_s * M,
-                  rep.memory_bytes, rep.memory_bytes <= fit, None, rep, remat=rep.remat, microbatches=M,
-                  stage_axis=rep.stage_axis, schedule=str(rep.schedule) if rep.stage_axis is not None else None)
-
-
-
-def _accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
-                 top: int, upper: float | None, optimizer: str, precision: Precision | str, attention: str,
-                 overlap: float | str, deadline: Deadline, progress: Progress | None,
-                 pruning: dict[str, dict[str, int]] | None = None) -> tuple[list[Costed], bool, bool]:
-    """The fastest plans with ``M`` gradient-accumulation micro-batches (with ``upper``: those faster than it),
-    proven per remat policy by :func:`~.rules_search.accumulated_top` over the rules space of one micro-batch,
-    each priced as the accumulated step (:func:`~layoutsearch.costmodel.pipeline.price_pipeline` without a
-    stage axis). Returns (plans, proven, whether any layout's micro-batch fits the limit)."""
-    from layoutsearch.costmodel.pipeline import price_pipeline
-
-    B = graph.dims["batch"]
-    micro = training_step(resized(graph, {"batch": B // M}), optimizer, precision)
-    pricer = Pricer(micro, mesh, hw, attention)
-    candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
-    out: list[Costed] = []
-    proven, micro_fits = True, False
-    for policy in policies:
-        if out and deadline.passed():
-            proven = False
-            break
-        if progress is not None:
-            progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
-        rs = RulesSearch(micro, mesh, hw, pricer, candidates, policy)
-        micro_fits = micro_fits or limit is None or bool(np.any(rs.mem_lb <= limit * (1 + 1e-9)))
-
-        def price(k: int, rs: RulesSearch = rs, policy: str = policy) -> Costed | None:
-            layout = Layout(mesh, rules_of(rs.cands, k, rs.dims, mesh))
-            try:
-                rep = price_pipeline(graph, layout, hw, stage_axis=None, microbatches=M, remat=policy,
-                                     optimizer=optimizer, precision=precision, attention=attention,
-                                     overlap=overlap if overlap == "auto" else 0)
-            except LayoutSearchError:
-                return None
-            return _costed_microbatched("", layout, rep, limit, hw)
-
-        steps = sorted(p.step_s for p in out if _within(p, limit))
-        bound = min(upper if upper is not None else math.inf, steps[top - 1] if len(steps) >= top else math.inf)
-        plans, ok = accumulated_top(rs, M, price, limit, top, bound if bound < math.inf else None, deadline,
-                                    progress)
-        if pruning is not None:
-            pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
-        out += plans
-        proven = proven and ok
-    return out, proven, micro_fits
-
-
-def _microbatch_options(batch: int, microbatches: int | str) -> list[int]:
-    """Gradient-accumulation micro-batch counts to try beyond 1: the one given, or powers of two dividing
-    the batch up to 64."""
-    if microbatches != "auto":
-        return [int(microbatches)] if int(microbatches) > 1 else []
-    return [m for m in (2, 4, 8, 16, 32, 64) if batch % m == 0]
+    return [Costed.from_microbatched("pipelined", Layout.from_rules(mesh, pp.report.inner_layout), pp.report,
+                                     limit, hw.usable_bytes)], ""
 
 
 @dataclass
@@ -314,6 +246,17 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
                             deadline, optimizer, attention, overlap, progress)
         _search_accumulation(found, graph, g, mesh, hw, limit, policies, microbatches, top, deadline, optimizer,
                              precision, attention, overlap, progress)
+    return _result(found, graph, g, mesh, hw, limit, space, top, pipeline, microbatches, schedule, optimizer,
+                   precision, attention, overlap, policies, base, baselines, deadline, progress, t0)
+
+
+def _result(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None, space: str,
+            top: int, pipeline: str | int, microbatches: int | str, schedule: str, optimizer: str,
+            precision: Precision | str, attention: str, overlap: float | str, policies: tuple[str, ...],
+            base: dict[str, tuple[RuleSets | None, str]], baselines: bool, deadline: Deadline,
+            progress: Progress | None, t0: float) -> Plan:
+    """The search's last phases: pipelines (when asked), then the plan: the ``top`` fastest that fit, the
+    proof, the baselines and the decisions; InfeasibleError when nothing fits."""
     why_not_piped = ""
     if pipeline != "off":
         if found.options and deadline.passed():
@@ -321,7 +264,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
         else:
             why_not_piped = _search_pipelines(found, graph, mesh, hw, limit, pipeline, microbatches, schedule,
                                               optimizer, precision, attention, overlap, deadline, progress)
-    ranked = sorted((p for p in found.options if _within(p, limit)), key=lambda c: c.step_s)[:top]
+    ranked = sorted((p for p in found.options if p.within(limit)), key=lambda c: c.step_s)[:top]
     if not ranked:
         with reporting(progress, "nothing fits: finding the smallest peak memory"):
             error = _infeasible(g, mesh, limit, found.searches, why_not_piped, microbatches, pipeline)
@@ -365,7 +308,7 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
         else:
             res = solve_finer(g, mesh, hw, space, solver, limit, top, deadline, tie, pricer, rs,
                               rs.cands.take(priced), sols[0], optimizer, progress, policy, attention)
-            plans = [p for p in (res.chosen, *res.runner_ups) if _within(p, limit)]
+            plans = [p for p in (res.chosen, *res.runner_ups) if p.within(limit)]
             proven, pgap, found.stats = res.optimal and not rs.cut_short, res.gap, res.stats
             found.solver = res.solver
             found.cut_short += rs.cut_short + list(res.cut_short)
@@ -387,15 +330,15 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
     if "batch" not in g.dims or not (binds or microbatches != "auto"):
         return
     fitted = 0
-    for M in _microbatch_options(graph.dims["batch"], microbatches):
+    for M in microbatch_options(graph.dims["batch"], microbatches):
         if found.options and deadline.passed():
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
-        steps = sorted(p.step_s for p in found.options if _within(p, limit))
+        steps = sorted(p.step_s for p in found.options if p.within(limit))
         upper = steps[top - 1] if len(steps) >= top else None
-        plans, proven, fits = _accumulated(graph, mesh, hw, M, policies, limit, top, upper, optimizer, precision,
-                                           attention, overlap, deadline, progress, found.pruning)
-        plans = sorted((p for p in plans if _within(p, limit)), key=lambda c: c.step_s)
+        plans, proven, fits = accumulated(graph, mesh, hw, M, policies, limit, top, upper, optimizer, precision,
+                                          attention, overlap, deadline, progress, found.pruning)
+        plans = sorted((p for p in plans if p.within(limit)), key=lambda c: c.step_s)
         found.options += plans[:top]
         found.optimal = found.optimal and proven
         found.gap_unknown = found.gap_unknown or not proven
@@ -413,10 +356,10 @@ def _search_pipelines(found: _Found, graph: Graph, mesh: Mesh, hw: Hardware, lim
                       progress: Progress | None) -> str:
     """The best pipelined plan (for ``pipeline="auto"``, only one that can beat the best plan found); returns
     why none fits or applies ("" when one does)."""
-    upper = min((p.step_s for p in found.options if _within(p, limit)), default=None)
+    upper = min((p.step_s for p in found.options if p.within(limit)), default=None)
     plans, why = _pipelined(graph, mesh, hw, limit, pipeline, microbatches, schedule, optimizer, precision,
                             attention, overlap, upper, deadline, progress)
-    found.options += [p for p in plans if _within(p, limit)]
+    found.options += [p for p in plans if p.within(limit)]
     label = "any axis" if pipeline == "auto" else f"{pipeline} stages"
     if plans:
         p = plans[0]
@@ -456,12 +399,8 @@ def price_plan(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim
                             schedule=schedule or "1f1b", remat=remat, optimizer=optimizer, precision=precision,
                             attention=attention, overlap=overlap if overlap == "auto" else 0,
                             memory_limit=limit if stage_axis is not None else None)
-    return _costed_microbatched("", layout, rep, limit, hw)
+    return Costed.from_microbatched("", layout, rep, limit, hw.usable_bytes)
 
-
-
-def _within(plan: Costed, limit: float | None) -> bool:
-    return limit is None or plan.memory_bytes <= limit * (1 + 1e-12)
 
 
 def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:

@@ -1,0 +1,61 @@
+"""Axis maps: how the solvers store a layout of a set of dims, one entry per mesh axis.
+
+An axis map has one entry per mesh axis (mesh order): the index of the dim that
+axis splits, or :data:`NONE`. Several axes may split one dim (major first, as
+in mesh order); an axis splits at most one dim. Every space's strategies are
+axis maps (:mod:`.space`); :func:`to_dim_layout` turns one back into a
+:data:`~layoutsearch.layout.DimLayout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from layoutsearch.layout import DimLayout
+from layoutsearch.mesh import Mesh
+
+NONE = -1
+"""Axis-map entry of an axis that splits nothing."""
+
+
+def axis_maps(dims: Sequence[int], dim_sizes: Sequence[int], axis_sizes: Sequence[int]) -> np.ndarray:
+    """Every divisible axis map over ``dims`` (axes of size 1 never split); shape ``[K, num_axes]``."""
+    out: list[tuple[int, ...]] = []
+    split = {d: 1 for d in dims}
+
+    def rec(a: int, cur: list[int]) -> None:
+        if a == len(axis_sizes):
+            out.append(tuple(cur))
+            return
+        cur.append(NONE)
+        rec(a + 1, cur)
+        cur.pop()
+        if axis_sizes[a] == 1:
+            return
+        for d in dims:
+            if dim_sizes[d] % (split[d] * axis_sizes[a]) == 0:
+                split[d] *= axis_sizes[a]
+                cur.append(d)
+                rec(a + 1, cur)
+                cur.pop()
+                split[d] //= axis_sizes[a]
+
+    rec(0, [])
+    return np.array(out, dtype=np.int32).reshape(len(out), len(axis_sizes))
+
+
+def project(maps: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Axis maps restricted to the dims in boolean ``mask`` (indexed by dim; ``mask[-1]`` must be False)."""
+    return np.where(mask[maps], maps, NONE)
+
+
+def to_dim_layout(amap: Sequence[int], dims: Sequence[str], mesh: Mesh) -> DimLayout:
+    """An axis map as a DimLayout (dim -> axes in mesh order)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for a, d in zip(mesh.names, amap, strict=True):
+        if d >= 0:
+            out[dims[d]] = (*out.get(dims[d], ()), a)
+    return out
+

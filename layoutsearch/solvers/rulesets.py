@@ -1,0 +1,222 @@
+"""The candidates of the global-rules space: rule sets as arrays (:class:`RuleSets`).
+
+A rule set gives each mesh axis a *primary* choice (a dim, a group of dims no
+op or tensor has two of, or nothing) and up to two *fallbacks* (Flax rule
+precedence): a parameter dim on axes that split activations (ZeRO/FSDP,
+hybrid FSDP) and an activation dim on the axes of a parameter choice
+(sequence parallelism). :func:`rule_sets` enumerates every divisible
+candidate of a graph on a mesh (the ``rules`` space of :mod:`.space`),
+:func:`rule_set` makes one, :func:`rules_of` turns one into ``(dim, axes)``
+rules and :func:`model_groups` finds the groups of dims that may share an axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from layoutsearch.ir.graph import Graph
+from layoutsearch.layout import Axes
+from layoutsearch.mesh import Mesh
+from layoutsearch.solvers.axismaps import NONE
+
+
+@dataclass(frozen=True)
+class RuleSets:
+    """Candidates of the global-rules space, as arrays.
+
+    ``primary[r, a]``: the *choice* of mesh axis ``a`` (NONE: splits
+    nothing); choice ``c`` splits the dims ``choices[c]``: one dim, or a
+    *group* of dims no op or tensor has two of (``heads``, ``d_ff`` and
+    ``vocab`` on one ``model`` axis, as Megatron does). Then, in order, the
+    fallbacks (slots ``s`` = 0, 1): ``fallback[r, s]`` is a dim taking the
+    axes ``fallback_axes[r, s]`` wherever none of them is used yet (NONE: no
+    fallback). Slot 0 is a parameter dim on axes that split activations
+    (FSDP/ZeRO), slot 1 an activation dim on the axes of a parameter choice
+    (sequence parallelism: ``seq`` over the tensor-parallel axis between its
+    matmuls, Korthikanti et al. 2022; MaxText's ``activation_embed``)."""
+
+    choices: tuple[tuple[int, ...], ...]
+    primary: np.ndarray
+    fallback: np.ndarray
+    fallback_axes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.primary)
+
+    def project(self, mask: np.ndarray) -> np.ndarray:
+        """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence)."""
+        table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
+        proj = table[self.primary]
+        for s in range(self.fallback.shape[1]):
+            fb, fa = self.fallback[:, s], self.fallback_axes[:, s]
+            has = (fb >= 0) & mask[fb]
+            already = (proj == fb[:, None]).any(axis=1)
+            used = ((proj >= 0) & fa).any(axis=1)
+            apply = has & ~already & ~used
+            proj = np.where(apply[:, None] & fa, fb[:, None], proj)
+        return proj.astype(np.int32)
+
+    def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
+        idx = np.asarray(idx, dtype=np.int64)
+        return RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
+
+    def _codes(self, primary: np.ndarray, fallback: np.ndarray, fallback_axes: np.ndarray) -> np.ndarray:
+        return np.concatenate([primary, fallback, fallback_axes.reshape(len(primary), -1).astype(np.int32)], axis=1)
+
+    def concat(self, other: RuleSets) -> RuleSets:
+        """Both candidate lists, duplicates (of ``other``) dropped; ``other``'s choices are mapped to ours."""
+        choices = list(self.choices)
+        remap = []
+        for c in other.choices:
+            if c not in choices:
+                choices.append(c)
+            remap.append(choices.index(c))
+        remap.append(NONE)
+        prim = np.array(remap, dtype=np.int32)[other.primary]
+        P = np.concatenate([self.primary, prim])
+        F = np.concatenate([self.fallback, other.fallback])
+        FA = np.concatenate([self.fallback_axes, other.fallback_axes])
+        _, first = np.unique(self._codes(P, F, FA), axis=0, return_index=True)
+        keep = np.sort(first)
+        return RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
+
+    def index(self, other: RuleSets, r: int = 0) -> int | None:
+        """The index of candidate ``r`` of ``other`` among ours, if present."""
+        choices = list(self.choices)
+        remap = [choices.index(c) if c in choices else -2 for c in other.choices] + [NONE]
+        code = self._codes(np.array(remap, dtype=np.int32)[other.primary[r:r + 1]], other.fallback[r:r + 1],
+                           other.fallback_axes[r:r + 1])[0]
+        ours = self._codes(self.primary, self.fallback, self.fallback_axes)
+        hit = np.nonzero((ours == code).all(axis=1))[0]
+        return int(hit[0]) if len(hit) else None
+
+
+def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
+    """Groups of parameter dims no op or tensor has two of (maximal, at least two dims, largest first): each
+    can share one mesh axis, as ``heads``, ``d_ff`` and ``vocab`` share Megatron's model axis."""
+    pdims = sorted({d for t in graph.parameters for d in t.dim_names}, key=list(graph.dims).index)
+    together: set[frozenset[str]] = set()
+    spaces = [op.iteration_dims(graph.tensors) for op in graph.ops] + [t.dim_names for t in graph.tensors.values()]
+    for dims in {tuple(sorted(set(s) & set(pdims))) for s in spaces}:
+        for a, b in itertools.combinations(dims, 2):
+            together.add(frozenset((a, b)))
+    apart = [(a, b) for a, b in itertools.combinations(pdims, 2) if frozenset((a, b)) not in together]
+    g = nx.Graph()
+    g.add_nodes_from(pdims)
+    g.add_edges_from(apart)
+    order = {d: i for i, d in enumerate(pdims)}
+    cliques = [tuple(sorted(c, key=order.__getitem__)) for c in nx.find_cliques(g) if len(c) >= 2]
+    weight = {d: sum(t.nbytes for t in graph.parameters if d in t.dim_names) for d in pdims}
+    cliques.sort(key=lambda c: (-len(c), -sum(weight[d] for d in c), c))
+    return cliques[:limit]
+
+
+def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True) -> RuleSets:
+    """Every candidate of the global-rules space (see :mod:`.space`): each mesh axis splits one dim, a
+    group of dims (:func:`model_groups`) or nothing, divisibly; plus, when some axes split no parameter dim,
+    a fallback parameter dim taking them (ZeRO/FSDP)."""
+    dims = list(graph.dims)
+    sizes = [graph.dims[d] for d in dims]
+    axes = [s for _, s in mesh.axes]
+    choices: list[tuple[int, ...]] = [(d,) for d in range(len(dims))]
+    if groups:
+        choices += [tuple(dims.index(d) for d in grp) for grp in model_groups(graph)]
+    pdims = sorted({dims.index(d) for t in graph.parameters for d in t.dim_names})
+    rows: list[tuple[int, ...]] = []
+    split = [1] * len(dims)
+
+    def rec(a: int, cur: list[int]) -> None:
+        if a == len(axes):
+            rows.append(tuple(cur))
+            return
+        cur.append(NONE)
+        rec(a + 1, cur)
+        cur.pop()
+        if axes[a] == 1:
+            return
+        for c, members in enumerate(choices):
+            if all(sizes[d] % (split[d] * axes[a]) == 0 for d in members):
+                for d in members:
+                    split[d] *= axes[a]
+                cur.append(c)
+                rec(a + 1, cur)
+                cur.pop()
+                for d in members:
+                    split[d] //= axes[a]
+
+    rec(0, [])
+    prim = np.array(rows, dtype=np.int32).reshape(len(rows), len(axes))
+    A = len(axes)
+    P: list[np.ndarray] = []
+    F: list[tuple[int, int]] = []
+    FA: list[np.ndarray] = []
+    big = np.array([s > 1 for s in axes])
+    param_choice = np.array([any(d in pdims for d in c) for c in choices] + [False])
+    spaces = {tuple(sorted(dims.index(d) for d in t.dim_names)) for t in graph.tensors.values()}
+    for row in prim:
+        used = {d for c in row if c >= 0 for d in choices[c]}
+        slot0: list[tuple[int, np.ndarray]] = [(NONE, np.zeros(A, bool))]
+        free = np.nonzero(big & ~param_choice[row])[0] if fallbacks else []
+        for r in range(1, len(free) + 1):
+            for subset in itertools.combinations(free, r):  # all free axes (ZeRO-3), or some (hybrid FSDP)
+                mask = np.zeros(A, bool)
+                mask[list(subset)] = True
+                group = int(np.prod([axes[a] for a in subset]))
+                slot0 += [(f, mask) for f in pdims if f not in used and sizes[f] % group == 0]
+        slot1: list[tuple[int, np.ndarray]] = [(NONE, np.zeros(A, bool))]
+        model = big & param_choice[row]
+        if fallbacks and model.any():  # sequence parallelism: dims of the tensors the model axes leave unsplit
+            group = int(np.prod([s for s, m in zip(axes, model, strict=True) if m]))
+            owned = {d for c in row[model] for d in choices[c]}
+            left = {d for sp in spaces if owned.isdisjoint(sp) for d in sp}
+            slot1 += [(d, model) for d in sorted(left - used) if sizes[d] % group == 0]
+        for (f0, m0), (f1, m1) in itertools.product(slot0, slot1):
+            P.append(row)
+            F.append((f0, f1))
+            FA.append(np.stack([m0, m1]))
+    n = len(P)
+    return RuleSets(tuple(choices), np.array(P, np.int32).reshape(n, A), np.array(F, np.int32).reshape(n, 2),
+                    np.array(FA, bool).reshape(n, 2, A))
+
+
+def rules_of(sets: RuleSets, r: int, dims: Sequence[str], mesh: Mesh) -> tuple[tuple[str, Axes], ...]:
+    """Rule set ``r`` as ordered (dim, axes) rules: primaries (graph dim order), then the fallbacks."""
+    row = sets.primary[r]
+    split: dict[int, list[str]] = {}
+    for a, c in zip(mesh.names, row, strict=True):
+        if c >= 0:
+            for d in sets.choices[c]:
+                split.setdefault(d, []).append(a)
+    out = [(dims[d], tuple(split[d])) for d in sorted(split)]
+    for f, fa in zip(sets.fallback[r], sets.fallback_axes[r], strict=True):
+        if f >= 0:
+            out.append((dims[int(f)], tuple(a for a, m in zip(mesh.names, fa, strict=True) if m)))
+    return tuple(out)
+
+
+def rule_set(choices: Sequence[Iterable[str] | str | None], dims: Sequence[str], mesh: Mesh,
+             fallback: str | None = None, fallback_axes: Iterable[str] = (), activation_fallback: str | None = None,
+             activation_axes: Iterable[str] = ()) -> RuleSets:
+    """A one-candidate :class:`RuleSets`: ``choices[a]`` is what mesh axis ``a`` splits (a dim name, several
+    dim names no tensor has two of, or None); the fallbacks of slots 0 and 1 (see :class:`RuleSets`)."""
+    chosen: list[tuple[int, ...]] = []
+    row = []
+    for c in choices:
+        if c is None:
+            row.append(NONE)
+            continue
+        members = (c,) if isinstance(c, str) else tuple(c)
+        key = tuple(dims.index(d) for d in members)
+        if key not in chosen:
+            chosen.append(key)
+        row.append(chosen.index(key))
+    fa = [[a in set(axes) for a in mesh.names] for axes in (fallback_axes, activation_axes)]
+    fb = [dims.index(d) if d is not None else NONE for d in (fallback, activation_fallback)]
+    return RuleSets(tuple(chosen), np.array([row], np.int32).reshape(1, len(mesh.names)),
+                    np.array([fb], np.int32), np.array([fa], bool))
+
