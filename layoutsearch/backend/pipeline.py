@@ -147,17 +147,16 @@ from layoutsearch.backend import tick_tables
 from layoutsearch.backend.one_f_one_b import TickedStep, vary
 from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
 from layoutsearch.backend.stages import IN, check_batch_local, slot_layers, slot_mask, split_graph, stage_counts
-from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import CostModelError, GraphError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import BLOCK_PREFIX, block_name, scoped
+from layoutsearch.ir.training import REMAT_POLICIES
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved:V")
 """The schedules the executor runs (those the cost model prices)."""
-_vary = vary
 
 
 class Pipeline:
@@ -352,7 +351,7 @@ class Pipeline:
 
         # Cast to varying here, outside the loops: the transposes (gradient psums) then run once.
         stacked = {k: v[0] for k, v in stacked.items()}
-        stacked, outer, inputs = _vary(stacked, everywhere), _vary(outer, everywhere), _vary(inputs, everywhere)
+        stacked, outer, inputs = vary(stacked, everywhere), vary(outer, everywhere), vary(inputs, everywhere)
         # Parameters in another dtype (float32 master weights) are cast here, after the casts to varying: the
         # gradient psums then run in the parameters' dtype (XLA:CPU cannot compile bfloat16 ones here).
         stacked = {k: v.astype(jax_dtype(p.layer.tensors[k])) for k, v in stacked.items()}
@@ -404,7 +403,7 @@ class Pipeline:
                 y = run_stage(stacked, jnp.where(stage == 0, x_t, carry), c.real)
                 return (lax.ppermute(y, st, perm) if K > 1 else y), y
 
-            carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
+            carry = vary(jnp.zeros(xs.shape[1:], xs.dtype), everywhere)
             ys = lax.scan(tick, carry, xs)[1][K - 1:]
         env[p.exit] = self._merge(ys, dims)
         loss = run_graph(p.post, {t.name: env[t.name] for t in p.post.fed}, c.constrain({}))[p.post.loss]
@@ -427,7 +426,7 @@ class Pipeline:
             y = c.run_stage(jax.tree.map(lambda v: v[ch], params), x, None if real is None else real[ch])
             return (y if perm is None else lax.ppermute(y, self.stage_axis, list(perm))), y
 
-        carry = _vary(jnp.zeros(xs.shape[1:], xs.dtype), self.manual)
+        carry = vary(jnp.zeros(xs.shape[1:], xs.dtype), self.manual)
         ys = lax.scan(tick, carry, jnp.asarray(plan.table))[1]
         exits = {op[1]: t for t, row in enumerate(plan.ops) if (op := row[K - 1]) and op[2] == V - 1}
         return ys[np.array([exits[i] for i in range(self.M)])]

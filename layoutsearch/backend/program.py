@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
+from layoutsearch.ir.training import REMAT_POLICIES
 
 Arrays = dict[str, jax.Array]
 Constrain = Callable[[str, jax.Array], jax.Array]

@@ -91,11 +91,13 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_case_args(p: argparse.ArgumentParser) -> None:
-    """MODEL with --set, --mesh, --layout and --hardware (default cpu-sim) with --hw: one model under one layout."""
+    """MODEL with --set, --mesh, --layout, --hardware (default cpu-sim) with --hw, --optimizer and --precision:
+    one training step of a model under one layout (read back by :func:`case_of`)."""
     add_model_args(p)
     add_mesh_arg(p)
     add_layout_arg(p)
     add_hardware_args(p, default="cpu-sim")
+    add_training_args(p)
 
 
 def overlap_arg(text: str) -> str | float:
@@ -147,6 +149,13 @@ def layout_of(args: argparse.Namespace, graph: Graph) -> Layout:
     elif rules.strip() in ("replicated", "-"):
         rules = ""
     return Layout.from_rules(mesh, rules).check(graph)
+
+
+def case_of(args: argparse.Namespace) -> tuple[Graph, Layout, Hardware]:
+    """The graph, layout and hardware (default cpu-sim) of the options :func:`add_case_args` adds."""
+    graph = load_graph(args)
+    layout = layout_of(args, graph)
+    return graph, layout, hardware_of(args) or hardware("cpu-sim")
 
 
 def hardware_of(args: argparse.Namespace) -> Hardware | None:

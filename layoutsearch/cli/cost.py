@@ -6,19 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layoutsearch.cli.common import (
-    Result,
-    add_case_args,
-    add_training_args,
-    command,
-    hardware_of,
-    layout_of,
-    load_graph,
-    overlap_arg,
-    table,
-)
+from layoutsearch.cli.common import Result, add_case_args, case_of, command, overlap_arg, table
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.mesh import hardware
 from layoutsearch.units import format_bytes, format_seconds
 
 
@@ -28,7 +17,6 @@ def add(sub: Any) -> None:
     p = command(sub, "cost", run, "predict the time, communication, FLOPs and memory per device of one "
                 "training step under a layout, broken down by op and by cause", render=render)
     add_case_args(p)
-    add_training_args(p)
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization: none, selective (recompute all but projections' outputs) "
                         "or full (keep only block boundaries); default none")
@@ -54,9 +42,7 @@ def run(args: argparse.Namespace) -> Result:
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
-    graph = load_graph(args)
-    layout = layout_of(args, graph)
-    hw = hardware_of(args) or hardware("cpu-sim")
+    graph, layout, hw = case_of(args)
     if args.top < 0:
         raise LayoutSearchError(f"--top must be at least 0, got {args.top}")
     if args.microbatches < 1:

@@ -5,16 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layoutsearch.cli.common import (
-    Result,
-    add_case_args,
-    add_training_args,
-    command,
-    hardware_of,
-    layout_of,
-    load_graph,
-)
-from layoutsearch.mesh import hardware
+from layoutsearch.cli.common import Result, add_case_args, case_of, command
 
 
 def add(sub: Any) -> None:
@@ -23,7 +14,6 @@ def add(sub: Any) -> None:
     p = command(sub, "costdag", run, "write a model's pipeline cost DAG (blocks priced by the cost model "
                 "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
     add_case_args(p)
-    add_training_args(p)
     p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
     p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
                    help="activation rematerialization inside each block: none (default), selective or full")
@@ -33,9 +23,7 @@ def add(sub: Any) -> None:
 def run(args: argparse.Namespace) -> Result:
     from layoutsearch.costmodel.pipeline import pipeline_costdag
 
-    graph = load_graph(args)
-    layout = layout_of(args, graph)
-    hw = hardware_of(args) or hardware("cpu-sim")
+    graph, layout, hw = case_of(args)
     dag, _, _ = pipeline_costdag(graph, layout, "stage", hw, microbatches=args.microbatches, remat=args.remat,
                                  optimizer=args.optimizer, precision=args.precision)
     dag.save(args.out)

@@ -9,15 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layoutsearch.cli.common import (
-    Result,
-    add_hardware_args,
-    command,
-    hardware_of,
-    load_graph,
-    mesh_of,
-    table,
-)
+from layoutsearch.cli.common import Result, add_hardware_args, command, hardware_of, load_graph, mesh_of, table
 from layoutsearch.cli.search import SearchProgress
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.units import format_seconds

@@ -6,16 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layoutsearch.cli.common import (
-    Result,
-    add_case_args,
-    add_training_args,
-    command,
-    hardware_of,
-    layout_of,
-    load_graph,
-    table,
-)
+from layoutsearch.cli.common import Result, add_case_args, command, hardware_of, layout_of, load_graph, table
 from layoutsearch.mesh import hardware
 from layoutsearch.units import format_seconds
 
@@ -24,7 +15,6 @@ def add(sub: Any) -> None:
     p = command(sub, "validate", run, "predicted against compiled collectives, FLOPs and memory per "
                 "device for one layout (and measured step time on a GPU/TPU)", render=render)
     add_case_args(p)
-    add_training_args(p)
 
 
 def run(args: argparse.Namespace) -> Result:

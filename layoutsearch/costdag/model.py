@@ -123,14 +123,6 @@ class CostDAG:
         return {n: tuple(p) for n, p in preds.items()}
 
     @cached_property
-    def successors(self) -> dict[str, tuple[str, ...]]:
-        """Node name -> its distinct successors."""
-        succs: dict[str, dict[str, None]] = {n: {} for n in self.names}
-        for e in self.edges:
-            succs[e.src][e.dst] = None
-        return {n: tuple(s) for n, s in succs.items()}
-
-    @cached_property
     def topological_order(self) -> tuple[str, ...]:
         """The topological order that keeps file order wherever the edges allow (smallest file position first);
         the canonical order of the partitioner."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from layoutsearch.costmodel.memory import MemoryReport
-from layoutsearch.costmodel.ops import OpCost
+from layoutsearch.costmodel.ops import OpCost, OpWork
 from layoutsearch.costmodel.overlap import Overlap
 from layoutsearch.costmodel.render import render_report
 from layoutsearch.ir.names import fold_block_numbers
@@ -43,17 +43,10 @@ class CollectiveRecord:
 
 
 @dataclass(frozen=True)
-class OpReport:
+class OpReport(OpWork):
     """Per-device cost of one op execution: ``bound`` is ``"flops"`` or ``"memory"``
     (which roofline term set ``compute_s``); ``collectives`` its communication."""
 
-    op: str
-    kind: str
-    phase: str
-    block: str | None
-    flops: float
-    hbm_bytes: float
-    matmul: bool
     compute_s: float
     bound: str
     collectives: tuple[CollectiveRecord, ...]

@@ -102,11 +102,8 @@ from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.tensor import Tensor
-from layoutsearch.ir.training import Optimizer, parameter_gradients
+from layoutsearch.ir.training import REMAT_POLICIES, Optimizer, parameter_gradients
 from layoutsearch.layout import Layout
-
-REMAT_POLICIES = ("none", "selective", "full")
-"""Activation rematerialization policies (see the module docstring)."""
 
 CATEGORIES = ("parameters", "optimizer_state", "inputs", "gradients", "activations", "activation_gradients",
               "transient")

@@ -99,7 +99,7 @@ from layoutsearch.mesh import Mesh
 
 __all__ = [
     "ELEMENTWISE_FLOPS", "FORWARD_SHARED_FLOPS", "NORM_ALL_REDUCES", "RMS_NORM_ALL_REDUCES", "SMALL_CONTRACTION",
-    "Comm", "OpCost", "OpRules", "constant_tensors", "dedupe_shared", "integer_pow_flops",
+    "Comm", "OpCost", "OpRules", "OpWork", "constant_tensors", "dedupe_shared", "integer_pow_flops",
     "is_matmul", "local_bytes", "norm_all_reduces", "on_mesh", "op_flops", "reshard", "restrict",
 ]
 
@@ -121,7 +121,22 @@ def norm_all_reduces(op: O.Op) -> int:
 
 
 @dataclass(frozen=True)
-class OpCost:
+class OpWork:
+    """One op execution's per-device work, what its cost (:class:`OpCost`) and its priced report
+    (:class:`~layoutsearch.costmodel.costreport.OpReport`) share: the op's name, kind, phase and repeated block,
+    its FLOPs, its bytes read and written in HBM and whether it runs as a matmul."""
+
+    op: str
+    kind: str
+    phase: str
+    block: str | None
+    flops: float
+    hbm_bytes: float
+    matmul: bool
+
+
+@dataclass(frozen=True)
+class OpCost(OpWork):
     """Per-device work of one op under a layout.
 
     ``hbm_bytes``: bytes read and written in HBM (inputs as the op consumes them,
@@ -132,13 +147,6 @@ class OpCost:
     matmul ``(batch, m, n, k)`` at the local sizes (see
     :func:`layoutsearch.costmodel.compute.matmul_efficiency`)."""
 
-    op: str
-    kind: str
-    phase: str
-    block: str | None
-    flops: float
-    hbm_bytes: float
-    matmul: bool
     comms: tuple[Comm, ...]
     reads: tuple[int, ...] = ()
     write: int = 0

@@ -44,6 +44,7 @@ from layoutsearch.export.specs import (
     without_stage_rules,
 )
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.training import REMAT_POLICIES
 from layoutsearch.layout import Layout
 
 __all__ = [
@@ -54,8 +55,6 @@ __all__ = [
 
 FORMATS = ("flax", "nnx", "maxtext", "specs", "python")
 """The formats :func:`export` writes."""
-
-REMAT_POLICIES = ("none", "selective", "full")
 
 # -- the front door ---------------------------------------------------------------------------------------------------
 

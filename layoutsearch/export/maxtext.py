@@ -258,7 +258,7 @@ def _maxtext_pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, sch
     """The micro-batch keys of :func:`maxtext_overrides`: ``num_pipeline_microbatches``,
     ``num_layers_per_pipeline_stage`` and ``num_pipeline_repeats`` over a stage axis of more than one stage,
     else ``gradient_accumulation_steps`` (more than one micro-batch)."""
-    from layoutsearch.costmodel.pipeline import Schedule
+    from layoutsearch.costmodel.schedule import Schedule
 
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")

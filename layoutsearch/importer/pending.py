@@ -19,6 +19,7 @@ from layoutsearch.importer.labels import Labels
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import scoped
 from layoutsearch.ir.tensor import Tensor
 
 
@@ -61,7 +62,7 @@ class PendingGraph:
         """Add an op (named ``block/stem_N``, N counted per block so that repeated blocks get the same
         names) writing a new tensor with dims ``labels``; return its name."""
         self._counts[block] += 1
-        name = f"{block}/{stem}_{self._counts[block]}" if block else f"{stem}_{self._counts[block]}"
+        name = scoped(block, f"{stem}_{self._counts[block]}")
         self.tensors[name] = PendingTensor(tuple(labels), dtype, "activation")
         self.ops.append(PendingOp(cls, name, tuple(inputs), block, attrs))
         return name

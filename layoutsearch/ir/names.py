@@ -88,11 +88,6 @@ def is_grad(name: str) -> bool:
     return name.startswith(GRAD + SEP)
 
 
-def grad_of(name: str) -> str | None:
-    """``T`` for ``grad/T`` (the name after ``grad/``; for a contribution or helper, its path), else None."""
-    return name[len(GRAD) + 1:] if is_grad(name) else None
-
-
 def is_grad_sum(name: str, t: str) -> bool:
     """Whether ``name`` is the gradient of ``t`` or one of the partial sums adding up to it
     (``grad/t/add<k>``)."""
@@ -128,6 +123,6 @@ def is_derived(name: str) -> bool:
 
 __all__ = [
     "ADAM_M", "ADAM_STATES", "ADAM_V", "BLOCK_PREFIX", "GRAD", "MASTER", "NEW", "SEP", "block_index", "block_name",
-    "fold_block_numbers", "grad_name", "grad_of", "is_adam_state", "is_derived", "is_grad", "is_grad_sum", "is_new",
+    "fold_block_numbers", "grad_name", "is_adam_state", "is_derived", "is_grad", "is_grad_sum", "is_new",
     "new_name", "scope_prefix", "scoped", "state_name", "top_block",
 ]

@@ -249,15 +249,21 @@ class Reduce(Op):
 
 
 @dataclass(frozen=True, kw_only=True)
-class _OverDim(Op):
-    """An op normalizing over one named dim; output has the input's dims."""
+class _OnDim(Op):
+    """An op about one named dim ``dim`` (normalized, gathered or classified over)."""
 
     dim: str
-    arity: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._expect_str("dim")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _OverDim(_OnDim):
+    """An op normalizing over one named dim; output has the input's dims."""
+
+    arity: ClassVar[int] = 1
 
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(self.arity)
@@ -387,18 +393,12 @@ class Reshape(Op):
 
 
 @dataclass(frozen=True, kw_only=True)
-class Gather(Op):
+class Gather(_OnDim):
     """Embedding lookup: inputs (table, ids) -> table rows picked along ``dim``.
 
     Output dims = ids dims + table dims without ``dim``."""
 
     kind: ClassVar[str] = "gather"
-    dim: str
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._expect_str("dim")
-
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         table, ids = tensors[self.inputs[0]], tensors[self.inputs[1]]
@@ -412,16 +412,10 @@ class Gather(Op):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScatterAdd(Op):
+class ScatterAdd(_OnDim):
     """Gradient of Gather: inputs (ids, dy) -> d_table, summing dy rows into ``dim``."""
 
     kind: ClassVar[str] = "scatter_add"
-    dim: str
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._expect_str("dim")
-
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         ids, dy, out = (tensors[self.inputs[0]], tensors[self.inputs[1]], tensors[self.output])
@@ -436,19 +430,13 @@ class ScatterAdd(Op):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CrossEntropy(Op):
+class CrossEntropy(_OnDim):
     """Softmax cross-entropy per example: inputs (logits, labels) -> loss.
 
     ``labels`` are int32 class indices along ``dim``; loss has the logits'
     dims without ``dim`` (the labels' dims)."""
 
     kind: ClassVar[str] = "cross_entropy"
-    dim: str
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._expect_str("dim")
-
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(2)
         logits, labels = tensors[self.inputs[0]], tensors[self.inputs[1]]
@@ -463,17 +451,11 @@ class CrossEntropy(Op):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CrossEntropyGrad(Op):
+class CrossEntropyGrad(_OnDim):
     """Gradient of CrossEntropy: inputs (logits, labels, dloss) -> dlogits
     = (softmax(logits) - onehot(labels)) * dloss."""
 
     kind: ClassVar[str] = "cross_entropy_grad"
-    dim: str
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._expect_str("dim")
-
     def check(self, tensors: Mapping[str, Tensor]) -> None:
         self._expect_arity(3)
         logits, labels, dloss = (tensors[t] for t in self.inputs)

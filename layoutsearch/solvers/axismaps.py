@@ -20,10 +20,13 @@ NONE = -1
 """Axis-map entry of an axis that splits nothing."""
 
 
-def axis_maps(dims: Sequence[int], dim_sizes: Sequence[int], axis_sizes: Sequence[int]) -> np.ndarray:
-    """Every divisible axis map over ``dims`` (axes of size 1 never split); shape ``[K, num_axes]``."""
+def choice_maps(choices: Sequence[Sequence[int]], dim_sizes: Sequence[int],
+                axis_sizes: Sequence[int]) -> np.ndarray:
+    """Every divisible assignment of the mesh axes to ``choices`` (each a group of dim indices that one axis
+    splits together), axes of size 1 splitting nothing: shape ``[K, num_axes]``, an entry the index of the
+    choice the axis splits or :data:`NONE`; rows in depth-first order, :data:`NONE` before the choices in order."""
     out: list[tuple[int, ...]] = []
-    split = {d: 1 for d in dims}
+    split = {d: 1 for members in choices for d in members}
 
     def rec(a: int, cur: list[int]) -> None:
         if a == len(axis_sizes):
@@ -34,16 +37,24 @@ def axis_maps(dims: Sequence[int], dim_sizes: Sequence[int], axis_sizes: Sequenc
         cur.pop()
         if axis_sizes[a] == 1:
             return
-        for d in dims:
-            if dim_sizes[d] % (split[d] * axis_sizes[a]) == 0:
-                split[d] *= axis_sizes[a]
-                cur.append(d)
+        for c, members in enumerate(choices):
+            if all(dim_sizes[d] % (split[d] * axis_sizes[a]) == 0 for d in members):
+                for d in members:
+                    split[d] *= axis_sizes[a]
+                cur.append(c)
                 rec(a + 1, cur)
                 cur.pop()
-                split[d] //= axis_sizes[a]
+                for d in members:
+                    split[d] //= axis_sizes[a]
 
     rec(0, [])
     return np.array(out, dtype=np.int32).reshape(len(out), len(axis_sizes))
+
+
+def axis_maps(dims: Sequence[int], dim_sizes: Sequence[int], axis_sizes: Sequence[int]) -> np.ndarray:
+    """Every divisible axis map over ``dims`` (axes of size 1 never split); shape ``[K, num_axes]``."""
+    dim_of = np.array([*dims, NONE], dtype=np.int32)  # choice index -> dim index; NONE (-1) -> NONE
+    return dim_of[choice_maps([(d,) for d in dims], dim_sizes, axis_sizes)]
 
 
 def project(maps: np.ndarray, mask: np.ndarray) -> np.ndarray:

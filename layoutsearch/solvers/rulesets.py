@@ -22,7 +22,7 @@ import numpy as np
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes
 from layoutsearch.mesh import Mesh
-from layoutsearch.solvers.axismaps import NONE
+from layoutsearch.solvers.axismaps import NONE, choice_maps
 
 
 @dataclass(frozen=True)
@@ -127,30 +127,7 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
     if groups:
         choices += [tuple(dims.index(d) for d in grp) for grp in model_groups(graph)]
     pdims = sorted({dims.index(d) for t in graph.parameters for d in t.dim_names})
-    rows: list[tuple[int, ...]] = []
-    split = [1] * len(dims)
-
-    def rec(a: int, cur: list[int]) -> None:
-        if a == len(axes):
-            rows.append(tuple(cur))
-            return
-        cur.append(NONE)
-        rec(a + 1, cur)
-        cur.pop()
-        if axes[a] == 1:
-            return
-        for c, members in enumerate(choices):
-            if all(sizes[d] % (split[d] * axes[a]) == 0 for d in members):
-                for d in members:
-                    split[d] *= axes[a]
-                cur.append(c)
-                rec(a + 1, cur)
-                cur.pop()
-                for d in members:
-                    split[d] //= axes[a]
-
-    rec(0, [])
-    prim = np.array(rows, dtype=np.int32).reshape(len(rows), len(axes))
+    prim = choice_maps(choices, sizes, axes)
     A = len(axes)
     P: list[np.ndarray] = []
     F: list[tuple[int, int]] = []
