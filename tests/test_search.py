@@ -158,10 +158,20 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
     assert np.all(rs.lb <= rs.cost * (1 + 1e-9)) and np.all(rs.mem_lb <= rs.mem * (1 + 1e-9))
     sample = np.random.default_rng(0).choice(every, 12, replace=False)
     bound = build_space(g, mesh, hw, "rules", rules=rs.cands.take(sample), pricer=rs.pricer.bound(), remat=remat)
-    lower = s.strategy_values(bound.problem)[0]
-    for k, low in zip(sample, lower, strict=True):
+    vectors = s.strategy_values(bound.problem)[0]
+    lower = rs.overlap_bounds(sample)
+    assert np.array_equal(lower, vectors.max(axis=1))
+    streams = {v: k for k, v in rs.pricer.streams.items()}
+    for k, low, vec in zip(sample, lower, vectors, strict=True):
         rep = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat)
-        assert rs.lb[k] <= low * (1 + 1e-9) and low <= rep.step_s * (1 + 1e-9)
+        assert rs.lb[k] <= vec[0] * (1 + 1e-9) and low <= rep.step_s * (1 + 1e-9)
+        # each communicator's entry is the time of the collectives the step runs over it
+        per_stream: dict[tuple, float] = {}
+        for o in rep.ops:
+            for c in o.collectives:
+                per_stream[c.axes] = per_stream.get(c.axes, 0.0) + c.seconds
+        for j in range(1, len(vec)):
+            assert vec[j] == pytest.approx(per_stream.get(streams[j], 0.0), rel=1e-9, abs=1e-15)
         serial = estimate(g, Layout(mesh, rules_of(rs.cands, int(k), rs.dims, mesh)), hw, remat=remat, overlap=0.0)
         assert serial.step_s == pytest.approx(rs.cost[k], rel=1e-9)
     # the live-set bound is the largest live set at any point of the schedule (every point counted)
@@ -299,15 +309,14 @@ def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None):
 
 @pytest.mark.parametrize("M", [2, 4])
 def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
-    """M x (one micro-batch's compute and critical collectives without the optimizer) is a lower bound of the
+    """M x (one micro-batch's bound vector without the optimizer, its largest entry) is a lower bound of the
     accumulated step, and a micro-batch that does not fit means the accumulated step does not: checked on
     random rule sets against ``price_plan``."""
     import numpy as np
 
     from layoutsearch.costmodel.step import resized, training_step
-    from layoutsearch.solvers.build import build_space
     from layoutsearch.solvers.pricer import Pricer
-    from layoutsearch.solvers.rules_search import RulesSearch, strategy_values
+    from layoutsearch.solvers.rules_search import RulesSearch
 
     g, mesh, hw, limit, cands = accumulating
     micro = training_step(resized(g, {"batch": g.dims["batch"] // M}))
@@ -316,9 +325,7 @@ def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
     for policy in ("none", "full"):
         rs = RulesSearch(micro, mesh, hw, pricer, (cands, np.zeros(len(cands))), policy)
         rs.price(pick)
-        space = build_space(micro, mesh, hw, "rules", rules=cands.take(pick), pricer=pricer.bound(optimizer=False),
-                            remat=policy)
-        bound = dict(zip(pick.tolist(), M * strategy_values(space.problem)[0], strict=True))
+        bound = dict(zip(pick.tolist(), M * rs.overlap_bounds(pick, optimizer=False), strict=True))
         for k, _, plan in _accumulated_plans(g, mesh, hw, limit, cands, M, (policy,), pick.tolist()):
             assert bound[k] <= plan.step_s * (1 + 1e-9)
             assert rs.mem[k] <= plan.memory_bytes

@@ -280,7 +280,8 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
                      "per-tensor PartitionSpecs (inputs, parameters, activations; layers folded; --json: all)"))
     if result["decisions"]:
         drows = [[d["kind"], d["option"], "chosen" if d["chosen"] else "",
-                  format_seconds(d["step_s"]) if d["fits"] else "-",
+                  format_seconds(d["step_s"]) if d["fits"] else
+                  f">= {format_seconds(d['at_least_s'])}" if d.get("at_least_s") else "-",
                   format_bytes(d["memory_bytes"]) if d["memory_bytes"] is not None else "-",
                   f"{d['step_s'] / result['step_s']:.2f}" if d["fits"] and result["step_s"] else
                   (d["why"] or "does not fit")] for d in result["decisions"]]

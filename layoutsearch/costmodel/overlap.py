@@ -106,6 +106,12 @@ def classify(c: _Collective, classes: dict[str, str], op: _Op | None = None,
     return "critical"
 
 
+def once_per_step(c: _Collective, classes: dict[str, str]) -> bool:
+    """Whether a collective runs once per step with gradient accumulation (a gradient all-reduce, after the
+    last micro-batch), not once per micro-batch."""
+    return c.kind == "all-reduce" and classify(c, classes) == "gradient"
+
+
 def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
     """For each op, the index of the op at which its weight gathers are issued: the first op of the
     previous segment (a run of ops of one block and phase), i.e. one block ahead."""
@@ -180,4 +186,4 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     return Overlap(t, compute, comm, max(0.0, t - compute), by_class)
 
 
-__all__ = ["CLASSES", "Overlap", "classify", "collective_classes", "schedule"]
+__all__ = ["CLASSES", "Overlap", "classify", "collective_classes", "once_per_step", "schedule"]

@@ -74,12 +74,11 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from layoutsearch.costdag import CostDAG, Edge, Node
 from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
-from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.overlap import collective_classes, once_per_step
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
 from layoutsearch.costmodel.pipeline_report import PipelineReport, StageReport
 from layoutsearch.costmodel.pipeline_units import Unit, accumulators, unit_chain, unit_costs, unit_of_ops
@@ -95,18 +94,13 @@ from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
 
 
-def _once(c: Any, classes: dict[str, str]) -> bool:
-    """Whether a collective runs once per step (a gradient all-reduce), not once per micro-batch."""
-    return c.kind == "all-reduce" and classify(c, classes) == "gradient"
-
-
 def _views(ops: Sequence[OpReport], classes: dict[str, str], once: bool) -> list[OpReport]:
     """``ops`` for the schedule: with (``once``) or without the once-per-step gradient all-reduces."""
     if once:
         return ops
     out = []
     for o in ops:
-        kept = tuple(c for c in o.collectives if not _once(c, classes))
+        kept = tuple(c for c in o.collectives if not once_per_step(c, classes))
         out.append(o if len(kept) == len(o.collectives) else dataclasses.replace(o, collectives=kept))
     return out
 
@@ -363,7 +357,7 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     colls = _permutes(sends, stage_axis, sched, K, microbatches)
     for o in ops:
         for c in o.collectives:
-            colls.append((c.kind, c.axes, c.bytes, 1 if _once(c, p.classes) else microbatches))
+            colls.append((c.kind, c.axes, c.bytes, 1 if once_per_step(c, p.classes) else microbatches))
     return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
                        int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids))
 

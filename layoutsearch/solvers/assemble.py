@@ -135,8 +135,10 @@ def evaluate(item: Item) -> Unary | Table:
             offset[j] += width
         return fn(args)
 
-    if len(nodes) == 1:
-        vals = np.array([call([row]) for row in uniq[0]], dtype=float)
+    if len(nodes) == 1:  # (values may be vectors: bounds, see Pricer.bound; a zero may be a scalar)
+        got = [call([row]) for row in uniq[0]]
+        width = max((np.size(v) for v in got), default=1)
+        vals = np.array([np.broadcast_to(v, (width,)) for v in got] if width > 1 else got, dtype=float)
         return Unary(nodes[0], vals[inv[0]])
     table = np.empty([len(u) for u in uniq])
     for idx in itertools.product(*(range(len(u)) for u in uniq)):
@@ -156,7 +158,10 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
             deadline.check()
         value = evaluate(pending.make())
         if isinstance(value, Unary):
-            unary[value.node] += pending.count * value.values
+            add, u = pending.count * value.values, unary[value.node]
+            if add.ndim != u.ndim:  # bound vectors (Pricer.bound) beside scalars
+                add, u = add.reshape(len(add), -1), u.reshape(len(u), -1)
+            unary[value.node] = u + add
         else:
             groups[value.nodes].append(_Part(value.keys, value.table * pending.count, None))
     mems: list[MemItem | None] = []

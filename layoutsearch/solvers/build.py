@@ -105,14 +105,15 @@ class _Builder(SpaceNodes):
             self._fcache[key] = self.p.rules.cost(op, I, [self.dl(x) for x in ins], self.dl(out))
         return self._fcache[key]
 
-    def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray) -> tuple[float, int]:
-        """(seconds, transient bytes: the payload of the last gather or all-to-all) of resharding ``t``."""
-        key = ("rs", self.p.counted, self.p.classes.get(t.name), t.dims, t.dtype, src.tobytes(), dst.tobytes())
+    def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray) -> tuple[float | np.ndarray, int]:
+        """(seconds, or a bound vector of :meth:`.pricer.Pricer.bound`; transient bytes: the payload of the
+        last gather or all-to-all) of resharding ``t``."""
+        key = ("rs", self.p.counted, self.p.optimizer, self.p.classes.get(t.name), t.dims, t.dtype, src.tobytes(),
+               dst.tobytes())
         if key not in self._fcache:
             comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all", "collective-permute")]
-            self._fcache[key] = (sum(self.p.collective(c.kind, c.bytes, c.axes) for c in comms
-                                     if self.p.counts(dataclasses.replace(c, tensor=t.name))),
+            self._fcache[key] = (self.p.collectives([dataclasses.replace(c, tensor=t.name) for c in comms]),
                                  payload[-1] if payload else 0)
         return self._fcache[key]
 

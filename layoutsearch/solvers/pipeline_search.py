@@ -9,8 +9,8 @@ minimized under the memory limit).
 
 :func:`search_pipeline`: for each mesh axis that may carry stages (K = its
 size), candidate layouts over the other axes come from
-:func:`~layoutsearch.solvers.search.search` on the model (its best two under
-the serial objective, without remat) and the textbook baselines' rules; then
+the rules space on the model (its best two under the serial objective,
+without remat, by :class:`~.rules_search.RulesSearch`) and the textbook baselines' rules; then
 every number of micro-batches M (divisors of the batch up to ``4 K``, or the
 one given) is priced with :func:`estimate_pipeline` (the given schedule,
 default 1F1B; its stage partition is exact) under the remat policies in order
@@ -159,8 +159,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
         if progress and inner_mesh.axes:
             progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
-        inner_rules = _stage_layouts(graph, trained_graph, inner_mesh, hw, optimizer, precision, attention,
-                                     deadline)
+        inner_rules = _stage_layouts(trained_graph, inner_mesh, hw, attention, deadline)
         full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
         sched = Schedule.parse(schedule)
         for rules in inner_rules:
@@ -212,22 +211,25 @@ def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int 
     return B, axes
 
 
-def _stage_layouts(graph: Graph, trained: Graph, inner_mesh: Mesh, hw: Hardware, optimizer: str,
-                   precision: Precision | str, attention: str, deadline: Deadline) -> list[tuple]:
-    """Candidates for the layout inside a stage: the best two of the serial objective on ``inner_mesh``
-    (each priced again as a pipeline by the caller) and the textbook layouts; replicated when the inner
-    mesh is trivial."""
-    from layoutsearch.solvers.search import search
+def _stage_layouts(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str, deadline: Deadline
+                   ) -> list[tuple]:
+    """Candidates for the layout inside a stage: the best two rule sets of the serial objective (the step
+    without overlap, remat none, no memory limit) on ``inner_mesh``, by bound-and-price over the rules
+    space (each priced again as a pipeline by the caller), and the textbook layouts; replicated when the
+    inner mesh is trivial."""
+    from layoutsearch.solvers.dispatch import solve
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
 
     if not inner_mesh.axes:
         return [()]
-    left = deadline.left()
-    plan = search(graph, inner_mesh, None, hardware=hw, optimizer=optimizer, precision=precision,
-                  attention=attention, overlap=0.0, remat="none", microbatches=1, top=2, baselines=False,
-                  time_limit=max(left, 1e-3) if left is not None else None)
-    rules = [c.rules for c in (plan.chosen, *plan.runner_ups) if c.rules is not None]
-    rules += [rules_of(rs, 0, list(trained.dims), inner_mesh)
-              for rs, _ in baseline_rules(trained, inner_mesh).values() if rs is not None]
+    pricer = Pricer(trained, inner_mesh, hw, attention)
+    rs = RulesSearch(trained, inner_mesh, hw, pricer, rules_candidates(trained, inner_mesh, hw, pricer, None))
+    priced = rs.bound_and_price(None, 2, None, deadline)
+    sols = solve(rs.problem(priced), "enumerate", None, 2, None)
+    rules = [rules_of(rs.cands, int(priced[s.assign[0]]), rs.dims, inner_mesh) for s in sols if s.assign]
+    rules += [rules_of(sets, 0, list(trained.dims), inner_mesh)
+              for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None]
     return list(dict.fromkeys(rules))
 
 

@@ -96,8 +96,9 @@ class Costed:
 class Decision:
     """One option of a decision the search made besides the layout (``kind``: ``remat``, ``microbatches``
     or ``pipeline``): the best plan with that option (``step_s``, ``memory_bytes``), or, when nothing with
-    it fits, ``fits`` False with the smallest peak memory when known and ``why``; ``chosen`` when the plan
-    uses it."""
+    it fits or none can beat the plans found, ``fits`` False with ``why``, the smallest peak memory when
+    known, and ``at_least_s`` when the search proved that every plan with it takes at least that long;
+    ``chosen`` when the plan uses it."""
 
     kind: str
     option: str
@@ -106,6 +107,7 @@ class Decision:
     fits: bool
     why: str = ""
     chosen: bool = False
+    at_least_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

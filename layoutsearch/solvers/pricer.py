@@ -3,22 +3,26 @@
 
 Prices come from the cost model (:class:`~layoutsearch.costmodel.ops.OpRules`,
 :func:`~layoutsearch.costmodel.collectives.collective_time`, the fusion plan
-and the roofline); a pricer may count only the critical collectives, a lower
-bound of the overlapped step (:meth:`Pricer.bound`).
+and the roofline); a bounding pricer gives vectors instead, whose largest entry
+is a lower bound of the overlapped step (:meth:`Pricer.bound`).
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from layoutsearch.costmodel.collectives import collective_time
 from layoutsearch.costmodel.compute import compute_seconds
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
-from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.overlap import classify, collective_classes, once_per_step
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes, DimLayout, Layout
@@ -47,32 +51,51 @@ class Pricer:
         self.cache: dict[tuple, Any] = {}
         """Prices of op and reshard variants, shared by the spaces built with this pricer."""
         self.counted = "all"
-        """Which collectives the prices count: ``all``, or ``critical`` (those the step always waits for: a
-        lower bound of the overlapped step, see :meth:`bound`)."""
+        """What the prices are: ``all`` (seconds: compute and every collective), or ``bound`` (vectors whose
+        largest entry is a lower bound of the overlapped step, see :meth:`bound`)."""
         self.classes = collective_classes(graph)
         self.optimizer = True
         """Whether the optimizer's ops are priced (False: a space built with this pricer prices one micro-batch's
         forward and backward passes, see :meth:`bound`)."""
+        axes = [a for a, _ in mesh.axes]
+        streams = [p for k in range(1, len(axes) + 1) for p in itertools.permutations(axes, k)]
+        self.streams = {s: 1 + i for i, s in enumerate(streams)}
+        """Communicator (a tuple of mesh axes) -> its entry in a bound vector (see :meth:`bound`)."""
 
     def bound(self, optimizer: bool = True) -> Pricer:
-        """A copy (sharing this pricer's caches) whose prices count only critical collectives: a space built
-        with it has, per strategy, a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap`
-        schedules (compute runs on one stream, and a critical collective holds it for at least its time).
-        ``optimizer=False`` leaves the optimizer's ops out: a lower bound of one micro-batch's share of a
-        gradient-accumulation step, which runs the optimizer once for all micro-batches."""
+        """A copy (sharing this pricer's caches) whose prices are vectors: entry 0 the compute and the critical
+        collectives, entry ``streams[axes]`` the collectives over the communicator ``axes``. Summed over a
+        step, each entry is a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap` schedules:
+        compute runs on one stream and a critical collective holds it for at least its time; each
+        communicator runs its collectives one at a time, and the step ends after the last. So is the largest
+        entry. ``optimizer=False`` leaves out the optimizer's ops and the gradient all-reduces that run once
+        per step (:func:`~layoutsearch.costmodel.overlap.once_per_step`): a lower bound of one micro-batch's
+        share of a gradient-accumulation step, which runs them once for all micro-batches."""
         other = copy.copy(self)
-        other.counted = "critical"
+        other.counted = "bound"
         other.optimizer = optimizer
         return other
 
-    def counts(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
-        """Whether this pricer counts collective ``c`` (of op ``op_name``, a matmul or not)."""
-        if self.counted == "all":
-            return True
+    def critical(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
+        """Whether the step always waits for collective ``c`` (of op ``op_name``, a matmul or not)."""
         if not self.hw.async_collectives:
             return True
         view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None else None
         return classify(c, self.classes, view, self.hw.collective_matmul) == "critical"
+
+    def collectives(self, comms: Iterable[Any], op_name: str | None = None, matmul: bool = False
+                    ) -> float | np.ndarray:
+        """The price of collectives ``comms`` (of op ``op_name``): seconds, or a bound vector."""
+        if self.counted == "all":
+            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
+        v = np.zeros(1 + len(self.streams))
+        for x in comms:
+            t = self.collective(x.kind, x.bytes, x.axes)
+            if self.critical(x, op_name, matmul):
+                v[0] += t
+            if self.optimizer or not once_per_step(x, self.classes):
+                v[self.streams[x.axes]] += t
+        return v
 
     def collective(self, kind: str, nbytes: int, axes: Axes) -> float:
         key = (kind, nbytes, axes)
@@ -80,15 +103,20 @@ class Pricer:
             self._coll[key] = collective_time(kind, nbytes, axes, self.mesh, self.hw).seconds
         return self._coll[key]
 
-    def compute(self, c: OpCost, op: O.Op | None = None) -> float:
+    def compute(self, c: OpCost, op: O.Op | None = None) -> float | np.ndarray:
         """Roofline time of an op (:func:`~layoutsearch.costmodel.compute.compute_seconds`); ``c`` may be
         priced for another op of the same shapes: ``op`` gives the HBM traffic of the fusion plan."""
-        return compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0]
+        seconds = compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0]
+        if self.counted == "all":
+            return seconds
+        v = np.zeros(1 + len(self.streams))
+        v[0] = seconds
+        return v
 
-    def comm(self, c: OpCost) -> float:
-        return sum(self.collective(x.kind, x.bytes, x.axes) for x in c.comms if self.counts(x, c.op, c.matmul))
+    def comm(self, c: OpCost) -> float | np.ndarray:
+        return self.collectives(c.comms, c.op, c.matmul)
 
-    def seconds(self, c: OpCost, op: O.Op | None = None) -> float:
+    def seconds(self, c: OpCost, op: O.Op | None = None) -> float | np.ndarray:
         return self.compute(c, op) + self.comm(c)
 
 

@@ -10,6 +10,7 @@ overlap (:func:`overlapped_top`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -167,6 +168,7 @@ class RulesSearch:
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
         self.refined = 0  # plans priced by the cost model with overlap (:func:`overlapped_top`)
+        self.floor = math.inf  # the smallest lower bound of a plan not priced (:func:`overlapped_top`)
         self.cut_short: list[str] = []  # what a deadline cut short, in words
 
     def price(self, idx: np.ndarray) -> None:
@@ -176,6 +178,17 @@ class RulesSearch:
                                 remat=self.remat)
             self.cost[idx], self.mem[idx] = strategy_values(space.problem)
             self.rows = max(self.rows, len(space.problem.mem_rows))
+
+    def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True) -> np.ndarray:
+        """Lower bounds of the overlapped steps of candidates ``idx``: the largest entry of their bound
+        vectors (:meth:`~.pricer.Pricer.bound`; ``optimizer=False``: one micro-batch's share of an
+        accumulated step)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx),
+                            pricer=self.pricer.bound(optimizer), remat=self.remat)
+        values, peak = strategy_values(space.problem)
+        self.mem[idx] = peak  # (the peak does not depend on the pricer)
+        return values.max(axis=1) if values.ndim == 2 else values
 
     def pruning(self, limit: float | None) -> dict[str, int]:
         """How the space was pruned: its candidates, those the live-set memory bound rules out, those priced
@@ -191,12 +204,15 @@ class RulesSearch:
                        [MemRow(0.0, ((0, 1),), "peak")])
 
     def bound_and_price(self, limit: float | None, top: int, progress: Progress | None,
-                        deadline: Deadline | None = None) -> np.ndarray:
+                        deadline: Deadline | None = None, upper: float | None = None) -> np.ndarray:
         """Price candidates in bound order until the ``top`` best that fit are proven, or ``deadline`` passes
-        with at least one that fits (noted in :attr:`cut_short`); returns the priced."""
+        with at least one that fits (noted in :attr:`cut_short`); returns the priced. With ``upper``, only
+        candidates whose bound is below it (the others cannot beat the plans found elsewhere)."""
         order = np.argsort(self.lb, kind="stable")
         if limit is not None:  # a candidate whose live bytes exceed the limit somewhere cannot fit
             order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
+        if upper is not None:
+            order = order[self.lb[order] < upper * (1 + 1e-9)]
         batch, start = FIRST_BATCH, 0
         while start < len(order):
             self.price(order[start:start + batch])
@@ -263,31 +279,37 @@ to the smallest lower bound left) and runner-ups that are the best priced, not p
 
 
 def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, deadline: Deadline,
-                   overlap: float | str, attention: str, optimizer: str, progress: Progress | None
-                   ) -> tuple[list[Costed], bool, float | None, str]:
+                   overlap: float | str, attention: str, optimizer: str, progress: Progress | None,
+                   upper: float | None = None) -> tuple[list[Costed], bool, float | None, str]:
     """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included); the
-    fastest proven.
+    fastest proven. With ``upper`` (the ``top``-th best plan found elsewhere, e.g. under another remat
+    policy), only those faster than it: a plan no faster cannot make the top.
 
     The space prices a step as the sum of its ops (``C``: the step without overlap) and, with
-    :meth:`~.pricer.Pricer.bound`, its compute plus the collectives the step always waits for (``A``, a lower
-    bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
+    :meth:`~.pricer.Pricer.bound`, the larger of its compute plus the collectives the step always waits
+    for and the busiest communicator's collectives (``A``, a lower bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
     gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
-    smallest ``C`` that fit; their ``k``-th is the first cut. Every fitting candidate whose roofline bound is
-    below the cut is priced, its ``A`` computed, and they are priced by the cost model in order of ``A``
-    until the ``top``-th best ``S`` is below the next ``A``; if that ``S`` is above the cut, the cut rises
-    to it and the candidates below the new cut join. Returns (plans fastest first, proven, gap, solver).
-    When ``deadline`` passes, the plans priced so far, not proven (what was cut short: ``rs.cut_short``)."""
+    smallest ``C`` that fit; their ``k``-th (at most ``upper``) is the first cut. Every fitting candidate
+    whose roofline bound is below the cut is priced, its ``A`` computed, and they are priced by the cost
+    model in order of ``A`` until the ``top``-th best ``S`` is below the next ``A`` (or the next ``A``
+    reaches ``upper``); if that ``S`` is above the cut, the cut rises to it (at most to ``upper``) and the
+    candidates below the new cut join. Returns (plans fastest first, proven, gap, solver); the smallest
+    lower bound of the plans not priced is left in ``rs.floor``. When ``deadline`` passes, the plans priced
+    so far, not proven (what was cut short: ``rs.cut_short``)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
-    priced = rs.bound_and_price(limit, top, progress, deadline)
+    priced = rs.bound_and_price(limit, top, progress, deadline, upper)
     if not len(priced):
+        rs.floor = _floor(rs, limit, {}, set())
         return [], True, None, "enumerate"
     problem = rs.problem(priced)
     name = solver_for(problem, solver, limit)
     sols = solve(problem, name, limit, top, deadline.left())
     if not sols[0].assign:
+        rs.floor = _floor(rs, limit, {}, set())
         return [], True, None, name
     exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
-    cut = max(float(rs.cost[priced[s.assign[0]]]) for s in sols)
+    ceiling = math.inf if upper is None else upper * (1 + 1e-9)
+    cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
     proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
     lower: dict[int, float] = {}
     plans: dict[int, Costed] = {}
@@ -298,18 +320,16 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         if new and exact:
             lower.update({k: float(rs.cost[k]) for k in new})
         elif new:
-            space = build_space(g, mesh, hw, "rules", rules=rs.cands.take(new), pricer=rs.pricer.bound(),
-                                remat=rs.remat)
-            lower.update(zip(new, map(float, strategy_values(space.problem)[0]), strict=True))
+            lower.update(zip(new, rs.overlap_bounds(new).tolist(), strict=True))
         for low, k in sorted((v, k) for k, v in lower.items() if k not in plans):
             steps = sorted(p.step_s for p in plans.values())
-            if len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9):
+            if low >= ceiling or (len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9)):
                 break
             if len(plans) >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups not)
                 if steps[0] > low * (1 + 1e-9):
                     proven, gap = False, (steps[0] - low) / steps[0]
                 break
-            if plans and deadline.passed():
+            if (plans or upper is not None) and deadline.passed():
                 proven = False
                 rs.cut_short.append(f"remat {rs.remat}: the time limit ran out after pricing {len(plans)} plans "
                                     "with overlap (best and runner-ups among those, not proven)")
@@ -319,13 +339,27 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
             plans[k] = costed_rules("", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit, optimizer, rs.remat,
                                      attention, overlap)
         steps = sorted(p.step_s for p in plans.values())
-        reach = steps[min(top, len(steps)) - 1]
+        reach = min(steps[top - 1] if len(steps) >= top else math.inf, ceiling)
         if reach <= cut * (1 + 1e-9) or len(plans) >= MAX_REFINED or (deadline.passed() and not proven):
             break
         cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
         rs.price_below(cut, limit)
     rs.refined = len(plans)
+    rs.floor = _floor(rs, limit, lower, set(plans))
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
+
+
+def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced: set[int]) -> float:
+    """The smallest lower bound of a step of ``rs`` that may fit and was not priced with overlap: its ``A``
+    where computed (``lower``), else its roofline bound."""
+    may_fit = np.ones(len(rs.lb), bool)
+    if limit is not None:  # (a candidate not priced has a NaN peak, which passes)
+        may_fit = (rs.mem_lb <= limit * (1 + 1e-9)) & ~(rs.mem > limit * (1 + 1e-12))
+    rest = np.ones(len(rs.lb), bool)
+    rest[list(lower)] = False
+    rest[list(priced)] = False
+    found = [v for k, v in lower.items() if k not in priced]
+    return min([*found, *rs.lb[rest & may_fit].tolist()], default=math.inf)
 
 
 def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
@@ -337,11 +371,13 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     those faster than it (the plans found without accumulation: a slower one cannot make the top).
 
     Bounds, for ``M`` micro-batches: the accumulated step runs each micro-batch's forward and backward
-    passes ``M`` times (compute on one stream, a critical collective holding it) and the optimizer once, so
-    ``M`` times the micro-batch's roofline bound (:func:`_compute_bounds`) and ``M`` times its compute plus
-    critical collectives without the optimizer (:meth:`~.pricer.Pricer.bound` with ``optimizer=False``) are
-    lower bounds of it; and its peak holds the micro-batch's peak plus the gradient accumulators, so a
-    candidate whose micro-batch does not fit cannot. Candidates are priced in the order of the second bound
+    passes ``M`` times (compute on one stream, a critical collective holding it, each communicator running
+    its collectives one at a time) and the optimizer and gradient all-reduces once, so ``M`` times the
+    micro-batch's roofline bound (:func:`_compute_bounds`) and ``M`` times the largest entry of its bound
+    vector without those (:meth:`~.pricer.Pricer.bound` with ``optimizer=False``) are lower bounds of it;
+    and its peak holds the micro-batch's peak (computed with the second bound) plus the gradient
+    accumulators, so a candidate whose micro-batch does not fit cannot. Candidates whose first bound is
+    below the cut get the second, and are priced in the order of the second bound
     until the ``top``-th best step is below the next bound (or the next bound reaches ``upper``). Without
     ``upper``, the first cut is the ``top``-th best accumulated step that fits among the micro-batch's plans
     taken in the order of their step without overlap. Returns (plans fastest first, proven)."""
@@ -361,15 +397,15 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         if not seeds:
             return [], not rs.cut_short and len(plans) == len(fit)
         cut = max(seeds)
-    rs.price_below(cut / M, limit)
-    done = np.nonzero(~np.isnan(rs.cost))[0]
-    ok = rs.mem[done] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(done), bool)
-    near = done[ok & (M * rs.lb[done] < cut * (1 + 1e-9))]
+    want = M * rs.lb < cut * (1 + 1e-9)
+    if limit is not None:
+        want &= (rs.mem_lb <= limit * (1 + 1e-9)) & ~(rs.mem > limit * (1 + 1e-12))
+    near = np.nonzero(want)[0]
     if not len(near):
         return [], not rs.cut_short
-    space = build_space(rs.g, rs.mesh, rs.hw, "rules", rules=rs.cands.take(near),
-                        pricer=rs.pricer.bound(optimizer=False), remat=rs.remat)
-    lower = sorted(zip((M * strategy_values(space.problem)[0]).tolist(), near.tolist(), strict=True))
+    bounds = M * rs.overlap_bounds(near, optimizer=False)
+    fit = rs.mem[near] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
+    lower = sorted(zip(bounds[fit].tolist(), near[fit].tolist(), strict=True))
     proven = not rs.cut_short
     for low, k in lower:
         if k in plans:

@@ -140,9 +140,10 @@ class _Found:
     """Per rules search (remat policy, micro-batches): how its space was pruned (:meth:`RulesSearch.pruning`)."""
 
     def add(self, plans: list[Costed], proven: bool, gap: float | None) -> None:
-        """Plans of one remat policy, with their proof."""
+        """Plans of one remat policy, with their proof (none when nothing fits, or none can beat the plans
+        found before: proven, or cut short by the time limit)."""
         self.options += plans
-        if plans:
+        if plans or not proven:
             self.optimal = self.optimal and proven
             self.gap_unknown = self.gap_unknown or (not proven and gap is None)
             self.gap = (self.gap or 0.0) if proven else max(gap or 0.0, self.gap or 0.0)
@@ -154,6 +155,12 @@ class _Found:
         if chosen.pipelined:
             return False, None
         return self.optimal, None if self.gap_unknown else self.gap
+
+    def upper(self, limit: float | None, top: int) -> float | None:
+        """The ``top``-th fastest fitting step found so far (None while fewer fit): a plan of a later phase
+        must beat it to make the top."""
+        steps = sorted(p.step_s for p in self.options if p.within(limit))
+        return steps[top - 1] if len(steps) >= top else None
 
     def skipped(self, what: str) -> None:
         """A phase not run because the time limit ran out: the result is not proven."""
@@ -292,9 +299,13 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
     found.searches.append(rs)
     if progress is not None:
         progress(f"remat {policy}: searching the {space} space")
+    why = ""
     if space == "rules":
+        upper = found.upper(limit, top)
         plans, proven, pgap, found.solver = overlapped_top(rs, limit, top, solver, deadline, overlap, attention,
-                                                           optimizer, progress)
+                                                           optimizer, progress, upper)
+        if not plans and upper is not None and rs.floor >= upper * (1 - 1e-9) and rs.floor < math.inf:
+            why = _cannot_beat(top, upper)
         found.pruning[f"remat {policy}"] = rs.pruning(limit)
         found.stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()),
                        "memory_rows": rs.rows, "nodes": 1, "strategies": len(rs.cands), "factors": 0,
@@ -314,7 +325,8 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
             found.cut_short += rs.cut_short + list(res.cut_short)
     found.add(plans, proven, pgap)
     found.decisions.append(_decision("remat", policy, plans[0] if plans else None,
-                                     rs.min_memory()[0] if not plans else None))
+                                     rs.min_memory()[0] if not plans and not why else None, why,
+                                     rs.floor if why else None))
 
 
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
@@ -334,16 +346,14 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
         if found.options and deadline.passed():
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
-        steps = sorted(p.step_s for p in found.options if p.within(limit))
-        upper = steps[top - 1] if len(steps) >= top else None
+        upper = found.upper(limit, top)
         plans, proven, fits = accumulated(graph, mesh, hw, M, policies, limit, top, upper, optimizer, precision,
                                           attention, overlap, deadline, progress, found.pruning)
         plans = sorted((p for p in plans if p.within(limit)), key=lambda c: c.step_s)
         found.options += plans[:top]
         found.optimal = found.optimal and proven
         found.gap_unknown = found.gap_unknown or not proven
-        why = f"no plan can beat the {top} fastest found (up to {upper:.4g} s): proven by its lower bounds" \
-            if not plans and fits and upper is not None else ""
+        why = _cannot_beat(top, upper) if not plans and fits and upper is not None else ""
         found.decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None, why))
         fitted += bool(plans) or fits
         if fitted >= 2:  # the first count that fits and one more: more micro-batches only add overhead
@@ -414,10 +424,16 @@ def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:
     return REMAT_POLICIES
 
 
-def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "") -> Decision:
+def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "",
+              at_least_s: float | None = None) -> Decision:
     if plan is None:
-        return Decision(kind, option, None, min_memory, False, why or "nothing fits the memory limit")
+        return Decision(kind, option, None, min_memory, False, why or "nothing fits the memory limit",
+                        at_least_s=at_least_s)
     return Decision(kind, option, plan.step_s, plan.memory_bytes, True, why)
+
+
+def _cannot_beat(top: int, upper: float) -> str:
+    return f"no plan can beat the {top} fastest found (up to {upper:.4g} s): proven by its lower bounds"
 
 
 def _same_choice(d: Decision, chosen: Costed) -> bool:
