@@ -85,3 +85,21 @@ def test_bad_pipeline_flags_are_one_line_errors(capsys):
 
     code, out, err = run(capsys, "search", "gpt", "--mesh", MESH, "--pipeline", "many")
     assert code == 2 and not out and "--pipeline takes a positive integer or 'auto'" in err
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved:2"])
+def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(schedule):
+    """The bound the search skips a (layout, M) with, computed on the step without remat, never exceeds the
+    priced pipelined step under any remat policy (recomputation only adds work)."""
+    from layoutsearch.costmodel.pipeline import microbatch_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.solvers.pipeline_search import _loop_bound, choose_stages
+
+    stage, inner = ("data", "pipe") if schedule.startswith("interleaved") else ("pipe", "data")  # 6 units
+    for rules, M in (("batch:{}", 4), ("d_ff:{},heads:{}", 8), ("", 2)):
+        layout = Layout.from_rules(MESH, rules.format(inner, inner))
+        steps = {r: microbatch_step(GPT, layout, "h100", stage_axis=stage, microbatches=M, schedule=schedule,
+                                    remat=r) for r in ("none", "selective", "full")}
+        bound = _loop_bound(steps["none"])
+        for r, step in steps.items():
+            assert 0 < bound <= step.report(*choose_stages(step)).step_s * (1 + 1e-9), (rules, M, r)

@@ -212,6 +212,18 @@ def test_decisions_say_what_each_option_costs(gpt, free):
     assert free.memory_limit == pytest.approx(80e9 - 2**30)  # h100: 80 GB HBM less the documented 1 GiB reserve
 
 
+def test_a_remat_policy_no_plan_of_which_can_beat_the_best_is_proven_so_without_pricing(gpt, free):
+    """With top=1, the policies after the first are searched only below its plan: their lower bounds prove
+    them slower (the decision says at least how slow), and the plan is the same as with runner-ups."""
+    plan = search(gpt, MESH, hardware="h100", top=1)
+    assert plan.optimal and plan.step_s == pytest.approx(free.step_s, rel=1e-12)
+    bounded = [d for d in plan.decisions if d.at_least_s is not None]
+    assert bounded and all(not d.fits and "no plan can beat" in d.why for d in bounded)
+    best = {d.option: d.step_s for d in free.decisions}
+    for d in bounded:
+        assert plan.step_s * (1 - 1e-9) <= d.at_least_s <= best[d.option] * (1 + 1e-9)
+
+
 def test_an_impossible_limit_names_a_pipeline_only_where_one_could_help(gpt):
     with pytest.raises(InfeasibleError, match=r"a pipeline \(pipeline='auto'\)") as e:
         search(gpt, MESH, memory_limit="1KiB", hardware="h100")  # 4 pipeline units: axes of 2 and 4 can carry them

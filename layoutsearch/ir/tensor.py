@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from layoutsearch.errors import GraphError
@@ -65,7 +66,7 @@ class Tensor:
             raise GraphError(f"tensor {self.name!r} has {n:,} elements ({' x '.join(map(str, self.dims))}): "
                              f"more than the limit of 2**50 ({MAX_TENSOR_ELEMENTS:,}) per tensor")
 
-    @property
+    @functools.cached_property
     def dim_names(self) -> tuple[str, ...]:
         return dim_names(self.dims)
 

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.ops import is_matmul, op_flops
@@ -39,9 +41,12 @@ from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
-from layoutsearch.solvers.baselines import baseline_rules
+from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
 from layoutsearch.solvers.clock import Deadline, Progress
-from layoutsearch.solvers.rulesets import rules_of
+from layoutsearch.solvers.dispatch import solve
+from layoutsearch.solvers.pricer import Pricer
+from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
+from layoutsearch.solvers.rulesets import RuleSets, rules_of
 
 
 def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
@@ -153,32 +158,45 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     B, axes = _pipeline_axes(graph, m, stages, microbatches, batch_dim)
     priced: list[tuple[PipelineCandidate, PipelineReport]] = []
     reasons: list[str] = []
+    bounded = 0  # configurations ruled out by a lower bound
     trained_graph = training_step(graph, optimizer, precision)
+    sched = Schedule.parse(schedule)
     for axis in axes:
         K = m.axis_size(axis)
         inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
         if progress and inner_mesh.axes:
             progress(f"pipeline over {axis} ({K} stages): searching the layout inside a stage")
-        inner_rules = _stage_layouts(trained_graph, inner_mesh, hw, attention, deadline)
         full_mesh = Mesh(((axis, K),) + inner_mesh.axes)
-        sched = Schedule.parse(schedule)
-        for rules in inner_rules:
+        counts = [microbatches] if microbatches else microbatch_candidates(B, K)
+        inner = _inner_space(trained_graph, inner_mesh, hw, attention)
+        beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
+        if inner is not None and float(inner[1][1].min()) / K * min(sched.steps(K, mb) / mb for mb in counts) >= beat:
+            bounded += len(counts)
+            continue  # no inner layout can beat what is known (the roofline bound of its full-batch step)
+        for rules in _stage_layouts(inner, trained_graph, inner_mesh, deadline):
             layout = Layout(full_mesh, rules)
             work = _matmul_bound(trained_graph, Layout(inner_mesh, rules), hw) / K
-            for mb in [microbatches] if microbatches else microbatch_candidates(B, K):
+            split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
+            for mb in counts:
+                if not microbatches and (B // mb) % split:
+                    continue  # micro-batches the layout cannot split (priced, they would raise)
                 beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
                            default=math.inf)
                 if work * sched.steps(K, mb) / mb >= beat:
+                    bounded += 1
                     continue  # cannot beat what is known
                 if beat < math.inf and deadline.passed():
                     break  # a plan that fits is known and the time limit has passed
                 for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:
-                        rep = estimate_pipeline(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
-                                                schedule=schedule, attention=attention,
-                                                overlap=overlap if overlap == "auto" else 0,
-                                                optimizer=optimizer, precision=precision, memory_limit=memory_limit,
-                                                batch_dim=batch_dim)
+                        step = microbatch_step(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
+                                               schedule=schedule, attention=attention,
+                                               overlap=overlap if overlap == "auto" else 0, optimizer=optimizer,
+                                               precision=precision, batch_dim=batch_dim)
+                        if remat == REMAT_POLICIES[0] and _loop_bound(step) >= beat:
+                            bounded += 1
+                            break  # no policy can beat what is known: recomputation only adds work
+                        rep = step.report(*choose_stages(step, memory_limit))
                     except LayoutSearchError as e:
                         reasons.append(f"{axis} K={K} M={mb} remat={remat}: {e}")
                         continue
@@ -189,11 +207,21 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                         break
     ok = [(c, r) for c, r in priced if c.fits]
     if not ok:
-        why = "; ".join(reasons[-3:]) if reasons else (
-            "every candidate exceeds the memory limit" if priced else "none can beat the unpipelined plan")
-        raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: {why}")
+        raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: "
+                                + _why_none(reasons, bounded, bool(priced)))
     best = min(ok, key=lambda cr: cr[0].step_s)
     return PipelinePlan(best[1], tuple(c for c, _ in priced))
+
+
+def _why_none(reasons: list[str], bounded: int, priced: bool) -> str:
+    """Why no pipelined plan was found: ruled out by lower bounds (none can beat the best plan known), the
+    last errors met, or memory."""
+    if bounded:
+        return (f"none can beat the best plan found ({bounded} configurations ruled out by their lower bounds"
+                + (f"; the others: {reasons[-1]}" if reasons else "") + ")")
+    if reasons:
+        return "; ".join(reasons[-3:])
+    return "every candidate exceeds the memory limit" if priced else "none can beat the unpipelined plan"
 
 
 def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int | None,
@@ -211,26 +239,42 @@ def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int 
     return B, axes
 
 
-def _stage_layouts(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str, deadline: Deadline
-                   ) -> list[tuple]:
-    """Candidates for the layout inside a stage: the best two rule sets of the serial objective (the step
-    without overlap, remat none, no memory limit) on ``inner_mesh``, by bound-and-price over the rules
-    space (each priced again as a pipeline by the caller), and the textbook layouts; replicated when the
-    inner mesh is trivial."""
-    from layoutsearch.solvers.dispatch import solve
-    from layoutsearch.solvers.pricer import Pricer
-    from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
-
+def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
+                 ) -> tuple[Pricer, tuple[RuleSets, np.ndarray]] | None:
+    """The rules space inside a stage (the textbook layouts among its candidates) with the candidates'
+    roofline bounds of the full-batch step; None when the inner mesh is trivial."""
     if not inner_mesh.axes:
-        return [()]
+        return None
     pricer = Pricer(trained, inner_mesh, hw, attention)
-    rs = RulesSearch(trained, inner_mesh, hw, pricer, rules_candidates(trained, inner_mesh, hw, pricer, None))
+    return pricer, rules_candidates(trained, inner_mesh, hw, pricer, baseline_sets(baseline_rules(trained,
+                                                                                                  inner_mesh)))
+
+
+def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
+                   deadline: Deadline) -> list[tuple]:
+    """Candidates for the layout inside a stage: the best two rule sets of the serial objective (the step
+    without overlap, remat none, no memory limit) of the ``inner`` space (:func:`_inner_space`), by
+    bound-and-price (each priced again as a pipeline by the caller), and the textbook layouts; replicated
+    when the inner mesh is trivial."""
+    if inner is None:
+        return [()]
+    pricer, candidates = inner
+    rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, candidates)
     priced = rs.bound_and_price(None, 2, None, deadline)
     sols = solve(rs.problem(priced), "enumerate", None, 2, None)
     rules = [rules_of(rs.cands, int(priced[s.assign[0]]), rs.dims, inner_mesh) for s in sols if s.assign]
     rules += [rules_of(sets, 0, list(trained.dims), inner_mesh)
               for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None]
     return list(dict.fromkeys(rules))
+
+
+def _loop_bound(step: MicrobatchStep) -> float:
+    """A lower bound of a pipelined step, for its remat policy and every policy that recomputes more: its
+    loop runs ``steps(K, M)`` times the slowest device's micro-batch, which is at least the compute of one
+    micro-batch's forward and backward ops over the ``K`` devices (each op runs on one device, on one
+    compute stream)."""
+    compute = sum(o.compute_s for o in step.priced.report.ops if o.phase != "optimizer")
+    return step.schedule.steps(step.devices, step.microbatches) * compute / step.devices
 
 
 def _matmul_bound(trained: Graph, layout: Layout, hw: Hardware) -> float:

@@ -10,6 +10,7 @@ overlap (:func:`overlapped_top`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -168,6 +169,7 @@ class RulesSearch:
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
         self.refined = 0  # plans priced by the cost model with overlap (:func:`overlapped_top`)
+        self.plans: dict[int, Costed] = {}  # those plans, by candidate
         self.floor = math.inf  # the smallest lower bound of a plan not priced (:func:`overlapped_top`)
         self.cut_short: list[str] = []  # what a deadline cut short, in words
 
@@ -344,7 +346,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
             break
         cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
         rs.price_below(cut, limit)
-    rs.refined = len(plans)
+    rs.refined, rs.plans = len(plans), plans
     rs.floor = _floor(rs, limit, lower, set(plans))
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
 
@@ -439,8 +441,11 @@ def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies:
             peak = rs.mem[i] if not np.isnan(rs.mem[i]) else rs.mem_lb[i]
             if peak > limit * (1 + 1e-9):
                 continue
-        plan = costed_rules(name, g, mesh, hw, rules_of(rules, 0, list(g.dims), mesh), limit, optimizer, policy,
-                             attention, overlap)
+        if i is not None and i in rs.plans:  # priced by the search already
+            plan = dataclasses.replace(rs.plans[i], name=name)
+        else:
+            plan = costed_rules(name, g, mesh, hw, rules_of(rules, 0, list(g.dims), mesh), limit, optimizer,
+                                policy, attention, overlap)
         if plan.fits:
             break
     return plan
