@@ -1,13 +1,17 @@
 """The device-placement comparison of Tarnawski et al. 2020 on every instance as shipped.
 
     .venv/bin/python bench/bench_placement.py [--dir /work/shared/placement] [--time-limit 60] [--out bench/RESULTS_placement.md]
+        [--only schedule]
 
 Per instance (throughput inputs: the throughput objective; latency inputs: latency; inference and training,
 layer and operator graphs): the contiguous optimum (the DP for throughput; the CP-SAT ILP within the time
 limit for latency, started from the local-search heuristic and shown beside it), the non-contiguous ILP (throughput; CP-SAT started
 from the contiguous optimum, within the time limit), each with its proof status or gap and time, and the
 baselines (one device, equal split, PipeDream-style planner, local search, the human expert where there is
-one) as the ratio optimum / baseline (below 1: the optimum is better). Writes a Markdown table.
+one) as the ratio optimum / baseline (below 1: the optimum is better). Writes a Markdown table, then a second
+one: the non-contiguous latency (a node-level schedule) of the layer-graph latency instances, by the
+scheduling ILP within the time limit and by the list scheduler alone (``--only schedule``: that table alone,
+spliced into ``--out``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,74 @@ def run(path: Path, root: Path, limit: float) -> list[str]:
     return cells
 
 
+SCHEDULE_HEADER = ["instance", "nodes", "acc+cpu", "non-contiguous latency", "status", "lower bound", "time s",
+                   "list scheduling (time)", "contiguous latency (table above)", "/contiguous"]
+SCHEDULE_TITLE = "## Non-contiguous latency (node-level schedules)"
+
+
+def run_schedule(path: Path, limit: float, contiguous: dict[str, float]) -> list[str]:
+    """One row of the non-contiguous latency table: the scheduling ILP (CP-SAT, started from the list
+    scheduler, within ``limit`` seconds all told) and the list scheduler alone."""
+    dag = load_costdag(path)
+    name = f"{path.parent.name.removesuffix('Graphs').lower()}/{path.stem}"
+    cells = [name, f"{len(dag.nodes)}", f"{dag.devices[0].count}+{dag.devices[1].count}"]
+    t = time.perf_counter()
+    best = partition(dag, objective="latency", contiguous=False, solver="ilp-ortools", time_limit=limit)
+    bound = best.info.get("lower_bound")
+    cells += [f"{best.objective:.4f}", status(best), "—" if best.optimal or bound is None else f"{bound:.4f}",
+              f"{time.perf_counter() - t:.1f}"]
+    t = time.perf_counter()
+    heur = partition(dag, objective="latency", contiguous=False, solver="local", time_limit=min(limit, 30.0))
+    cells.append(f"{heur.objective:.4f} ({time.perf_counter() - t:.1f} s)")
+    base = contiguous.get(name)
+    cells += [f"{base:.4f}" if base else "—", f"{best.objective / base:.3f}" if base else "—"]
+    return cells
+
+
+def schedule_section(root: Path, limit: float, contiguous: dict[str, float]) -> list[str]:
+    """The non-contiguous latency table (layer graphs: the operator graphs' disjunctive ILPs are too large)."""
+    lines = [SCHEDULE_TITLE, "",
+             f"Command: `.venv/bin/python bench/bench_placement.py --time-limit {limit:g} --only schedule` (this "
+             f"machine, {datetime.date.today()}). A device may hold several pieces of the graph; the latency is "
+             "the makespan of a node-level schedule (P|prec,c_ij|Cmax: a device runs one node at a time, a node "
+             "starts when its predecessors have finished plus, across devices, the edge's transfer paid by each "
+             "non-host end), which for a contiguous placement is at most its contiguous latency. "
+             "`non-contiguous latency`: the scheduling ILP (CP-SAT), started from and capped by the list "
+             "scheduler (HEFT-style, also from the contiguous latency heuristic's placement, then local search), "
+             "within the time limit all told; `gap` against `lower bound` (the longest path of fastest times, "
+             "the relaxation without communication, a path cut into runs with their transfers and memory, "
+             "the solver's bound). `list scheduling`: the heuristic alone (`solver=\"local\"`). `/contiguous`: "
+             "this latency / the contiguous latency optimum of the table above.", "",
+             "| " + " | ".join(SCHEDULE_HEADER) + " |", "|" + "---|" * len(SCHEDULE_HEADER)]
+    for path in sorted(root.glob("latency-inputs/LayerGraphs/*.json")):
+        try:
+            cells = run_schedule(path, limit, contiguous)
+        except LayoutSearchError as e:
+            cells = [path.stem, "error: " + str(e)[:80]] + [""] * (len(SCHEDULE_HEADER) - 2)
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def contiguous_latencies(text: str) -> dict[str, float]:
+    """The contiguous latency optima of a results table: instance -> value."""
+    out = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(HEADER) and cells[1] == "latency":
+            try:
+                out[cells[0]] = float(cells[4])
+            except ValueError:
+                pass
+    return out
+
+
+def splice(text: str, section: list[str]) -> str:
+    """``text`` with its non-contiguous latency section replaced by (or followed by) ``section``."""
+    head = text.split("\n" + SCHEDULE_TITLE)[0].rstrip("\n")
+    return head + "\n\n" + "\n".join(section) + "\n"
+
+
 HEADER = ["instance", "objective", "nodes", "acc+cpu", "contiguous optimum", "status", "lower bound", "time s",
           "latency heuristic / non-contiguous ILP", "/one", "/equal", "/pipedream", "/local", "/expert"]
 
@@ -76,7 +148,14 @@ def main() -> None:
     ap.add_argument("--dir", default="/work/shared/placement", type=Path)
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per ILP solve (default 60)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "RESULTS_placement.md"))
+    ap.add_argument("--only", choices=["schedule"], help="schedule: only the non-contiguous latency table, "
+                    "spliced into --out (its contiguous latencies read from there)")
     args = ap.parse_args()
+    out = Path(args.out)
+    if args.only == "schedule":
+        text = out.read_text() if out.exists() else ""
+        out.write_text(splice(text, schedule_section(args.dir, args.time_limit, contiguous_latencies(text))))
+        return
     files = sorted(args.dir.glob("throughput-inputs/*/*.json")) + sorted(args.dir.glob("latency-inputs/*/*.json"))
     lines = [f"# Device placement: Tarnawski et al. 2020 instances as shipped ({datetime.date.today()})", "",
              f"Command: `.venv/bin/python bench/bench_placement.py --time-limit {args.time_limit:g}` "
@@ -98,7 +177,9 @@ def main() -> None:
             cells = [path.stem, "error: " + str(e)[:80]] + [""] * (len(HEADER) - 2)
         lines.append("| " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        out.write_text("\n".join(lines) + "\n")
+    text = out.read_text()
+    out.write_text(splice(text, schedule_section(args.dir, args.time_limit, contiguous_latencies(text))))
 
 
 if __name__ == "__main__":

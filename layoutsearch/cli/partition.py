@@ -33,7 +33,8 @@ def add(sub: Any) -> None:
                    help="micro-batches per step: the GPipe schedule length and the activations in flight (default 1)")
     p.add_argument("--memory-limit", metavar="BYTES", help="per-stage memory limit, e.g. 16GiB or 2e10")
     p.add_argument("--non-contiguous", action="store_true",
-                   help="let a stage hold any set of nodes (throughput only; solved by an ILP)")
+                   help="let a stage hold any set of nodes (throughput and latency; for latency a node-level "
+                        "schedule, each device's nodes listed in the order it runs them)")
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="dp (exact, contiguous), ilp-pulp, ilp-ortools, brute (tiny DAGs); default auto")
     p.add_argument("--time-limit", type=float, metavar="S", help="stop an ILP after S seconds with its best partition")

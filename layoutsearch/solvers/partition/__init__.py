@@ -8,7 +8,9 @@ CPU cores) — honouring co-location groups, eligibility and memory limits, mini
 **Methods.** :mod:`.dp` (exact DP over down-closed sets, contiguous; Tarnawski et al. 2020, Section 4),
 :mod:`.ilp` (Tarnawski et al.'s ILP through :mod:`layoutsearch.solvers.milp`, CBC or CP-SAT; contiguous
 or not; exact unless a time limit stops it, then with its gap), :mod:`.brute` (tests), and the baselines
-of :mod:`.baselines`; :mod:`.bounds` gives lower bounds (relaxations) for the ILPs and the gaps.
+of :mod:`.baselines`; :mod:`.bounds` gives lower bounds (relaxations) for the ILPs and the gaps. The
+non-contiguous latency is a node-level schedule: :mod:`.schedule` (list scheduling, its bound) and
+:mod:`.schedule_ilp` (the scheduling MILP).
 :mod:`.reduce` contracts the problem exactly first. Every result is priced again on the original DAG by
 :func:`.instance.evaluate`, the one definition of the objectives.
 
@@ -56,6 +58,10 @@ from layoutsearch.solvers.partition.instance import (
 )
 from layoutsearch.solvers.partition.local import LOCAL_TIME_LIMIT, greedy_start, local_search
 from layoutsearch.solvers.partition.reduce import expand, reduce
+from layoutsearch.solvers.partition.schedule import Problem
+from layoutsearch.solvers.partition.schedule import heuristic as schedule_heuristic
+from layoutsearch.solvers.partition.schedule import lower_bound as schedule_lower_bound
+from layoutsearch.solvers.partition.schedule_ilp import TooLarge, solve_schedule_ilp
 
 SOLVERS = ("auto", "dp", "ilp-pulp", "ilp-ortools", "brute", "local")
 AUTO_ILP_TIME_LIMIT = 60.0
@@ -86,6 +92,11 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     placements unless the reduced DAG has more than ``max_ideals`` down-closed sets, else OR-tools for at
     most :data:`AUTO_ILP_TIME_LIMIT` seconds unless ``time_limit`` says otherwise; the ILPs start from the
     DP's optimum when there is one). Raises :class:`PartitionError` when nothing fits.
+
+    Non-contiguous latency (``objective="latency", contiguous=False``) is the makespan of a node-level schedule
+    (see :mod:`.instance`): ``local`` is the list scheduler of :mod:`.schedule`, the ILPs the scheduling MILP
+    of :mod:`.schedule_ilp` started from it (``auto``: OR-tools, 60 s unless ``time_limit`` says otherwise);
+    the result's stages list each device's nodes in the order it runs them, ``info["start_times"]`` their starts.
     """
     check_objective(objective, microbatches)
     if solver not in SOLVERS:
@@ -108,9 +119,9 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     if objective == "latency" and any(n.backward for n in dag.nodes):
         raise PartitionError("the latency objective prices one sample's forward pass (inference graphs); this DAG "
                              "has backward nodes")
-    if not contiguous and objective != "throughput":
-        raise PartitionError(f"the {objective} objective needs contiguous stages (a sample visits the stages in "
-                             "order); drop --non-contiguous or use the throughput objective")
+    if not contiguous and objective == "gpipe":
+        raise PartitionError("the gpipe objective needs contiguous stages (a micro-batch visits the stages in "
+                             "order); allow contiguous placements only, or use the throughput or latency objective")
     if solver == "local" and objective == "gpipe":
         raise PartitionError("the local search covers the throughput and latency objectives; use 'dp' for gpipe")
     if solver == "dp" and (not contiguous or objective == "latency"):
@@ -132,6 +143,8 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     if not at_most and kinds[0].count > inst.n:
         raise PartitionError(f"cannot split cost DAG {dag.name!r} into {kinds[0].count} non-empty stages: its "
                              f"co-location groups leave {inst.n} units")
+    if objective == "latency" and not contiguous:
+        return _schedule(full, at_most, solver, time_limit, max_ideals)
     info: dict[str, Any] = {"units": inst.n} if inst.n != full.n else {}
     method, sigma_r, optimal, gap = _solve(full, inst, objective, microbatches, contiguous, at_most, solver,
                                            time_limit, max_ideals, info)
@@ -146,6 +159,67 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
         gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
         part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     return part
+
+
+def _schedule(full: Instance, at_most: bool, solver: str, time_limit: float | None, max_ideals: int) -> Partition:
+    """Non-contiguous latency, a node-level schedule (:mod:`.schedule`): the list scheduler started also from the
+    contiguous latency heuristic's placement (a third of the time limit, at most 10 s), then unless ``local``
+    the scheduling ILP (:mod:`.schedule_ilp`) capped by and started from it; the better is returned, with each
+    device's order."""
+    if solver == "brute":
+        raise PartitionError("the brute force covers contiguous latency placements; use 'ilp-ortools', 'ilp-pulp' "
+                             "or 'local' for a non-contiguous latency")
+    info: dict[str, Any] = {}
+    if solver == "auto":
+        solver = "ilp-ortools"
+        if time_limit is None:
+            time_limit = info["time_limit"] = AUTO_ILP_TIME_LIMIT
+    started = time.monotonic()
+    budget = LOCAL_TIME_LIMIT if time_limit is None else min(LOCAL_TIME_LIMIT, time_limit / 3)
+    starts = [s for s in [_contiguous_latency(full, at_most, max_ideals, budget / 2)] if s is not None]
+    best = schedule_heuristic(full, at_most, starts, budget / 2)
+    lower = info["lower_bound"] = schedule_lower_bound(full, at_most)
+    method, optimal, bound = "list scheduling", False, lower
+    if best is not None:
+        info["heuristic"] = best.value
+        optimal = best.value <= lower * (1 + _PROVEN_RTOL)
+        info |= {"proven_by": "the lower bound"} if optimal else {}
+    if not optimal and solver != "local":
+        if best is None and time_limit is None:  # no start: CP-SAT may idle to its limit after the optimum
+            time_limit = info["time_limit"] = AUTO_ILP_TIME_LIMIT
+        left = None if time_limit is None else max(1.0, time_limit - (time.monotonic() - started))
+        try:
+            sol, got = solve_schedule_ilp(Problem(full, at_most), solver, left, lower, best, info)
+        except TooLarge:
+            sol, got = None, None
+            info["ilp"] = "not built: too many pairs of units that may share a device"
+        if sol is not None and sol.status == "infeasible" and best is None:
+            raise PartitionError(f"no placement of cost DAG {full.dag.name!r} fits the devices' memory")
+        if got is not None and (best is None or got.value < best.value):
+            best, method = got, solver
+        elif best is not None:
+            method, info["kept_warm_start"] = solver, True
+        optimal = sol is not None and sol.status == "optimal"
+        if sol is not None and sol.bound is not None and math.isfinite(sol.bound):
+            bound = max(bound, sol.bound)
+    if best is None:
+        raise PartitionError("no schedule found: the list scheduler placed no node sequence within the devices' "
+                             "memory" + ("" if solver == "local" else " and the ILP found none in time"))
+    gap = 0.0 if optimal else max(0.0, (best.value - bound) / best.value) if best.value > 0 else 0.0
+    info["lower_bound"] = best.value if optimal and bound > best.value else bound
+    return make_partition(full, list(best.sigma), "latency", 1, method, optimal, gap, info, order=best.order)
+
+
+def _contiguous_latency(full: Instance, at_most: bool, max_ideals: int, budget: float) -> list[int] | None:
+    """The contiguous latency heuristic's placement of ``full``'s nodes (None when it has none)."""
+    try:
+        inst = reduce(full, contiguous=True, at_most=at_most, microbatches=1)
+    except PartitionError:
+        return None
+    sub: dict[str, Any] = {}
+    hint = _warm_start(full, inst, True, "latency", 1, at_most, max_ideals, sub)
+    sigma = _heuristic(inst, hint, "latency", 1, True, budget, sub)
+    return None if sigma is None else expand(full, inst, sigma)
 
 
 def _gpipe_at_most(dag: CostDAG, k: int, mb: int, limit: int | None, solver: str, time_limit: float | None,
@@ -236,8 +310,8 @@ def _solve(full: Instance, inst: Instance, objective: str, mb: int, contiguous: 
     if sol.status == "infeasible":
         raise PartitionError(_infeasible_message(inst, mb, contiguous, max_ideals))
     if sol.status == "none":
-        raise PartitionError(f"{solver} found no partition within the time limit of {time_limit} s; raise "
-                             "--time-limit")
+        raise PartitionError(f"{solver} found no partition within the time limit of {time_limit} s; give it "
+                             "more time")
     if hint is not None and _value(inst, hint, objective, mb) < _value(inst, sigma, objective, mb):
         sigma, info["kept_warm_start"] = list(hint), True  # stopped before it beat its start (or rounding)
     if sol.status == "optimal":

@@ -14,6 +14,19 @@ Objectives (Tarnawski et al. 2020, Sections 3 and 5; Huang et al. 2019):
 * ``latency`` (no pipelining; contiguous placements): a device starts when every device it receives from
   has finished, then works for its load; the objective is the end-to-end time of one sample, the longest
   path through the device graph weighted by the loads.
+* ``latency``, non-contiguous (a device may hold several disconnected pieces of the graph): the latency
+  of a *schedule* at node level (P|prec,c_ij|Cmax): every node runs on its device for its time on that
+  device's kind, a device runs one node at a time (a node of time 0 takes no device time), and a node
+  starts once each predecessor ``u`` has finished plus, when ``u`` is on another device, the edge's
+  transfer delay: the transfer time of every tensor ``u`` sends it, paid once by the sender and once by the
+  receiver unless a host (accelerator to accelerator ``2c`` through host DRAM, accelerator to CPU core or
+  back ``c``, between CPU cores 0: the charges of the loads above, as delays instead of device work).
+  The latency is the makespan; a placement comes with each device's order of its nodes, and
+  :func:`schedule_makespan` recomputes it from (assignment, order) alone. For a contiguous placement the
+  schedule that runs each device's nodes in topological order finishes no later than the device-graph
+  latency above (each device can receive everything first, compute, then send: every edge's delay fits in
+  the loads), so the schedule latency is at most the contiguous one, and may be less (devices on parallel
+  branches, transfers that overlap other work).
 * ``gpipe`` (one kind of identical stages): ``(M + K - 1) * max_k t_k`` where ``t_k`` is stage ``k``'s
   compute plus its point-to-point transfers over the stage axis, a tensor skipping stages relayed by
   every stage in between.
@@ -256,6 +269,70 @@ def value(inst: Instance, sigma: Sequence[int], loads: Sequence[float], objectiv
     return max(finish.values())
 
 
+def edge_delays(inst: Instance) -> dict[tuple[int, int], float]:
+    """Per dependency ``(u, w)``: the transfer time of the tensors ``u`` sends ``w`` (summed over tensors)."""
+    out: dict[tuple[int, int], float] = {}
+    for src, cons, c in inst.tensors:
+        for w in dict.fromkeys(cons):
+            if w != src:
+                out[(src, w)] = out.get((src, w), 0.0) + c
+    return out
+
+
+def schedule_makespan(inst: Instance, sigma: Sequence[int], order: Sequence[Sequence[int]]
+                      ) -> tuple[float, list[float]]:
+    """The non-contiguous latency (module docstring) of the assignment ``sigma`` (unit -> device) with
+    ``order[d]``, the units of device ``d`` in the order it runs them: every unit starts as early as its
+    predecessors (finish plus the edge's delay when on another device) and, unless its time there is 0, its
+    device (free after the previous unit of positive time in the order) allow. Returns the makespan and every
+    unit's start; raises PartitionError when the orders contradict the dependencies or the assignment."""
+    n, nd = inst.n, inst.num_devices
+    if len(order) != nd or sorted(v for d in range(nd) for v in order[d]) != list(range(n)):
+        raise PartitionError("a schedule must list every node once, on the devices there are")
+    if any(sigma[v] != d for d in range(nd) for v in order[d]):
+        raise PartitionError("a schedule lists a node on a device it is not assigned to")
+    host = [inst.kinds[k].host for k in inst.device_kind]
+    delays = edge_delays(inst)
+    dur = [inst.time[inst.device_kind[sigma[v]]][v] for v in range(n)]
+    queue = [[v for v in order[d] if dur[v] > 0] for d in range(nd)]
+    head, free = [0] * nd, [0.0] * nd
+    missing = [len(set(inst.preds[v])) for v in range(n)]
+    ready, start, finish = [0.0] * n, [0.0] * n, [0.0] * n
+    todo = [v for v in range(n) if not missing[v]]
+    placed = [False] * n
+    done = 0
+    while todo:
+        v = todo.pop()
+        d = sigma[v]
+        if placed[v]:
+            continue
+        if dur[v] > 0:
+            if queue[d][head[d]] != v:
+                continue  # not its turn: its device's earlier unit will bring it back
+            start[v] = max(ready[v], free[d])
+            free[d] = finish[v] = start[v] + dur[v]
+            head[d] += 1
+            if head[d] < len(queue[d]) and not missing[queue[d][head[d]]]:
+                todo.append(queue[d][head[d]])
+        else:
+            start[v] = finish[v] = ready[v]
+        placed[v] = True
+        done += 1
+        for w in inst.succs[v]:
+            hop = 0.0
+            if sigma[w] != d:
+                c = delays.get((v, w), 0.0)
+                hop = c * ((not host[d]) + (not host[sigma[w]]))
+            ready[w] = max(ready[w], finish[v] + hop)
+            missing[w] -= 1
+            if not missing[w]:
+                todo.append(w)
+    if done < n:
+        raise PartitionError("a schedule's device orders contradict the dependencies (a node waits for one its "
+                             "device runs later)")
+    return max(finish, default=0.0), start
+
+
 def stage_loads(dag: CostDAG, assignment: Mapping[str, int] | Sequence[Sequence[str]],
                 objective: str = "throughput", microbatches: int = 1) -> StageCosts:
     """Per-stage loads, memory and the objective value of an assignment of nodes to stages of a pipeline
@@ -297,11 +374,22 @@ def check_objective(objective: str, microbatches: int) -> None:
 
 
 def make_partition(inst: Instance, sigma: Sequence[int], objective: str, mb: int, method: str, optimal: bool,
-                   gap: float | None, info: Mapping[str, Any], check: bool = True) -> Partition:
+                   gap: float | None, info: Mapping[str, Any], check: bool = True,
+                   order: Sequence[Sequence[int]] | None = None) -> Partition:
     """Price ``sigma`` (every node its own unit: ``inst`` is the compiled DAG) and list its used devices in
     device order (several kinds: in the order of their first unit). ``check``: assert that the solver's
-    placement honours memory limits and eligibility (baselines are priced as they are)."""
+    placement honours memory limits and eligibility (baselines are priced as they are). ``order`` (latency
+    only): each device's units in the order it runs them, a non-contiguous latency schedule: the objective is
+    then its makespan (:func:`schedule_makespan`), the stages list their nodes in that order, the loads are
+    the devices' busy times (their nodes' times; transfers are delays, not work) and ``info["start_times"]``
+    the nodes' starts, stage by stage."""
     loads, mem = evaluate(inst, sigma, objective, mb)
+    starts: list[float] = []
+    if order is not None:
+        if objective != "latency":
+            raise ValueError("a schedule prices the latency objective only")
+        total, starts = schedule_makespan(inst, sigma, order)
+        loads = [math.fsum(inst.time[inst.device_kind[d]][v] for v in order[d]) for d in range(inst.num_devices)]
     for d, m in enumerate(mem if check else ()):
         limit = inst.kinds[inst.device_kind[d]].limit
         if limit is not None and m > limit:
@@ -313,9 +401,14 @@ def make_partition(inst: Instance, sigma: Sequence[int], objective: str, mb: int
     if objective == "gpipe" or len(inst.kinds) == 1:
         used = sorted(set(sigma))
     names = inst.dag.names
-    stages = tuple(tuple(names[inst.members[v][0]] for v in range(inst.n) if sigma[v] == d) for d in used)
+    runs = [list(order[d]) if order is not None else [v for v in range(inst.n) if sigma[v] == d] for d in used]
+    stages = tuple(tuple(names[inst.members[v][0]] for v in run) for run in runs)
+    if order is not None:
+        info = dict(info) | {"start_times": [[starts[v] for v in run] for run in runs]}
+    else:
+        total = value(inst, sigma, loads, objective, mb)
     return Partition(stages, tuple(loads[d] for d in used), tuple(mem[d] for d in used),
-                     value(inst, sigma, loads, objective, mb), method, optimal, gap, objective, mb, dict(info),
+                     total, method, optimal, gap, objective, mb, dict(info),
                      tuple(inst.device_label(d) for d in used) if inst.kinds[0].name != STAGE else ())
 
 
