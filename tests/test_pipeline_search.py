@@ -103,3 +103,33 @@ def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(sched
         bound = _loop_bound(steps["none"])
         for r, step in steps.items():
             assert 0 < bound <= step.report(*choose_stages(step)).step_s * (1 + 1e-9), (rules, M, r)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved:2"])
+def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count(schedule):
+    """steps(K, M) / M x a K-th of the inner layout's full-batch roofline bound (what the search skips
+    configurations with before pricing them) never exceeds the priced pipelined step."""
+    from layoutsearch.costmodel.pipeline import microbatch_step
+    from layoutsearch.costmodel.schedule import Schedule
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.clock import Deadline
+    from layoutsearch.solvers.pipeline_search import _inner_space, _stage_layouts, choose_stages
+
+    stage, K = ("data", 2) if schedule.startswith("interleaved") else ("pipe", 4)
+    inner_mesh = Mesh(tuple((a, s) for a, s in Mesh.parse(MESH).axes if a != stage))
+    trained, hw = training_step(GPT), hardware("h100")
+    layouts = _stage_layouts(_inner_space(trained, inner_mesh, hw, "auto"), trained, inner_mesh, Deadline())
+    assert len(layouts) >= 2
+    for rules, roofline in layouts:
+        layout = Layout(Mesh.parse(f"{stage}:{K}," + ",".join(f"{a}:{s}" for a, s in inner_mesh.axes)), rules)
+        for M in (2, 8):
+            for remat in ("none", "full"):
+                try:
+                    step = microbatch_step(GPT, layout, hw, stage_axis=stage, microbatches=M, schedule=schedule,
+                                           remat=remat)
+                except LayoutSearchError:
+                    continue  # micro-batches this layout cannot split
+                priced = step.report(*choose_stages(step)).step_s
+                assert roofline / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)

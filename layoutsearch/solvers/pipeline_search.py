@@ -29,9 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.compute import fastest_matmul_rate
 from layoutsearch.costmodel.memory import REMAT_POLICIES
-from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
@@ -148,9 +146,10 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
 
     ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
     ``microbatches``: fixed M (None: searched); ``upper``: a step time to beat (the best unpipelined plan):
-    a configuration whose lower bound — the loop's length ``steps(K, M) / M`` times the matmul FLOPs of the
-    whole step per device of a stage at the fastest matmul rate — reaches it, or the best pipelined plan
-    found so far, is not priced. ``deadline``: once it has passed and a pipelined plan fits, nothing more is
+    a configuration whose lower bound reaches it, or the best pipelined plan found so far, is not priced:
+    the loop's length ``steps(K, M) / M`` times a ``K``-th of the roofline bound of the inner layout's
+    full-batch step (:func:`_stage_layouts`), then, once the step without remat is priced, the loop's
+    length times a ``K``-th of its micro-batch's compute (:func:`_loop_bound`). ``deadline``: once it has passed and a pipelined plan fits, nothing more is
     priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
     deadline = deadline or Deadline()
     m = Mesh.of(mesh)
@@ -170,19 +169,17 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         counts = [microbatches] if microbatches else microbatch_candidates(B, K)
         inner = _inner_space(trained_graph, inner_mesh, hw, attention)
         beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
-        if inner is not None and float(inner[1][1].min()) / K * min(sched.steps(K, mb) / mb for mb in counts) >= beat:
-            bounded += len(counts)
-            continue  # no inner layout can beat what is known (the roofline bound of its full-batch step)
-        for rules in _stage_layouts(inner, trained_graph, inner_mesh, deadline):
+        # an inner layout whose full-batch roofline bound reaches cap cannot beat what is known with any M
+        cap = beat * K / min(sched.steps(K, mb) / mb for mb in counts)
+        for rules, roofline in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
             layout = Layout(full_mesh, rules)
-            work = _matmul_bound(trained_graph, Layout(inner_mesh, rules), hw) / K
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
                 if not microbatches and (B // mb) % split:
                     continue  # micro-batches the layout cannot split (priced, they would raise)
                 beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
                            default=math.inf)
-                if work * sched.steps(K, mb) / mb >= beat:
+                if roofline / K * sched.steps(K, mb) / mb >= beat:
                     bounded += 1
                     continue  # cannot beat what is known
                 if beat < math.inf and deadline.passed():
@@ -251,21 +248,32 @@ def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
 
 
 def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
-                   deadline: Deadline) -> list[tuple]:
-    """Candidates for the layout inside a stage: the best two rule sets of the serial objective (the step
-    without overlap, remat none, no memory limit) of the ``inner`` space (:func:`_inner_space`), by
-    bound-and-price (each priced again as a pipeline by the caller), and the textbook layouts; replicated
-    when the inner mesh is trivial."""
+                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float]]:
+    """Candidates for the layout inside a stage, each with the roofline bound of its full-batch step: the
+    best two rule sets of the serial objective (the step without overlap, remat none, no memory limit) of
+    the ``inner`` space (:func:`_inner_space`) among those whose bound is below ``cap``, by bound-and-price
+    (each priced again as a pipeline by the caller), and the textbook layouts; replicated when the inner
+    mesh is trivial.
+
+    A pipelined step of a layout with bound ``r`` takes at least ``steps(K, M) / M * r / K``: its loop runs
+    ``steps(K, M)`` times the slowest device's micro-batch, at least a ``K``-th of the micro-batch's compute
+    (:func:`_loop_bound`), and ``M`` micro-batches' roofline bounds add up to at least the batch's (the same
+    FLOPs; weights read once per micro-batch)."""
     if inner is None:
-        return [()]
-    pricer, candidates = inner
-    rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, candidates)
-    priced = rs.bound_and_price(None, 2, None, deadline)
-    sols = solve(rs.problem(priced), "enumerate", None, 2, None)
-    rules = [rules_of(rs.cands, int(priced[s.assign[0]]), rs.dims, inner_mesh) for s in sols if s.assign]
-    rules += [rules_of(sets, 0, list(trained.dims), inner_mesh)
-              for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None]
-    return list(dict.fromkeys(rules))
+        return [((), 0.0)]
+    pricer, (cands, lb) = inner
+    picks: list[int] = []
+    if float(lb.min()) < cap:
+        rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
+        priced = rs.bound_and_price(None, 2, None, deadline, cap if cap < math.inf else None)
+        sols = solve(rs.problem(priced), "enumerate", None, 2, None) if len(priced) else []
+        picks = [int(priced[s.assign[0]]) for s in sols if s.assign]
+    picks += [k for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None
+              for k in [cands.index(sets)] if k is not None]
+    out: dict[tuple, float] = {}
+    for k in picks:
+        out.setdefault(rules_of(cands, k, list(trained.dims), inner_mesh), float(lb[k]))
+    return list(out.items())
 
 
 def _loop_bound(step: MicrobatchStep) -> float:
@@ -275,15 +283,3 @@ def _loop_bound(step: MicrobatchStep) -> float:
     compute stream)."""
     compute = sum(o.compute_s for o in step.priced.report.ops if o.phase != "optimizer")
     return step.schedule.steps(step.devices, step.microbatches) * compute / step.devices
-
-
-def _matmul_bound(trained: Graph, layout: Layout, hw: Hardware) -> float:
-    """Seconds of the matmul FLOPs of training graph ``trained`` per device under ``layout`` at the fastest
-    matmul rate: a lower bound of the compute of a whole step (any micro-batching does the same FLOPs)."""
-    total = 0.0
-    for op in trained.ops:
-        if is_matmul(op, trained.tensors):
-            split = math.prod(layout.mesh.group_size(a) for a in
-                              layout.rules_layout(op.iteration_dims(trained.tensors)).values())
-            total += op_flops(trained, op) / split
-    return total / fastest_matmul_rate(hw)
