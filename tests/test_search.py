@@ -159,7 +159,8 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
     sample = np.random.default_rng(0).choice(every, 12, replace=False)
     bound = build_space(g, mesh, hw, "rules", rules=rs.cands.take(sample), pricer=rs.pricer.bound(), remat=remat)
     vectors = s.strategy_values(bound.problem)[0]
-    lower = rs.overlap_bounds(sample)
+    lower, peaks = rs.overlap_bounds(sample)
+    assert np.array_equal(peaks, s.strategy_values(bound.problem)[1])
     assert np.array_equal(lower, vectors.max(axis=1))
     streams = {v: k for k, v in rs.pricer.streams.items()}
     for k, low, vec in zip(sample, lower, vectors, strict=True):
@@ -337,7 +338,7 @@ def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
     for policy in ("none", "full"):
         rs = RulesSearch(micro, mesh, hw, pricer, (cands, np.zeros(len(cands))), policy)
         rs.price(pick)
-        bound = dict(zip(pick.tolist(), M * rs.overlap_bounds(pick, optimizer=False), strict=True))
+        bound = dict(zip(pick.tolist(), M * rs.overlap_bounds(pick, optimizer=False)[0], strict=True))
         for k, _, plan in _accumulated_plans(g, mesh, hw, limit, cands, M, (policy,), pick.tolist()):
             assert bound[k] <= plan.step_s * (1 + 1e-9)
             assert rs.mem[k] <= plan.memory_bytes

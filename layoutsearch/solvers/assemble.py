@@ -116,6 +116,13 @@ def unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return uniq, inv.reshape(-1)
 
 
+def _zeros(v: float, width: int) -> np.ndarray:
+    """A scalar among bound vectors: only a zero (an empty sum) may be one."""
+    if v != 0:
+        raise ValueError(f"an item mixes seconds ({v}) with bound vectors")
+    return np.zeros(width)
+
+
 def evaluate(item: Item) -> Unary | Table:
     """An item's values, computed once per distinct combination of the keys its nodes give it."""
     roles, fn = item.roles, item.fn
@@ -137,8 +144,10 @@ def evaluate(item: Item) -> Unary | Table:
 
     if len(nodes) == 1:  # (values may be vectors: bounds, see Pricer.bound; a zero may be a scalar)
         got = [call([row]) for row in uniq[0]]
-        width = max((np.size(v) for v in got), default=1)
-        vals = np.array([np.broadcast_to(v, (width,)) for v in got] if width > 1 else got, dtype=float)
+        vectors = [v for v in got if isinstance(v, np.ndarray)]
+        if vectors:
+            got = [v if isinstance(v, np.ndarray) else _zeros(v, len(vectors[0])) for v in got]
+        vals = np.array(got, dtype=float)
         return Unary(nodes[0], vals[inv[0]])
     table = np.empty([len(u) for u in uniq])
     for idx in itertools.product(*(range(len(u)) for u in uniq)):

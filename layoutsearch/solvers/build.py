@@ -113,7 +113,7 @@ class _Builder(SpaceNodes):
         if key not in self._fcache:
             comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all", "collective-permute")]
-            self._fcache[key] = (self.p.collectives([dataclasses.replace(c, tensor=t.name) for c in comms]),
+            self._fcache[key] = (self.p.collectives(comms, tensor=t.name),
                                  payload[-1] if payload else 0)
         return self._fcache[key]
 

@@ -10,6 +10,7 @@ is a lower bound of the overlapped step (:meth:`Pricer.bound`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -83,13 +84,16 @@ class Pricer:
         view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None else None
         return classify(c, self.classes, view, self.hw.collective_matmul) == "critical"
 
-    def collectives(self, comms: Iterable[Any], op_name: str | None = None, matmul: bool = False
-                    ) -> float | np.ndarray:
-        """The price of collectives ``comms`` (of op ``op_name``): seconds, or a bound vector."""
+    def collectives(self, comms: Iterable[Any], op_name: str | None = None, matmul: bool = False,
+                    tensor: str | None = None) -> float | np.ndarray:
+        """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor``): seconds, or a
+        bound vector."""
         if self.counted == "all":
             return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
         v = np.zeros(1 + len(self.streams))
         for x in comms:
+            if tensor is not None:
+                x = dataclasses.replace(x, tensor=tensor)
             t = self.collective(x.kind, x.bytes, x.axes)
             if self.critical(x, op_name, matmul):
                 v[0] += t

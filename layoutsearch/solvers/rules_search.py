@@ -181,16 +181,18 @@ class RulesSearch:
             self.cost[idx], self.mem[idx] = strategy_values(space.problem)
             self.rows = max(self.rows, len(space.problem.mem_rows))
 
-    def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True) -> np.ndarray:
+    def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Lower bounds of the overlapped steps of candidates ``idx``: the largest entry of their bound
         vectors (:meth:`~.pricer.Pricer.bound`; ``optimizer=False``: one micro-batch's share of an
-        accumulated step)."""
+        accumulated step), and of their peaks (the peak itself with the optimizer, recorded in :attr:`mem`;
+        without, the optimizer's operand copies are left out)."""
         idx = np.asarray(idx, dtype=np.int64)
         space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx),
                             pricer=self.pricer.bound(optimizer), remat=self.remat)
         values, peak = strategy_values(space.problem)
-        self.mem[idx] = peak  # (the peak does not depend on the pricer)
-        return values.max(axis=1) if values.ndim == 2 else values
+        if optimizer:
+            self.mem[idx] = peak
+        return (values.max(axis=1) if values.ndim == 2 else values), peak
 
     def pruning(self, limit: float | None) -> dict[str, int]:
         """How the space was pruned: its candidates, those the live-set memory bound rules out, those priced
@@ -322,7 +324,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         if new and exact:
             lower.update({k: float(rs.cost[k]) for k in new})
         elif new:
-            lower.update(zip(new, rs.overlap_bounds(new).tolist(), strict=True))
+            lower.update(zip(new, rs.overlap_bounds(new)[0].tolist(), strict=True))
         for low, k in sorted((v, k) for k, v in lower.items() if k not in plans):
             steps = sorted(p.step_s for p in plans.values())
             if low >= ceiling or (len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9)):
@@ -405,9 +407,9 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     near = np.nonzero(want)[0]
     if not len(near):
         return [], not rs.cut_short
-    bounds = M * rs.overlap_bounds(near, optimizer=False)
-    fit = rs.mem[near] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
-    lower = sorted(zip(bounds[fit].tolist(), near[fit].tolist(), strict=True))
+    bounds, peaks = rs.overlap_bounds(near, optimizer=False)
+    fit = peaks <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
+    lower = sorted(zip((M * bounds[fit]).tolist(), near[fit].tolist(), strict=True))
     proven = not rs.cut_short
     for low, k in lower:
         if k in plans:
