@@ -98,35 +98,14 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     of :mod:`.schedule_ilp` started from it (``auto``: OR-tools, 60 s unless ``time_limit`` says otherwise);
     the result's stages list each device's nodes in the order it runs them, ``info["start_times"]`` their starts.
     """
-    check_objective(objective, microbatches)
-    if solver not in SOLVERS:
-        raise PartitionError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
-        raise PartitionError(f"the number of stages (devices) must be an integer >= 1, got {stages!r}")
-    if memory_limit is not None and not memory_limit >= 0:
-        raise PartitionError(f"memory_limit must be a number of bytes >= 0, got {memory_limit!r}")
-    if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
-        raise PartitionError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+    _check_arguments(objective, microbatches, solver, stages, memory_limit, time_limit)
     limit = None if memory_limit is None else int(memory_limit)
     kinds = kinds_of(dag, stages, limit)
     if sum(k.count for k in kinds) < 1:
         raise PartitionError(f"cost DAG {dag.name!r}: there are no devices to place it on")
     at_most = bool(dag.devices) if at_most is None else at_most
     one_kind = len(kinds) == 1 and not kinds[0].host
-    if objective == "gpipe" and not (one_kind and not any(n.backward for n in dag.nodes)):
-        raise PartitionError("the gpipe objective prices one kind of identical stages; this DAG names several "
-                             "device kinds or backward nodes")
-    if objective == "latency" and any(n.backward for n in dag.nodes):
-        raise PartitionError("the latency objective prices one sample's forward pass (inference graphs); this DAG "
-                             "has backward nodes")
-    if not contiguous and objective == "gpipe":
-        raise PartitionError("the gpipe objective needs contiguous stages (a micro-batch visits the stages in "
-                             "order); allow contiguous placements only, or use the throughput or latency objective")
-    if solver == "local" and objective == "gpipe":
-        raise PartitionError("the local search covers the throughput and latency objectives; use 'dp' for gpipe")
-    if solver == "dp" and (not contiguous or objective == "latency"):
-        raise PartitionError("the DP covers contiguous throughput and gpipe placements; use solver 'ilp-ortools' "
-                             "or 'ilp-pulp'")
+    _check_method(dag, objective, contiguous, solver, one_kind)
     if objective == "gpipe" and at_most and kinds[0].count > 1:
         return _gpipe_at_most(dag, kinds[0].count, microbatches, limit, solver, time_limit, max_ideals)
     full = compile_dag(dag, kinds)
@@ -159,6 +138,39 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
         gap = max(0.0, (part.objective - max(bounds) * factor) / part.objective) if part.objective > 0 else 0.0
         part = make_partition(full, sigma, objective, microbatches, method, optimal, gap, info)
     return part
+
+
+
+def _check_arguments(objective: str, microbatches: int, solver: str, stages: int | None,
+                     memory_limit: float | None, time_limit: float | None) -> None:
+    """PartitionError for an argument of :func:`partition` out of its range."""
+    check_objective(objective, microbatches)
+    if solver not in SOLVERS:
+        raise PartitionError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
+        raise PartitionError(f"the number of stages (devices) must be an integer >= 1, got {stages!r}")
+    if memory_limit is not None and not memory_limit >= 0:
+        raise PartitionError(f"memory_limit must be a number of bytes >= 0, got {memory_limit!r}")
+    if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):
+        raise PartitionError(f"time_limit must be a finite number of seconds > 0, got {time_limit!r}")
+
+
+def _check_method(dag: CostDAG, objective: str, contiguous: bool, solver: str, one_kind: bool) -> None:
+    """PartitionError when ``objective`` does not apply to ``dag`` or ``solver`` does not cover it."""
+    if objective == "gpipe" and not (one_kind and not any(n.backward for n in dag.nodes)):
+        raise PartitionError("the gpipe objective prices one kind of identical stages; this DAG names several "
+                             "device kinds or backward nodes")
+    if objective == "latency" and any(n.backward for n in dag.nodes):
+        raise PartitionError("the latency objective prices one sample's forward pass (inference graphs); this DAG "
+                             "has backward nodes")
+    if not contiguous and objective == "gpipe":
+        raise PartitionError("the gpipe objective needs contiguous stages (a micro-batch visits the stages in "
+                             "order); allow contiguous placements only, or use the throughput or latency objective")
+    if solver == "local" and objective == "gpipe":
+        raise PartitionError("the local search covers the throughput and latency objectives; use 'dp' for gpipe")
+    if solver == "dp" and (not contiguous or objective == "latency"):
+        raise PartitionError("the DP covers contiguous throughput and gpipe placements; use solver 'ilp-ortools' "
+                             "or 'ilp-pulp'")
 
 
 def _schedule(full: Instance, at_most: bool, solver: str, time_limit: float | None, max_ideals: int) -> Partition:

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import networkx as nx
@@ -261,10 +262,7 @@ def _path_blocks(inst: Instance, path: list[int], anc: list[int], desc: list[int
         for j in range(i, len(path)):
             grown = desc[path[i]] & anc[path[j]]
             new, hull = grown & ~hull, grown
-            while new:
-                low = new & -new
-                v = low.bit_length() - 1
-                new ^= low
+            for v in _bits(new):
                 mem += memw[v]
                 for a, (k, _) in enumerate(kinds):
                     times[a] += inst.time[k][v]
@@ -278,6 +276,14 @@ def _path_blocks(inst: Instance, path: list[int], anc: list[int], desc: list[int
             row.append((list(times), mem, recv))
         blocks.append(row)
     return blocks
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """The indices of the set bits of ``mask``, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
 
 
 def _block_sends(n: int, path: list[int], anc: list[int], desc: list[int],
@@ -299,10 +305,7 @@ def _block_sends(n: int, path: list[int], anc: list[int], desc: list[int],
                 break  # (i, j) holds on no kind; a smaller i makes a larger hull: none of them either
             grown = desc[path[i]] & anc[path[j]]
             new, hull = grown & ~hull, grown
-            while new:
-                low = new & -new
-                v = low.bit_length() - 1
-                new ^= low
+            for v in _bits(new):
                 out += math.fsum(tensors[t][2] for t in produced_by[v] if cons_mask[t] & after)
             send[i][j - i] = out
     return send
