@@ -14,6 +14,7 @@ import pytest
 from clirun import run
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_placement import node_times
 
 from layoutsearch.costdag import CostDAG, DeviceKind, Edge, Node, load_costdag
 from layoutsearch.errors import PartitionError
@@ -147,12 +148,7 @@ def latency_dags(draw):
     names = [f"v{i}" for i in range(n)]
     nodes = []
     for i in range(n):
-        where = draw(st.sampled_from(["both", "both", "both", "acc", "cpu"] if cpu else ["acc"]))
-        times = {}
-        if where != "cpu":
-            times["accelerator"] = float(draw(st.integers(0, 9)))
-        if where != "acc":
-            times["cpu"] = float(draw(st.integers(0, 20)))
+        times = node_times(draw, cpu)
         group = draw(st.sampled_from([None, None, None, None, "g0"]))
         memory = draw(st.integers(0, 6))
         nodes.append(Node(names[i], times=times, memory_bytes=memory, group=group) if kinds

@@ -148,6 +148,18 @@ def placement_of(part, devs):
 
 # -- random small placement problems --------------------------------------------------------------------------------
 
+def node_times(draw, cpu: int) -> dict[str, float]:
+    """A node's time per device kind: on accelerators and, when there is a CPU core, mostly on both, some on
+    one kind only."""
+    where = draw(st.sampled_from(["both", "both", "both", "acc", "cpu"] if cpu else ["acc"]))
+    times = {}
+    if where != "cpu":
+        times["accelerator"] = float(draw(st.integers(0, 9)))
+    if where != "acc":
+        times["cpu"] = float(draw(st.integers(0, 20)))
+    return times
+
+
 @st.composite
 def placement_dags(draw):
     """Accelerators (1-3, a memory limit or none) and 0-1 CPU cores; per-kind times with some nodes runnable on
@@ -157,12 +169,7 @@ def placement_dags(draw):
     names = [f"v{i}" for i in range(n)]
     nodes = []
     for i in range(n):
-        where = draw(st.sampled_from(["both", "both", "both", "acc", "cpu"] if cpu else ["acc"]))
-        times = {}
-        if where != "cpu":
-            times["accelerator"] = float(draw(st.integers(0, 9)))
-        if where != "acc":
-            times["cpu"] = float(draw(st.integers(0, 20)))
+        times = node_times(draw, cpu)
         nodes.append(Node(names[i], times=times, memory_bytes=draw(st.integers(0, 6)),
                           group=draw(st.sampled_from([None, None, None, "g0", "g1"])),
                           backward=draw(st.booleans()) and i >= n // 2))
