@@ -221,7 +221,9 @@ def _solve_cbc(model: Model, time_limit: float | None, threads: int, gap: float,
             args += ["-mips", mst]
         if time_limit is not None:
             args += ["-sec", repr(float(time_limit))]
-        args += ["-ratio", repr(gap), "-allow", "0", "-threads", str(threads), "-randomCbcSeed", "1"]
+        args += ["-ratio", repr(gap), "-allow", "0", "-randomCbcSeed", "1"]
+        if threads > 1:  # (CBC's thread pool, even of one thread, can stall in a timed wait: not asked for, none)
+            args += ["-threads", str(threads)]
         if not preprocess:
             args += ["-preprocess", "off"]
         args += ["-solve", "-printingOptions", "all", "-solution", sol]
