@@ -194,6 +194,16 @@ class RulesSearch:
             self.mem[idx] = peak
         return (values.max(axis=1) if values.ndim == 2 else values), peak
 
+    def may_fit(self, limit: float | None) -> np.ndarray:
+        """Per candidate, whether it may fit ``limit``: its live-set bound does, and its peak where priced."""
+        if limit is None:
+            return np.ones(len(self.cands), bool)
+        return (self.mem_lb <= limit * (1 + 1e-9)) & ~(self.mem > limit * (1 + 1e-12))
+
+    def peak_floors(self) -> np.ndarray:
+        """Per candidate, its peak where priced, else its live-set bound: a lower bound of its peak."""
+        return np.where(np.isnan(self.mem), self.mem_lb, self.mem)
+
     def pruning(self, limit: float | None) -> dict[str, int]:
         """How the space was pruned: its candidates, those the live-set memory bound rules out, those priced
         (the rest cannot beat the plans found, by their roofline bound) and those priced again with overlap."""
@@ -291,7 +301,8 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
 
     The space prices a step as the sum of its ops (``C``: the step without overlap) and, with
     :meth:`~.pricer.Pricer.bound`, the larger of its compute plus the collectives the step always waits
-    for and the busiest communicator's collectives (``A``, a lower bound of the overlapped step ``S``; ``S`` is usually below ``C``, but may exceed it when prefetched
+    for and the busiest communicator's collectives (``A``, a lower bound of the overlapped step ``S``;
+    ``S`` is usually below ``C``, but may exceed it when prefetched
     gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
     smallest ``C`` that fit; their ``k``-th (at most ``upper``) is the first cut. Every fitting candidate
     whose roofline bound is below the cut is priced, its ``A`` computed, and they are priced by the cost
@@ -356,14 +367,11 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
 def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced: set[int]) -> float:
     """The smallest lower bound of a step of ``rs`` that may fit and was not priced with overlap: its ``A``
     where computed (``lower``), else its roofline bound."""
-    may_fit = np.ones(len(rs.lb), bool)
-    if limit is not None:  # (a candidate not priced has a NaN peak, which passes)
-        may_fit = (rs.mem_lb <= limit * (1 + 1e-9)) & ~(rs.mem > limit * (1 + 1e-12))
     rest = np.ones(len(rs.lb), bool)
     rest[list(lower)] = False
     rest[list(priced)] = False
     found = [v for k, v in lower.items() if k not in priced]
-    return min([*found, *rs.lb[rest & may_fit].tolist()], default=math.inf)
+    return min([*found, *rs.lb[rest & rs.may_fit(limit)].tolist()], default=math.inf)
 
 
 def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
@@ -401,10 +409,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         if not seeds:
             return [], not rs.cut_short and len(plans) == len(fit)
         cut = max(seeds)
-    want = M * rs.lb < cut * (1 + 1e-9)
-    if limit is not None:
-        want &= (rs.mem_lb <= limit * (1 + 1e-9)) & ~(rs.mem > limit * (1 + 1e-12))
-    near = np.nonzero(want)[0]
+    near = np.nonzero((M * rs.lb < cut * (1 + 1e-9)) & rs.may_fit(limit))[0]
     if not len(near):
         return [], not rs.cut_short
     bounds, peaks = rs.overlap_bounds(near, optimizer=False)

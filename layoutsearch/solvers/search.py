@@ -350,7 +350,7 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
             found.cut_short += rs.cut_short + list(res.cut_short)
     at_least = rs.floor if why else None
     if not plans and not why and limit is not None:  # (the smallest peak itself is priced only when needed)
-        least = float(np.min(np.where(np.isnan(rs.mem), rs.mem_lb, rs.mem)))
+        least = float(np.min(rs.peak_floors()))
         why = f"nothing fits the memory limit: every layout needs at least {format_bytes(least, 'GiB')}"
     found.add(plans, proven, pgap)
     found.decisions.append(_decision("remat", policy, plans[0] if plans else None, None, why, at_least))
@@ -364,9 +364,7 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
     or ``microbatches`` is given: the first micro-batch count whose micro-batch fits and the next; only
     plans that can make the ``top`` are priced (the ``top``-th best found so far bounds them)."""
     best = min((p.step_s for p in found.options), default=math.inf)
-    binds = limit is not None and any(  # (a peak not priced is at least its live-set bound)
-        bool(np.any((np.where(np.isnan(rs.mem), rs.mem_lb, rs.mem) > limit * (1 + 1e-12)) & (rs.lb < best)))
-        for rs in found.searches)
+    binds = limit is not None and any(bool(np.any(~rs.may_fit(limit) & (rs.lb < best))) for rs in found.searches)
     if "batch" not in g.dims or not (binds or microbatches != "auto"):
         return
     fitted = 0
