@@ -355,3 +355,40 @@ def test_accumulated_plan_is_the_best_of_every_rule_set_and_policy(accumulating)
                if p.fits]
     assert plan.optimal and plan.chosen.microbatches == 2
     assert plan.chosen.step_s == pytest.approx(min(p.step_s for p in fitting), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=3, max_size=3), min_size=1, max_size=60),
+       st.integers(1, 9))
+def test_the_undominated_live_points_are_exactly_those_no_other_point_covers(rows, chunk):
+    """The points the live-set bound maximizes over: the rows no other distinct row is at least in every
+    column, whatever the chunking."""
+    import numpy as np
+
+    from layoutsearch.solvers.rules_search import _undominated
+
+    points = np.unique(np.array(rows, dtype=float), axis=0)
+    want = {tuple(p) for i, p in enumerate(points)
+            if not any(j != i and np.all(q >= p) for j, q in enumerate(points))}
+    got = _undominated(points, chunk)
+    assert {tuple(p) for p in got} == want and len(got) == len(want)
+
+
+def test_a_candidates_split_of_some_dims_is_the_product_of_the_axes_its_projection_uses(gpt):
+    import numpy as np
+
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.mesh import Mesh
+    from layoutsearch.solvers.rulesets import rule_sets
+
+    g = training_step(gpt)
+    mesh = Mesh.of("data:2,fsdp:2,model:2")
+    cands = rule_sets(g, mesh)
+    dims = list(g.dims)
+    for names in [("batch",), ("batch", "d_model"), ("heads", "d_kv", "d_model"), ()]:
+        mask = np.zeros(len(dims) + 1, bool)
+        mask[[dims.index(d) for d in names]] = True
+        proj = cands.project(mask)
+        want = [np.prod([s for (_, s), c in zip(mesh.axes, row, strict=True) if c >= 0]) for row in proj]
+        assert cands.split(mask, (2, 2, 2)).tolist() == want
+        assert cands.split(mask, (2, 2, 2)) is cands.split(mask.copy(), (2, 2, 2))  # remembered

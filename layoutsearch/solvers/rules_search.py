@@ -43,7 +43,7 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
                     on_chip: frozenset[str] = frozenset()) -> np.ndarray:
     """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
     of their inputs not ``on_chip``), which communication and the other ops only add to."""
-    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    sizes = tuple(s for _, s in mesh.axes)
     total = np.zeros(len(cands))
     seen: dict[tuple, int] = {}
     reps: dict[tuple, O.Op] = {}
@@ -59,16 +59,13 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
         return m
 
     for key, op in reps.items():
-        proj = cands.project(mask(op.iteration_dims(g.tensors)))
-        split = np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
-        flops = op_flops(g, op) / split / fastest_matmul_rate(hw)
+        flops = op_flops(g, op) / cands.split(mask(op.iteration_dims(g.tensors)), sizes) / fastest_matmul_rate(hw)
         hbm = np.zeros(len(cands))
         for x in op.inputs:
             if x in on_chip:
                 continue
             t = g.tensors[x]
-            px = cands.project(mask(t.dim_names))
-            hbm += t.nbytes / np.where(px >= 0, axis[None, :], 1.0).prod(axis=1)
+            hbm += t.nbytes / cands.split(mask(t.dim_names), sizes)
         total += seen[key] * np.maximum(flops, hbm_seconds(hbm, hw))
     return total
 
@@ -87,7 +84,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
     group's split), maximized over the points, in chunks of ``chunk`` points."""
     life = lifetimes(g, remat_plan(g, remat))
-    axis = np.array([s for _, s in mesh.axes], dtype=float)
+    sizes = tuple(s for _, s in mesh.axes)
     skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
     groups: dict[tuple[str, ...], int] = {}
     tensor_group = np.array([groups.setdefault(t.dim_names, len(groups)) for t in life.tensors], dtype=np.int64)
@@ -110,22 +107,33 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     for names, k in groups.items():
         m = np.zeros(len(dims) + 1, bool)
         m[[dims.index(d) for d in names]] = True
-        proj = cands.project(m)
-        inv[k] = 1.0 / np.where(proj >= 0, axis[None, :], 1.0).prod(axis=1)
+        inv[k] = 1.0 / cands.split(m, sizes)
     best = np.zeros(len(cands))
     for c in range(0, len(live), chunk):
         best = np.maximum(best, (live[c:c + chunk] @ inv).max(axis=0))
     return best
 
 
-def _undominated(points: np.ndarray) -> np.ndarray:
+def _undominated(points: np.ndarray, chunk: int = 256) -> np.ndarray:
     """The rows of ``points`` (distinct rows of nonnegative numbers) that no other row is at least in every
-    column: with nonnegative weights, the largest weighted sum is always on one of them."""
-    kept: list[int] = []
-    for p in np.argsort(-points.sum(axis=1), kind="stable"):
-        if not kept or not np.any(np.all(points[kept] >= points[p], axis=1)):
-            kept.append(int(p))
-    return points[kept]
+    column: with nonnegative weights, the largest weighted sum is always on one of them.
+
+    A row can only be dominated by a row of larger sum (distinct rows of equal sum do not dominate each
+    other), and a row dominated by any earlier row is dominated by a kept one (dominance is transitive); so,
+    in order of decreasing sum, a chunk at a time, a row is kept unless a kept row or an earlier row of its
+    chunk dominates it."""
+    order = np.argsort(-points.sum(axis=1), kind="stable")
+    kept = points[order[:0]]
+    earlier = np.tri(chunk, k=-1, dtype=bool).T  # earlier[j, i]: row j comes before row i in the chunk
+    for c in range(0, len(order), chunk):
+        block = points[order[c:c + chunk]]
+        n = len(block)
+        if len(kept):
+            block = block[~np.any(np.all(kept[:, None, :] >= block[None, :, :], axis=2), axis=0)]
+            n = len(block)
+        above = np.all(block[:, None, :] >= block[None, :, :], axis=2) & earlier[:n, :n]
+        kept = np.concatenate([kept, block[~above.any(axis=0)]])
+    return kept
 
 
 def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
 
+from layoutsearch.costmodel.step import graph_cached
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes
 from layoutsearch.mesh import Mesh
@@ -44,9 +45,22 @@ class RuleSets:
     primary: np.ndarray
     fallback: np.ndarray
     fallback_axes: np.ndarray
+    _splits: dict[tuple[bytes, tuple[int, ...]], np.ndarray] = field(default_factory=dict, init=False, repr=False,
+                                                                     compare=False)
 
     def __len__(self) -> int:
         return len(self.primary)
+
+    def split(self, mask: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+        """Per candidate, how many ways it splits a tensor or op whose dims are ``mask``: the product of the
+        ``sizes`` of the mesh axes :meth:`project` gives it (remembered: the bounds of every remat policy
+        and micro-batch ask for the same dims)."""
+        key = (np.asarray(mask, bool).tobytes(), sizes)
+        hit = self._splits.get(key)
+        if hit is None:
+            hit = self._splits[key] = np.where(self.project(mask) >= 0, np.array(sizes, float)[None, :],
+                                               1.0).prod(axis=1)
+        return hit
 
     def project(self, mask: np.ndarray) -> np.ndarray:
         """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence)."""
@@ -99,6 +113,10 @@ class RuleSets:
 def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
     """Groups of parameter dims no op or tensor has two of (maximal, at least two dims, largest first): each
     can share one mesh axis, as ``heads``, ``d_ff`` and ``vocab`` share Megatron's model axis."""
+    return list(graph_cached(graph, ("model_groups", limit), lambda: _model_groups(graph, limit)))
+
+
+def _model_groups(graph: Graph, limit: int) -> tuple[tuple[str, ...], ...]:
     pdims = sorted({d for t in graph.parameters for d in t.dim_names}, key=list(graph.dims).index)
     together: set[frozenset[str]] = set()
     spaces = [op.iteration_dims(graph.tensors) for op in graph.ops] + [t.dim_names for t in graph.tensors.values()]
@@ -113,7 +131,7 @@ def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
     cliques = [tuple(sorted(c, key=order.__getitem__)) for c in nx.find_cliques(g) if len(c) >= 2]
     weight = {d: sum(t.nbytes for t in graph.parameters if d in t.dim_names) for d in pdims}
     cliques.sort(key=lambda c: (-len(c), -sum(weight[d] for d in c), c))
-    return cliques[:limit]
+    return tuple(cliques[:limit])
 
 
 def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True) -> RuleSets:
@@ -130,7 +148,7 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
     prim = choice_maps(choices, sizes, axes)
     A = len(axes)
     P: list[np.ndarray] = []
-    F: list[tuple[int, int]] = []
+    F: list[np.ndarray] = []
     FA: list[np.ndarray] = []
     big = np.array([s > 1 for s in axes])
     param_choice = np.array([any(d in pdims for d in c) for c in choices] + [False])
@@ -152,13 +170,16 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
             owned = {d for c in row[model] for d in choices[c]}
             left = {d for sp in spaces if owned.isdisjoint(sp) for d in sp}
             slot1 += [(d, model) for d in sorted(left - used) if sizes[d] % group == 0]
-        for (f0, m0), (f1, m1) in itertools.product(slot0, slot1):
-            P.append(row)
-            F.append((f0, f1))
-            FA.append(np.stack([m0, m1]))
-    n = len(P)
-    return RuleSets(tuple(choices), np.array(P, np.int32).reshape(n, A), np.array(F, np.int32).reshape(n, 2),
-                    np.array(FA, bool).reshape(n, 2, A))
+        n0, n1 = len(slot0), len(slot1)  # every (slot 0, slot 1) pair, slot 0 major
+        P.append(np.repeat(row[None, :], n0 * n1, axis=0))
+        F.append(np.stack([np.repeat([f for f, _ in slot0], n1), np.tile([f for f, _ in slot1], n0)], axis=1))
+        FA.append(np.stack([np.repeat(np.stack([m for _, m in slot0]), n1, axis=0),
+                            np.tile(np.stack([m for _, m in slot1]), (n0, 1))], axis=1))
+    if not P:
+        return RuleSets(tuple(choices), np.zeros((0, A), np.int32), np.zeros((0, 2), np.int32),
+                        np.zeros((0, 2, A), bool))
+    return RuleSets(tuple(choices), np.concatenate(P).astype(np.int32), np.concatenate(F).astype(np.int32),
+                    np.concatenate(FA).astype(bool))
 
 
 def rules_of(sets: RuleSets, r: int, dims: Sequence[str], mesh: Mesh) -> tuple[tuple[str, Axes], ...]:
