@@ -157,6 +157,16 @@ class Graph:
         return {n: s for n, (s, _) in sizes.items()}
 
     def _topological(self, ops: list[Op]) -> list[Op]:
+        """``ops`` in the topological order closest to theirs (each next op the earliest given whose inputs
+        are produced): theirs when it is one already (as every builder and derivation writes them)."""
+        done: set[str] = set()
+        producer = self._producer
+        for op in ops:
+            if any(t in producer and producer[t].name not in done for t in op.inputs):
+                break
+            done.add(op.name)
+        else:
+            return ops
         g = nx.DiGraph()
         index = {op.name: i for i, op in enumerate(ops)}
         g.add_nodes_from(index)
