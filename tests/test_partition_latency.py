@@ -19,7 +19,7 @@ from test_placement import node_times
 from layoutsearch.costdag import CostDAG, DeviceKind, Edge, Node, load_costdag
 from layoutsearch.errors import PartitionError
 from layoutsearch.solvers.partition import partition
-from layoutsearch.solvers.partition.instance import Kind, compile_dag, kinds_of, schedule_makespan
+from layoutsearch.solvers.partition.instance import compile_dag, kinds_of, schedule_makespan
 from layoutsearch.solvers.partition.schedule import Problem, heuristic, priced
 from layoutsearch.solvers.partition.schedule_ilp import solve_schedule_ilp
 
@@ -172,17 +172,31 @@ def devices_with_limit(dag, stages, limit):
     return [(label, kind, limit if stages else lim, host) for label, kind, lim, host in devices_of(dag, stages)]
 
 
+def optimum(case):
+    """The case's devices (with its memory limit) and its optimal makespan by brute force (None: infeasible)."""
+    dag, stages, at_most, limit = case
+    devs = devices_with_limit(dag, stages, limit)
+    return devs, brute_force(dag, devs, at_most)
+
+
+def scheduled(case, solver):
+    """The non-contiguous latency placement of ``case`` by ``solver``; None when it finds none."""
+    dag, stages, at_most, limit = case
+    try:
+        return partition(dag, stages, objective="latency", contiguous=False, solver=solver, at_most=at_most,
+                         memory_limit=limit)
+    except PartitionError:
+        return None
+
+
 @EXAMPLES
 @given(latency_dags())
 def test_the_schedule_ilps_equal_brute_force_over_assignments_and_orders(case):
     dag, stages, at_most, limit = case
-    devs = devices_with_limit(dag, stages, limit)
-    best = brute_force(dag, devs, at_most)
+    devs, best = optimum(case)
     for solver in ("ilp-ortools", "ilp-pulp"):
-        try:
-            part = partition(dag, stages, objective="latency", contiguous=False, solver=solver, at_most=at_most,
-                             memory_limit=limit)
-        except PartitionError:
+        part = scheduled(case, solver)
+        if part is None:
             assert best is None, f"{solver} found no schedule; brute force found {best}"
             continue
         assert best is not None, f"{solver} returned a schedule where none is feasible"
@@ -200,8 +214,7 @@ def test_the_schedule_ilp_alone_is_exact_from_a_poor_start_or_none(case, started
     on these tiny models after finding the optimum) or from a poor one, every unit on one device in unit order
     when that fits, else the list scheduler's (both backends)."""
     dag, stages, at_most, limit = case
-    devs = devices_with_limit(dag, stages, limit)
-    best = brute_force(dag, devs, at_most)
+    devs, best = optimum(case)
     inst = compile_dag(dag, kinds_of(dag, stages, limit))
     problem = Problem(inst, at_most)
     hint = None
@@ -232,12 +245,9 @@ def test_the_schedule_ilp_alone_is_exact_from_a_poor_start_or_none(case, started
 @given(latency_dags())
 def test_the_list_scheduler_returns_a_valid_schedule_never_better_than_the_optimum(case):
     dag, stages, at_most, limit = case
-    devs = devices_with_limit(dag, stages, limit)
-    best = brute_force(dag, devs, at_most)
-    try:
-        part = partition(dag, stages, objective="latency", contiguous=False, solver="local", at_most=at_most,
-                         memory_limit=limit)
-    except PartitionError:
+    devs, best = optimum(case)
+    part = scheduled(case, "local")
+    if part is None:
         return  # a heuristic may miss a tight memory limit; the ILP test covers feasibility
     assert best is not None
     check_schedule(dag, devs, part, at_most)
@@ -262,7 +272,7 @@ def test_a_contiguous_placement_scheduled_in_topological_order_is_no_slower_than
     got = makespan(dag, devs, place, order)
     assert got is not None and got <= contiguous.objective * (1 + 1e-9) + 1e-12
     # and the package's scorer of (assignment, order) agrees with the independent one
-    inst = compile_dag(dag, _kinds(dag, stages, limit))
+    inst = compile_dag(dag, kinds_of(dag, stages, limit))
     sigma = [place[name] for name in inst.names]
     pos = {name: i for i, name in enumerate(inst.names)}
     value, _ = schedule_makespan(inst, sigma, [[pos[v] for v in order[d]] for d in range(len(devs))])
@@ -270,12 +280,6 @@ def test_a_contiguous_placement_scheduled_in_topological_order_is_no_slower_than
     noncontiguous = partition(dag, stages, objective="latency", contiguous=False, solver="ilp-ortools",
                               at_most=at_most, memory_limit=limit)
     assert noncontiguous.objective <= got * (1 + 1e-9) + 1e-12
-
-
-def _kinds(dag, stages, limit):
-    if not dag.devices:
-        return [Kind("stage", stages, limit, False)]
-    return [Kind(k.name, k.count, k.memory_bytes, k.host) for k in dag.devices]
 
 
 # -- hand-solved cases ------------------------------------------------------------------------------------------------
@@ -325,7 +329,7 @@ def test_parallel_branches_overlap_and_accelerator_transfers_cost_twice():
 
 def test_the_package_scorer_refuses_orders_that_contradict_the_dependencies():
     dag = ping_pong()
-    inst = compile_dag(dag, _kinds(dag, None, None))
+    inst = compile_dag(dag, kinds_of(dag, None, None))
     assert schedule_makespan(inst, [0, 1, 0], [[0, 2], [1], []] if inst.num_devices == 3 else [[0, 2], [1]])[0] == \
         pytest.approx(3.2)
     with pytest.raises(PartitionError, match="contradict"):

@@ -39,6 +39,13 @@ sum over ops): the objective of the solvers, refined under overlap for the rules
 (:func:`overlapped_top`); the layers and ops spaces report their plans on these terms."""
 
 
+def _dims_mask(dims: list[str], names: tuple[str, ...]) -> np.ndarray:
+    """The boolean mask over ``dims`` (one slot more: NONE) of the dims ``names``."""
+    m = np.zeros(len(dims) + 1, bool)
+    m[[dims.index(d) for d in names]] = True
+    return m
+
+
 def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str],
                     on_chip: frozenset[str] = frozenset()) -> np.ndarray:
     """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
@@ -53,19 +60,15 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
             seen[key] = seen.get(key, 0) + 1
             reps.setdefault(key, op)
 
-    def mask(names: tuple[str, ...]) -> np.ndarray:
-        m = np.zeros(len(dims) + 1, bool)
-        m[[dims.index(d) for d in names]] = True
-        return m
-
     for key, op in reps.items():
-        flops = op_flops(g, op) / cands.split(mask(op.iteration_dims(g.tensors)), sizes) / fastest_matmul_rate(hw)
+        split = cands.split(_dims_mask(dims, op.iteration_dims(g.tensors)), sizes)
+        flops = op_flops(g, op) / split / fastest_matmul_rate(hw)
         hbm = np.zeros(len(cands))
         for x in op.inputs:
             if x in on_chip:
                 continue
             t = g.tensors[x]
-            hbm += t.nbytes / cands.split(mask(t.dim_names), sizes)
+            hbm += t.nbytes / cands.split(_dims_mask(dims, t.dim_names), sizes)
         total += seen[key] * np.maximum(flops, hbm_seconds(hbm, hw))
     return total
 
@@ -105,9 +108,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     live = _undominated(np.unique(np.maximum(live, 0.0), axis=0))
     inv = np.empty((len(groups), len(cands)))
     for names, k in groups.items():
-        m = np.zeros(len(dims) + 1, bool)
-        m[[dims.index(d) for d in names]] = True
-        inv[k] = 1.0 / cands.split(m, sizes)
+        inv[k] = 1.0 / cands.split(_dims_mask(dims, names), sizes)
     best = np.zeros(len(cands))
     for c in range(0, len(live), chunk):
         best = np.maximum(best, (live[c:c + chunk] @ inv).max(axis=0))

@@ -175,9 +175,6 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
         F.append(np.stack([np.repeat([f for f, _ in slot0], n1), np.tile([f for f, _ in slot1], n0)], axis=1))
         FA.append(np.stack([np.repeat(np.stack([m for _, m in slot0]), n1, axis=0),
                             np.tile(np.stack([m for _, m in slot1]), (n0, 1))], axis=1))
-    if not P:
-        return RuleSets(tuple(choices), np.zeros((0, A), np.int32), np.zeros((0, 2), np.int32),
-                        np.zeros((0, 2, A), bool))
     return RuleSets(tuple(choices), np.concatenate(P).astype(np.int32), np.concatenate(F).astype(np.int32),
                     np.concatenate(FA).astype(bool))
 
