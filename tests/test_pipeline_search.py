@@ -29,7 +29,10 @@ def test_a_limit_only_a_pipeline_meets_gets_a_pipelined_plan():
     assert plan.report.remat in ("selective", "full")  # without recomputation nothing fits
     best = min(c.step_s for c in plan.candidates if c.fits)
     assert plan.step_s == best
-    assert {c.stage_axis for c in plan.candidates} == {"pipe", "data"}
+    # stages over data (K=2) were ruled out by their bounds or priced: searched alone, none is faster
+    over_data = search_pipeline(GPT, MESH, limit, hardware="h100", stages=2)
+    assert {c.stage_axis for c in over_data.candidates} == {"data"}
+    assert over_data.step_s >= plan.step_s * (1 - 1e-9)
     joint = search(GPT, MESH, memory_limit=limit, hardware="h100", pipeline="auto")
     assert joint.memory_bytes <= limit
     assert joint.step_s <= plan.step_s * (1 + 1e-9)  # the pipelined plan is one of the options
@@ -89,8 +92,9 @@ def test_bad_pipeline_flags_are_one_line_errors(capsys):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved:2"])
 def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(schedule):
-    """The bound the search skips a (layout, M) with, computed on the step without remat, never exceeds the
-    priced pipelined step under any remat policy (recomputation only adds work)."""
+    """The bounds the search skips a (layout, M, remat) with, computed on the step without remat, never exceed
+    the priced pipelined step: without remat's under any policy (recomputation only adds work), a policy's
+    (its recomputations added) under that policy."""
     from layoutsearch.costmodel.pipeline import microbatch_step
     from layoutsearch.layout import Layout
     from layoutsearch.solvers.pipeline_search import _loop_bound, choose_stages
@@ -102,13 +106,19 @@ def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(sched
                                     remat=r) for r in ("none", "selective", "full")}
         bound = _loop_bound(steps["none"])
         for r, step in steps.items():
-            assert 0 < bound <= step.report(*choose_stages(step)).step_s * (1 + 1e-9), (rules, M, r)
+            priced = step.report(*choose_stages(step)).step_s
+            assert 0 < bound <= priced * (1 + 1e-9), (rules, M, r)
+            # the bound of a policy from the step without remat: its recomputations replayed, no more
+            own = _loop_bound(steps["none"], r)
+            assert bound <= own <= priced * (1 + 1e-9) and own == pytest.approx(_loop_bound(step), rel=1e-9)
+        assert _loop_bound(steps["none"], "full") > _loop_bound(steps["none"], "selective") > bound
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved:2"])
 def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count(schedule):
-    """steps(K, M) / M x a K-th of the inner layout's full-batch roofline bound (what the search skips
-    configurations with before pricing them) never exceeds the priced pipelined step."""
+    """steps(K, M) / M x a K-th of the inner layout's full-batch bound (what the search skips configurations
+    with before pricing them: the roofline bound, or with something to beat the sharper bound of its compute
+    and critical collectives or a communicator's collectives) never exceeds the priced pipelined step."""
     from layoutsearch.costmodel.pipeline import microbatch_step
     from layoutsearch.costmodel.schedule import Schedule
     from layoutsearch.costmodel.step import training_step
@@ -122,7 +132,9 @@ def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count
     trained, hw = training_step(GPT), hardware("h100")
     layouts = _stage_layouts(_inner_space(trained, inner_mesh, hw, "auto"), trained, inner_mesh, Deadline())
     assert len(layouts) >= 2
-    for rules, roofline in layouts:
+    bounds = [(rules, roofline, sharper()) for rules, roofline, sharper in layouts]
+    assert all(b >= r for _, r, b in bounds) and any(b > 1.05 * r for _, r, b in bounds)  # sharper, somewhere
+    for rules, _, bound in bounds:
         layout = Layout(Mesh.parse(f"{stage}:{K}," + ",".join(f"{a}:{s}" for a, s in inner_mesh.axes)), rules)
         for M in (2, 8):
             for remat in ("none", "full"):
@@ -132,4 +144,4 @@ def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count
                 except LayoutSearchError:
                     continue  # micro-batches this layout cannot split
                 priced = step.report(*choose_stages(step)).step_s
-                assert roofline / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)
+                assert bound / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)

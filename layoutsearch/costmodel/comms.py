@@ -29,7 +29,9 @@ class Comm:
     cause: str
     shared: tuple | None = None
     """Identity of a collective several ops need (the same reshard of the same
-    tensor): XLA computes it once per step (CSE). See :meth:`OpRules.step_costs`."""
+    tensor): XLA computes it once per step (CSE). See :meth:`OpRules.step_costs`.
+    Its strings (the tensor's name) are its top-level entries; nested tuples hold
+    layouts (dim and axis names only), which renaming a repeated op leaves alone."""
 
 
 def on_mesh(comms: Sequence[Comm], mesh: Mesh) -> list[Comm]:

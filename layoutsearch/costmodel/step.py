@@ -225,12 +225,10 @@ def repeats(graph: Graph) -> tuple[int, ...]:
     return graph_cached(graph, "repeats", compute)
 
 
-def _rename_key(key: Any, old: str, new: str) -> Any:
-    if isinstance(key, str):
-        return key.replace(old, new)
-    if isinstance(key, tuple):
-        return tuple([_rename_key(k, old, new) for k in key])
-    return key
+def _rename_key(key: tuple, old: str, new: str) -> tuple:
+    """A shared collective's identity (:attr:`~layoutsearch.costmodel.comms.Comm.shared`) with the names in it
+    renamed: its top-level strings (nested tuples are layouts, without names)."""
+    return tuple([k.replace(old, new) if isinstance(k, str) else k for k in key])
 
 
 def _replaced(obj: Any, changes: dict[str, Any]) -> Any:

@@ -22,15 +22,18 @@ pipeline estimates.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.memory import REMAT_POLICIES
+from layoutsearch.costmodel.memory import REMAT_POLICIES, remat_plan
+from layoutsearch.costmodel.overlap import classify, once_per_step
 from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
+from layoutsearch.costmodel.report import OpReport
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
@@ -147,10 +150,11 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     ``stages``: only axes of this size carry stages (None: any axis of size >= 2);
     ``microbatches``: fixed M (None: searched); ``upper``: a step time to beat (the best unpipelined plan):
     a configuration whose lower bound reaches it, or the best pipelined plan found so far, is not priced:
-    the loop's length ``steps(K, M) / M`` times a ``K``-th of the roofline bound of the inner layout's
-    full-batch step (:func:`_stage_layouts`), then, once the step without remat is priced, the loop's
-    length times a ``K``-th of its micro-batch's compute (:func:`_loop_bound`). ``deadline``: once it has passed and a pipelined plan fits, nothing more is
-    priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
+    the loop's length ``steps(K, M) / M`` times a ``K``-th of a lower bound of the inner layout's
+    full-batch step (its roofline bound, then a sharper one: :func:`_stage_layouts`), then, once the step
+    without remat is priced, the loop's length times a ``K``-th of its micro-batch's compute and critical
+    collectives, with the recomputations of the policy about to be priced (:func:`_loop_bound`).
+    ``deadline``: once it has passed and a pipelined plan fits, nothing more is priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
     deadline = deadline or Deadline()
     m = Mesh.of(mesh)
     hw = _hardware(hardware)
@@ -171,7 +175,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
         # an inner layout whose full-batch roofline bound reaches cap cannot beat what is known with any M
         cap = beat * K / min(sched.steps(K, mb) / mb for mb in counts)
-        for rules, roofline in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
+        for rules, roofline, sharper in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
             layout = Layout(full_mesh, rules)
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
@@ -179,20 +183,27 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     continue  # micro-batches the layout cannot split (priced, they would raise)
                 beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
                            default=math.inf)
-                if roofline / K * sched.steps(K, mb) / mb >= beat:
+                loop = sched.steps(K, mb) / mb / K
+                if roofline * loop >= beat or (beat < math.inf and sharper() * loop >= beat):
                     bounded += 1
                     continue  # cannot beat what is known
                 if beat < math.inf and deadline.passed():
                     break  # a plan that fits is known and the time limit has passed
+                unremat: MicrobatchStep | None = None  # the step without remat: bounds every policy's
                 for remat in REMAT_POLICIES:  # least recomputation first: the first that fits is the fastest
                     try:
+                        if unremat is not None and _loop_bound(unremat, remat) >= beat:
+                            bounded += 1
+                            break  # this policy cannot beat what is known, nor one recomputing more
                         step = microbatch_step(graph, layout, hw, stage_axis=axis, microbatches=mb, remat=remat,
                                                schedule=schedule, attention=attention,
                                                overlap=overlap if overlap == "auto" else 0, optimizer=optimizer,
                                                precision=precision, batch_dim=batch_dim)
-                        if remat == REMAT_POLICIES[0] and _loop_bound(step) >= beat:
-                            bounded += 1
-                            break  # no policy can beat what is known: recomputation only adds work
+                        if remat == REMAT_POLICIES[0]:
+                            unremat = step
+                            if _loop_bound(step) >= beat:
+                                bounded += 1
+                                break  # no policy can beat what is known: recomputation only adds work
                         rep = step.report(*choose_stages(step, memory_limit))
                     except LayoutSearchError as e:
                         reasons.append(f"{axis} K={K} M={mb} remat={remat}: {e}")
@@ -248,38 +259,63 @@ def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
 
 
 def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
-                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float]]:
-    """Candidates for the layout inside a stage, each with the roofline bound of its full-batch step: the
+                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float, Callable[[], float]]]:
+    """Candidates for the layout inside a stage, each with two lower bounds of its full-batch step: the
     best two rule sets of the serial objective (the step without overlap, remat none, no memory limit) of
-    the ``inner`` space (:func:`_inner_space`) among those whose bound is below ``cap``, by bound-and-price
-    (each priced again as a pipeline by the caller), and the textbook layouts; replicated when the inner
-    mesh is trivial.
+    the ``inner`` space (:func:`_inner_space`) among those whose roofline bound is below ``cap``, by
+    bound-and-price (each priced again as a pipeline by the caller), and the textbook layouts; replicated
+    when the inner mesh is trivial.
 
-    A pipelined step of a layout with bound ``r`` takes at least ``steps(K, M) / M * r / K``: its loop runs
-    ``steps(K, M)`` times the slowest device's micro-batch, at least a ``K``-th of the micro-batch's compute
-    (:func:`_loop_bound`), and ``M`` micro-batches' roofline bounds add up to at least the batch's (the same
-    FLOPs; weights read once per micro-batch)."""
+    The bounds: the roofline bound, and a function giving a sharper one (computed on its first call, for
+    all the candidates at once): the largest entry of the bound vector without the optimizer
+    (:meth:`~.rules_search.RulesSearch.overlap_bounds`: the compute and critical collectives, or one
+    communicator's collectives, of the forward and backward passes). A pipelined step of a layout with
+    bound ``r`` takes at least ``steps(K, M) / M * r / K``: its loop runs ``steps(K, M)`` times the slowest
+    device's micro-batch, at least a ``K``-th of what the micro-batch holds the compute stream or a
+    communicator for, summed over the devices (:func:`_loop_bound`), and ``M`` micro-batches add up to at
+    least the batch (the same FLOPs, weights read and gathered once per micro-batch, activation collectives
+    of an ``M``-th of the bytes each)."""
     if inner is None:
-        return [((), 0.0)]
+        return [((), 0.0, lambda: 0.0)]
     pricer, (cands, lb) = inner
     picks: list[int] = []
+    rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
     if float(lb.min()) < cap:
-        rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
         priced = rs.bound_and_price(None, 2, None, deadline, cap if cap < math.inf else None)
         sols = solve(rs.problem(priced), "enumerate", None, 2, None) if len(priced) else []
         picks = [int(priced[s.assign[0]]) for s in sols if s.assign]
     picks += [k for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None
               for k in [cands.index(sets)] if k is not None]
-    out: dict[tuple, float] = {}
+    picks = list(dict.fromkeys(picks))
+    sharper: dict[int, float] = {}
+
+    def bound(k: int) -> float:
+        if not sharper:
+            vectors, _ = rs.overlap_bounds(picks, optimizer=False)
+            sharper.update(zip(picks, np.maximum(vectors, lb[picks]).tolist(), strict=True))
+        return sharper[k]
+
+    out: dict[tuple, tuple[float, Callable[[], float]]] = {}
     for k in picks:
-        out.setdefault(rules_of(cands, k, list(trained.dims), inner_mesh), float(lb[k]))
-    return list(out.items())
+        out.setdefault(rules_of(cands, k, list(trained.dims), inner_mesh), (float(lb[k]), functools.partial(bound, k)))
+    return [(rules, roofline, sharp) for rules, (roofline, sharp) in out.items()]
 
 
-def _loop_bound(step: MicrobatchStep) -> float:
-    """A lower bound of a pipelined step, for its remat policy and every policy that recomputes more: its
-    loop runs ``steps(K, M)`` times the slowest device's micro-batch, which is at least the compute of one
-    micro-batch's forward and backward ops over the ``K`` devices (each op runs on one device, on one
-    compute stream)."""
-    compute = sum(o.compute_s for o in step.priced.report.ops if o.phase != "optimizer")
-    return step.schedule.steps(step.devices, step.microbatches) * compute / step.devices
+def _loop_bound(step: MicrobatchStep, remat: str | None = None) -> float:
+    """A lower bound of pipelined ``step`` under remat policy ``remat`` (default: ``step``'s; one that
+    recomputes at least what ``step``'s does): its loop runs ``steps(K, M)`` times the slowest device's
+    micro-batch, which is at least a ``K``-th of what all devices' micro-batches hold their compute streams
+    for: every forward, backward and recomputing op's compute and the collectives it always waits for
+    (critical: see :mod:`~layoutsearch.costmodel.overlap`; the once-per-step gradient all-reduces are not in
+    the loop), plus the same for each op ``remat`` recomputes beyond ``step``'s policy (a recomputation
+    replays the op and its collectives). Recomputing more only adds to it."""
+    p, hw = step.priced, step.hardware
+
+    def held(o: OpReport) -> float:  # how long op execution ``o`` holds its device's compute stream at least
+        return o.compute_s + sum(c.seconds for c in o.collectives if not once_per_step(c, p.classes) and (
+            not hw.async_collectives or classify(c, p.classes, o, hw.collective_matmul) == "critical"))
+
+    ops = [o for o in p.report.ops if o.phase != "optimizer"]
+    more = set(remat_plan(p.graph, remat or step.remat).recomputed) - set(remat_plan(p.graph, step.remat).recomputed)
+    busy = sum(held(o) for o in ops) + sum(held(o) for o in ops if o.phase == "forward" and o.op in more)
+    return step.schedule.steps(step.devices, step.microbatches) * busy / step.devices

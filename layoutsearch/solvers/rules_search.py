@@ -11,6 +11,7 @@ overlap (:func:`overlapped_top`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 
@@ -173,7 +174,6 @@ class RulesSearch:
         self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
         self.dims = list(g.dims)
         self.cands, self.lb = candidates
-        self.mem_lb = _memory_bounds(g, mesh, hw, self.cands, self.dims, remat, pricer.fusion.on_chip)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
@@ -181,6 +181,13 @@ class RulesSearch:
         self.plans: dict[int, Costed] = {}  # those plans, by candidate
         self.floor = math.inf  # the smallest lower bound of a plan not priced (:func:`overlapped_top`)
         self.cut_short: list[str] = []  # what a deadline cut short, in words
+
+    @functools.cached_property
+    def mem_lb(self) -> np.ndarray:
+        """Per candidate, its live-set bound of the peak memory (:func:`_memory_bounds`; computed when first
+        asked for: a search without a memory limit never needs it)."""
+        return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
+                              self.pricer.fusion.on_chip)
 
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
