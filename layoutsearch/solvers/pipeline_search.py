@@ -22,9 +22,8 @@ pipeline estimates.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,7 +150,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     ``microbatches``: fixed M (None: searched); ``upper``: a step time to beat (the best unpipelined plan):
     a configuration whose lower bound reaches it, or the best pipelined plan found so far, is not priced:
     the loop's length ``steps(K, M) / M`` times a ``K``-th of a lower bound of the inner layout's
-    full-batch step (its roofline bound, then a sharper one: :func:`_stage_layouts`), then, once the step
+    full-batch step (its roofline bound, or a sharper one: :func:`_stage_layouts`), then, once the step
     without remat is priced, the loop's length times a ``K``-th of its micro-batch's compute and critical
     collectives, with the recomputations of the policy about to be priced (:func:`_loop_bound`).
     ``deadline``: once it has passed and a pipelined plan fits, nothing more is priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
@@ -175,7 +174,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
         # an inner layout whose full-batch roofline bound reaches cap cannot beat what is known with any M
         cap = beat * K / min(sched.steps(K, mb) / mb for mb in counts)
-        for rules, roofline, sharper in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
+        for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
             layout = Layout(full_mesh, rules)
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
@@ -183,8 +182,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                     continue  # micro-batches the layout cannot split (priced, they would raise)
                 beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
                            default=math.inf)
-                loop = sched.steps(K, mb) / mb / K
-                if roofline * loop >= beat or (beat < math.inf and sharper() * loop >= beat):
+                if bound / K * sched.steps(K, mb) / mb >= beat:
                     bounded += 1
                     continue  # cannot beat what is known
                 if beat < math.inf and deadline.passed():
@@ -259,46 +257,44 @@ def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
 
 
 def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
-                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float, Callable[[], float]]]:
-    """Candidates for the layout inside a stage, each with two lower bounds of its full-batch step: the
-    best two rule sets of the serial objective (the step without overlap, remat none, no memory limit) of
-    the ``inner`` space (:func:`_inner_space`) among those whose roofline bound is below ``cap``, by
-    bound-and-price (each priced again as a pipeline by the caller), and the textbook layouts; replicated
-    when the inner mesh is trivial.
+                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float]]:
+    """Candidates for the layout inside a stage, each with a lower bound of its full-batch step: the best two
+    rule sets of the serial objective (the step without overlap, remat none, no memory limit) of the
+    ``inner`` space (:func:`_inner_space`) among those whose bound is below ``cap``, by bound-and-price (each
+    priced again as a pipeline by the caller), and the textbook layouts; replicated when the inner mesh is
+    trivial.
 
-    The bounds: the roofline bound, and a function giving a sharper one (computed on its first call, for
-    all the candidates at once): the largest entry of the bound vector without the optimizer
-    (:meth:`~.rules_search.RulesSearch.overlap_bounds`: the compute and critical collectives, or one
-    communicator's collectives, of the forward and backward passes). A pipelined step of a layout with
-    bound ``r`` takes at least ``steps(K, M) / M * r / K``: its loop runs ``steps(K, M)`` times the slowest
-    device's micro-batch, at least a ``K``-th of what the micro-batch holds the compute stream or a
-    communicator for, summed over the devices (:func:`_loop_bound`), and ``M`` micro-batches add up to at
-    least the batch (the same FLOPs, weights read and gathered once per micro-batch, activation collectives
-    of an ``M``-th of the bytes each)."""
+    The bound is the roofline bound; with a finite ``cap``, for the candidates whose roofline bound is below
+    it, the larger of that and the largest entry of their bound vector without the optimizer
+    (:meth:`~.rules_search.RulesSearch.overlap_bounds`, one build for all of them: the compute and critical
+    collectives, or one communicator's collectives, of the forward and backward passes; no more than the
+    serial step either). A pipelined step of a layout with bound ``r`` takes at least
+    ``steps(K, M) / M * r / K``: its loop runs ``steps(K, M)`` times the slowest device's micro-batch, at
+    least a ``K``-th of what the micro-batch holds the compute stream or a communicator for, summed over the
+    devices (:func:`_loop_bound`), and ``M`` micro-batches add up to at least the batch (the same FLOPs,
+    weights read and gathered once per micro-batch, activation collectives of an ``M``-th of the bytes
+    each)."""
     if inner is None:
-        return [((), 0.0, lambda: 0.0)]
+        return [((), 0.0)]
     pricer, (cands, lb) = inner
+    below = np.nonzero(lb < cap)[0]
+    if cap < math.inf and len(below):  # (with nothing to beat, a sharper bound prunes nothing)
+        vectors, _ = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb)).overlap_bounds(
+            below, optimizer=False)
+        lb = lb.copy()
+        lb[below] = np.maximum(vectors, lb[below])
     picks: list[int] = []
-    rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
     if float(lb.min()) < cap:
+        rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
         priced = rs.bound_and_price(None, 2, None, deadline, cap if cap < math.inf else None)
         sols = solve(rs.problem(priced), "enumerate", None, 2, None) if len(priced) else []
         picks = [int(priced[s.assign[0]]) for s in sols if s.assign]
     picks += [k for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None
               for k in [cands.index(sets)] if k is not None]
-    picks = list(dict.fromkeys(picks))
-    sharper: dict[int, float] = {}
-
-    def bound(k: int) -> float:
-        if not sharper:
-            vectors, _ = rs.overlap_bounds(picks, optimizer=False)
-            sharper.update(zip(picks, np.maximum(vectors, lb[picks]).tolist(), strict=True))
-        return sharper[k]
-
-    out: dict[tuple, tuple[float, Callable[[], float]]] = {}
+    out: dict[tuple, float] = {}
     for k in picks:
-        out.setdefault(rules_of(cands, k, list(trained.dims), inner_mesh), (float(lb[k]), functools.partial(bound, k)))
-    return [(rules, roofline, sharp) for rules, (roofline, sharp) in out.items()]
+        out.setdefault(rules_of(cands, k, list(trained.dims), inner_mesh), float(lb[k]))
+    return list(out.items())
 
 
 def _loop_bound(step: MicrobatchStep, remat: str | None = None) -> float:

@@ -86,7 +86,8 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     grows where a lifetime starts, so those points suffice, and of those only the points no other point
     exceeds in every group (:func:`_undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
     584 undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
-    group's split), maximized over the points, in chunks of ``chunk`` points."""
+    group's split), maximized over the points, in chunks of ``chunk`` points; candidates that split every
+    group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985)."""
     life = lifetimes(g, remat_plan(g, remat))
     sizes = tuple(s for _, s in mesh.axes)
     skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
@@ -110,10 +111,14 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     inv = np.empty((len(groups), len(cands)))
     for names, k in groups.items():
         inv[k] = 1.0 / cands.split(_dims_mask(dims, names), sizes)
-    best = np.zeros(len(cands))
+    # candidates splitting every group alike share one column (found as byte strings: faster than by axis)
+    columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
+    _, first, of = np.unique(columns, return_index=True, return_inverse=True)
+    inv = inv[:, first]
+    best = np.zeros(inv.shape[1])
     for c in range(0, len(live), chunk):
         best = np.maximum(best, (live[c:c + chunk] @ inv).max(axis=0))
-    return best
+    return best[of.reshape(-1)]
 
 
 def _undominated(points: np.ndarray, chunk: int = 256) -> np.ndarray:
