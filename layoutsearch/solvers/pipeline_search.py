@@ -23,7 +23,7 @@ pipeline estimates.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +45,7 @@ from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
 from layoutsearch.solvers.clock import Deadline, Progress
 from layoutsearch.solvers.dispatch import solve
 from layoutsearch.solvers.pricer import Pricer
-from layoutsearch.solvers.rules_search import RulesSearch, rules_candidates
+from layoutsearch.solvers.rules_search import RulesSearch, dims_mask, rules_candidates
 from layoutsearch.solvers.rulesets import RuleSets, rules_of
 
 
@@ -172,9 +172,14 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         counts = [microbatches] if microbatches else microbatch_candidates(B, K)
         inner = _inner_space(trained_graph, inner_mesh, hw, attention)
         beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
-        # an inner layout whose full-batch roofline bound reaches cap cannot beat what is known with any M
-        cap = beat * K / min(sched.steps(K, mb) / mb for mb in counts)
-        for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, cap):
+
+        def loop(split: int, K: int = K, counts: list[int] = counts) -> float:
+            """The shortest loop per full-batch step time, steps(K, M) / M / K, of the M tried for a layout
+            splitting the batch ``split`` ways (those it can split, with M searched)."""
+            return min((sched.steps(K, mb) / mb / K for mb in counts if microbatches or (B // mb) % split == 0),
+                       default=math.inf)
+
+        for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, beat, loop, batch_dim):
             layout = Layout(full_mesh, rules)
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
@@ -257,36 +262,47 @@ def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
 
 
 def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
-                   deadline: Deadline, cap: float = math.inf) -> list[tuple[tuple, float]]:
+                   deadline: Deadline, beat: float = math.inf, loop: Callable[[int], float] = lambda split: 0.0,
+                   batch_dim: str = "batch") -> list[tuple[tuple, float]]:
     """Candidates for the layout inside a stage, each with a lower bound of its full-batch step: the best two
     rule sets of the serial objective (the step without overlap, remat none, no memory limit) of the
-    ``inner`` space (:func:`_inner_space`) among those whose bound is below ``cap``, by bound-and-price (each
+    ``inner`` space (:func:`_inner_space`) among those that may beat ``beat``, by bound-and-price (each
     priced again as a pipeline by the caller), and the textbook layouts; replicated when the inner mesh is
     trivial.
 
-    The bound is the roofline bound; with a finite ``cap``, for the candidates whose roofline bound is below
-    it, the larger of that and the largest entry of their bound vector without the optimizer
+    A pipelined step of a layout with bound ``r`` takes at least ``r * steps(K, M) / M / K``: its loop runs
+    ``steps(K, M)`` times the slowest device's micro-batch, at least a ``K``-th of what the micro-batch holds
+    the compute stream or a communicator for, summed over the devices (:func:`_loop_bound`), and ``M``
+    micro-batches add up to at least the batch (the same FLOPs, weights read and gathered once per
+    micro-batch, activation collectives of an ``M``-th of the bytes each). ``loop(split)``: the least
+    ``steps(K, M) / M / K`` of the M tried for a layout splitting ``batch_dim`` ``split`` ways; a candidate
+    may beat ``beat`` while its bound times that is below it.
+
+    The bound is the roofline bound; with a finite ``beat``, for the candidates whose roofline bound may
+    beat it, the larger of that and the largest entry of their bound vector without the optimizer
     (:meth:`~.rules_search.RulesSearch.overlap_bounds`, one build for all of them: the compute and critical
     collectives, or one communicator's collectives, of the forward and backward passes; no more than the
-    serial step either). A pipelined step of a layout with bound ``r`` takes at least
-    ``steps(K, M) / M * r / K``: its loop runs ``steps(K, M)`` times the slowest device's micro-batch, at
-    least a ``K``-th of what the micro-batch holds the compute stream or a communicator for, summed over the
-    devices (:func:`_loop_bound`), and ``M`` micro-batches add up to at least the batch (the same FLOPs,
-    weights read and gathered once per micro-batch, activation collectives of an ``M``-th of the bytes
-    each)."""
+    serial step either)."""
     if inner is None:
         return [((), 0.0)]
     pricer, (cands, lb) = inner
-    below = np.nonzero(lb < cap)[0]
-    if cap < math.inf and len(below):  # (with nothing to beat, a sharper bound prunes nothing)
-        vectors, _ = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb)).overlap_bounds(
-            below, optimizer=False)
-        lb = lb.copy()
-        lb[below] = np.maximum(vectors, lb[below])
+    may_beat = np.ones(len(lb), bool)
+    if beat < math.inf:  # (with nothing to beat, a sharper bound prunes nothing)
+        sizes = tuple(s for _, s in inner_mesh.axes)
+        splits = cands.split(dims_mask(list(trained.dims), (batch_dim,)), sizes)
+        factor = {s: loop(int(s)) for s in np.unique(splits).tolist()}
+        least = np.array([factor[s] for s in splits.tolist()])  # per candidate: loop(its split)
+        below = np.nonzero(lb * least < beat)[0]
+        if len(below):
+            vectors, _ = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb)).overlap_bounds(
+                below, optimizer=False)
+            lb = lb.copy()
+            lb[below] = np.maximum(vectors, lb[below])
+        may_beat = lb * least < beat
     picks: list[int] = []
-    if float(lb.min()) < cap:
+    if may_beat.any():
         rs = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb))
-        priced = rs.bound_and_price(None, 2, None, deadline, cap if cap < math.inf else None)
+        priced = rs.bound_and_price(None, 2, None, deadline, among=may_beat)
         sols = solve(rs.problem(priced), "enumerate", None, 2, None) if len(priced) else []
         picks = [int(priced[s.assign[0]]) for s in sols if s.assign]
     picks += [k for sets, _ in baseline_rules(trained, inner_mesh).values() if sets is not None

@@ -40,7 +40,7 @@ sum over ops): the objective of the solvers, refined under overlap for the rules
 (:func:`overlapped_top`); the layers and ops spaces report their plans on these terms."""
 
 
-def _dims_mask(dims: list[str], names: tuple[str, ...]) -> np.ndarray:
+def dims_mask(dims: list[str], names: tuple[str, ...]) -> np.ndarray:
     """The boolean mask over ``dims`` (one slot more: NONE) of the dims ``names``."""
     m = np.zeros(len(dims) + 1, bool)
     m[[dims.index(d) for d in names]] = True
@@ -62,14 +62,14 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
             reps.setdefault(key, op)
 
     for key, op in reps.items():
-        split = cands.split(_dims_mask(dims, op.iteration_dims(g.tensors)), sizes)
+        split = cands.split(dims_mask(dims, op.iteration_dims(g.tensors)), sizes)
         flops = op_flops(g, op) / split / fastest_matmul_rate(hw)
         hbm = np.zeros(len(cands))
         for x in op.inputs:
             if x in on_chip:
                 continue
             t = g.tensors[x]
-            hbm += t.nbytes / cands.split(_dims_mask(dims, t.dim_names), sizes)
+            hbm += t.nbytes / cands.split(dims_mask(dims, t.dim_names), sizes)
         total += seen[key] * np.maximum(flops, hbm_seconds(hbm, hw))
     return total
 
@@ -110,7 +110,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     live = _undominated(np.unique(np.maximum(live, 0.0), axis=0))
     inv = np.empty((len(groups), len(cands)))
     for names, k in groups.items():
-        inv[k] = 1.0 / cands.split(_dims_mask(dims, names), sizes)
+        inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
     # candidates splitting every group alike share one column (found as byte strings: faster than by axis)
     columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
     _, first, of = np.unique(columns, return_index=True, return_inverse=True)
@@ -239,11 +239,15 @@ class RulesSearch:
                        [MemRow(0.0, ((0, 1),), "peak")])
 
     def bound_and_price(self, limit: float | None, top: int, progress: Progress | None,
-                        deadline: Deadline | None = None, upper: float | None = None) -> np.ndarray:
+                        deadline: Deadline | None = None, upper: float | None = None,
+                        among: np.ndarray | None = None) -> np.ndarray:
         """Price candidates in bound order until the ``top`` best that fit are proven, or ``deadline`` passes
         with at least one that fits (noted in :attr:`cut_short`); returns the priced. With ``upper``, only
-        candidates whose bound is below it (the others cannot beat the plans found elsewhere)."""
+        candidates whose bound is below it (the others cannot beat the plans found elsewhere); with
+        ``among`` (a mask), only those it marks."""
         order = np.argsort(self.lb, kind="stable")
+        if among is not None:
+            order = order[among[order]]
         if limit is not None:  # a candidate whose live bytes exceed the limit somewhere cannot fit
             order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
         if upper is not None:
@@ -480,5 +484,5 @@ def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies:
 
 
 
-__all__ = ["MAX_REFINED", "SEARCH_OVERLAP", "RulesSearch", "accumulated_top", "costed_rules", "first_fitting", "overlapped_top",
-           "rules_candidates", "strategy_values"]
+__all__ = ["MAX_REFINED", "SEARCH_OVERLAP", "RulesSearch", "accumulated_top", "costed_rules", "dims_mask",
+           "first_fitting", "overlapped_top", "rules_candidates", "strategy_values"]
