@@ -15,9 +15,10 @@ every number of micro-batches M (divisors of the batch up to ``4 K``, or the
 one given) is priced with :func:`estimate_pipeline` (the given schedule,
 default 1F1B; its stage partition is exact) under the remat policies in order
 none, selective, full, stopping at the first that fits (remat only adds work),
-and the fastest plan whose largest stage fits the memory limit wins. Cost: one
-inner search per candidate axis plus at most ``|candidates| x |M| x 3``
-pipeline estimates.
+and the fastest plan whose largest stage fits the memory limit wins. Given a
+step time to beat, lower bounds skip what cannot beat it before it is priced
+(:func:`search_pipeline`). Cost: one inner search per candidate axis plus at
+most ``|candidates| x |M| x 3`` pipeline estimates.
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     full-batch step (its roofline bound, or a sharper one: :func:`_stage_layouts`), then, once the step
     without remat is priced, the loop's length times a ``K``-th of its micro-batch's compute and critical
     collectives, with the recomputations of the policy about to be priced (:func:`_loop_bound`).
-    ``deadline``: once it has passed and a pipelined plan fits, nothing more is priced. Raises LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
+    ``deadline``: once it has passed and a pipelined plan fits, nothing more is priced. Raises
+    LayoutSearchError when no axis can carry stages or no pipelined plan fits."""
     deadline = deadline or Deadline()
     m = Mesh.of(mesh)
     hw = _hardware(hardware)
