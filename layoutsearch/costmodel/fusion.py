@@ -52,11 +52,10 @@ the backward pass recomputes the mask and the dropout with the softmax.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from layoutsearch.costmodel.ops import OpCost, is_matmul
-from layoutsearch.costmodel.step import graph_cached
+from layoutsearch.costmodel.step import graph_cached, replaced
 from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
@@ -124,7 +123,7 @@ class FusionPlan:
             return cost
         hbm = sum(b for b, c in zip(cost.reads, charged, strict=False) if c) + (cost.write if self.writes[op.name]
                                                                                 else 0)
-        return cost if hbm == cost.hbm_bytes else dataclasses.replace(cost, hbm_bytes=float(hbm))
+        return cost if hbm == cost.hbm_bytes else replaced(cost, {"hbm_bytes": float(hbm)})
 
     def signature(self, op: O.Op) -> tuple:
         """What ``op``'s HBM traffic depends on in this plan (for caches keyed by op shapes)."""

@@ -154,6 +154,17 @@ class OpCost(OpWork):
     matmul_dims: tuple[int, int, int, int] | None = None
 
 
+def _facts(graph: Graph) -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """What :class:`OpRules` needs of a graph whatever the mesh: its constant tensors, its matmuls, and the
+    elementwise ops whose gradient shares a unary op's work (see :func:`op_flops`)."""
+    matmuls = frozenset(op.name for op in graph.ops if is_matmul(op, graph.tensors))
+    fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
+    forward_shared = frozenset(
+        op.name for op in graph.ops if isinstance(op, O.Elementwise)
+        and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
+    return constant_tensors(graph), matmuls, forward_shared
+
+
 class OpRules:
     """Evaluates op costs on one graph and mesh; layouts are given per call."""
 
@@ -164,12 +175,9 @@ class OpRules:
         self.reduce_scatter = reduce_scatter
         self.float32_collectives = float32_collectives
         self.regather_weights = regather_weights
-        self.constant = constant_tensors(graph)
-        self.matmuls = frozenset(op.name for op in graph.ops if is_matmul(op, graph.tensors))
-        fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
-        self.forward_shared = frozenset(
-            op.name for op in graph.ops if isinstance(op, O.Elementwise)
-            and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
+        from layoutsearch.costmodel.step import graph_cached  # (step.py prices with these rules)
+
+        self.constant, self.matmuls, self.forward_shared = graph_cached(graph, "op_rules", lambda: _facts(graph))
 
     def promoted(self, comms: Sequence[Comm]) -> list[Comm]:
         """``comms`` as the backend runs them (:func:`on_mesh`; with ``float32_collectives``, a collective of

@@ -115,13 +115,15 @@ def once_per_step(c: _Collective, classes: dict[str, str]) -> bool:
 def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
     """For each op, the index of the op at which its weight gathers are issued: the first op of the
     previous segment (a run of ops of one block and phase), i.e. one block ahead."""
-    seg_start: list[int] = []
-    starts: list[int] = []
+    points: list[int] = []
+    previous = current = 0  # the first ops of the previous segment and of the current one
+    block, phase = (ops[0].block, ops[0].phase) if ops else (None, None)
     for i, op in enumerate(ops):
-        if i == 0 or (op.block, op.phase) != (ops[i - 1].block, ops[i - 1].phase):
-            starts.append(i)
-        seg_start.append(len(starts) - 1)
-    return [starts[max(0, s - 1)] for s in seg_start]
+        if op.block != block or op.phase != phase:
+            block, phase = op.block, op.phase
+            previous, current = current, i
+        points.append(previous)
+    return points
 
 
 def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: bool = True,
@@ -132,57 +134,60 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     comm = sum(c.seconds for op in ops for c in op.collectives)
     by_class = {k: {"seconds": 0.0, "exposed_s": 0.0} for k in CLASSES}
     kinds = [[classify(c, classes, op, collective_matmul) if async_collectives else "critical"
-              for c in op.collectives] for op in ops]
-    for op, ks in zip(ops, kinds, strict=True):
+              for c in op.collectives] if op.collectives else () for op in ops]
+    issue: dict[int, list[tuple[int, _Collective]]] = defaultdict(list)
+    points: list[int] | None = None
+    for i, (op, ks) in enumerate(zip(ops, kinds, strict=True)):
         for c, k in zip(op.collectives, ks, strict=True):
             by_class[k]["seconds"] += c.seconds
-    issue: dict[int, list[tuple[int, _Collective]]] = defaultdict(list)
-    for i, (p, op, ks) in enumerate(zip(_prefetch_points(ops), ops, kinds, strict=True)):
-        for c, k in zip(op.collectives, ks, strict=True):
             if k == "weight":
-                issue[p].append((i, c))
+                points = points or _prefetch_points(ops)
+                issue[points[i]].append((i, c))
     free: dict[tuple[str, ...], float] = defaultdict(float)
-    ready: dict[int, float] = defaultdict(float)
-    t = 0.0
-    deferred = 0.0
+    ready: dict[int, float] = {}
+    t = deferred = 0.0
+    weight = decomposed = critical = gradient = 0.0  # exposed seconds per class
     waited_for_gradients = False
     for i, (op, ks) in enumerate(zip(ops, kinds, strict=True)):
         for target, c in issue.get(i, ()):
             start = max(t, free[c.axes])
             free[c.axes] = start + c.seconds
-            ready[target] = max(ready[target], start + c.seconds)
-        if op.phase == "optimizer" and not waited_for_gradients:
-            by_class["gradient"]["exposed_s"] += max(0.0, deferred - t)
+            ready[target] = max(ready.get(target, 0.0), start + c.seconds)
+        if not waited_for_gradients and op.phase == "optimizer":
+            gradient += max(0.0, deferred - t)
             t = max(t, deferred)
             waited_for_gradients = True
-        if ready[i] > t:
-            by_class["weight"]["exposed_s"] += ready[i] - t
-            t = ready[i]
+        r = ready.get(i, 0.0)
+        if r > t:
+            weight += r - t
+            t = r
         end = t + op.compute_s
-        for c, k in zip(op.collectives, ks, strict=True):
-            if k == "decomposed":  # in ring steps beside the matmul's partial products
-                start = max(t, free[c.axes])
-                free[c.axes] = start + c.seconds
-                end = max(end, start + c.seconds)
-        by_class["decomposed"]["exposed_s"] += max(0.0, end - t - op.compute_s)
+        if ks:
+            for c, k in zip(op.collectives, ks, strict=True):
+                if k == "decomposed":  # in ring steps beside the matmul's partial products
+                    start = max(t, free[c.axes])
+                    free[c.axes] = start + c.seconds
+                    end = max(end, start + c.seconds)
+        decomposed += max(0.0, end - t - op.compute_s)
         t = end
-        for c, k in zip(op.collectives, ks, strict=True):
-            if k in ("weight", "decomposed"):
-                continue  # issued at its prefetch point, or run beside the matmul
-            start = max(t, free[c.axes])
-            end = start + c.seconds
-            free[c.axes] = end
-            if k == "critical":
-                by_class["critical"]["exposed_s"] += end - t
-                t = end
-            elif k == "gradient":
-                deferred = max(deferred, end)
+        if ks:
+            for c, k in zip(op.collectives, ks, strict=True):
+                if k in ("weight", "decomposed"):
+                    continue  # issued at its prefetch point, or run beside the matmul
+                start = max(t, free[c.axes])
+                end = start + c.seconds
+                free[c.axes] = end
+                if k == "critical":
+                    critical += end - t
+                    t = end
+                elif k == "gradient":
+                    deferred = max(deferred, end)
     if not waited_for_gradients and deferred > t:
-        by_class["gradient"]["exposed_s"] += deferred - t
+        gradient += deferred - t
         t = deferred
-    for v in by_class.values():  # rounding residue of max(...) chains
-        if abs(v["exposed_s"]) < 1e-12:
-            v["exposed_s"] = 0.0
+    for k, exposed in (("critical", critical), ("decomposed", decomposed), ("weight", weight),
+                       ("gradient", gradient)):
+        by_class[k]["exposed_s"] = exposed if abs(exposed) >= 1e-12 else 0.0  # (rounding residue of max chains)
     return Overlap(t, compute, comm, max(0.0, t - compute), by_class)
 
 

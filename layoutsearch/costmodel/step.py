@@ -231,18 +231,25 @@ def _rename_key(key: tuple, old: str, new: str) -> tuple:
     return tuple([k.replace(old, new) if isinstance(k, str) else k for k in key])
 
 
-def _replaced(obj: Any, changes: dict[str, Any]) -> Any:
+def replaced(obj: Any, changes: dict[str, Any]) -> Any:
     """``dataclasses.replace(obj, **changes)`` for a frozen dataclass without ``__post_init__`` or slots
     (:class:`OpCost`, :class:`~layoutsearch.costmodel.ops.Comm`): a copy of its fields, without running
     ``__init__`` (pricing a 96-layer step renames a million of them)."""
     cls = type(obj)
-    if hasattr(cls, "__slots__") or hasattr(cls, "__post_init__"):
+    plain = _PLAIN.get(cls)
+    if plain is None:
+        plain = _PLAIN[cls] = not (hasattr(cls, "__slots__") or hasattr(cls, "__post_init__"))
+    if not plain:
         return dataclasses.replace(obj, **changes)
     new = object.__new__(cls)
     d = new.__dict__
     d.update(obj.__dict__)
     d.update(changes)
     return new
+
+
+_PLAIN: dict[type, bool] = {}
+"""Per class, whether :func:`replaced` may copy its fields directly."""
 
 
 def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
@@ -253,8 +260,8 @@ def _renamed(cost: OpCost, rep: O.Op, op: O.Op) -> OpCost:
         changes: dict[str, Any] = {"tensor": c.tensor.replace(old, new), "cause": c.cause.replace(old, new)}
         if getattr(c, "shared", None) is not None:
             changes["shared"] = _rename_key(c.shared, old, new)
-        comms.append(_replaced(c, changes))
-    return _replaced(cost, {"op": op.name, "block": op.block, "comms": tuple(comms)})
+        comms.append(replaced(c, changes))
+    return replaced(cost, {"op": op.name, "block": op.block, "comms": tuple(comms)})
 
 
 def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool = True,
@@ -287,5 +294,5 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
     return each, (dedupe(each) if dedupe is not None else each)
 
 
-__all__ = ["checked", "graph_cached", "is_training_graph", "op_signature", "repeats", "resized", "signature_ids",
-           "step_costs", "training_step"]
+__all__ = ["checked", "graph_cached", "is_training_graph", "op_signature", "repeats", "replaced", "resized",
+           "signature_ids", "step_costs", "training_step"]
