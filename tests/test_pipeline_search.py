@@ -90,8 +90,12 @@ def test_bad_pipeline_flags_are_one_line_errors(capsys):
     assert code == 2 and not out and "--pipeline takes a positive integer or 'auto'" in err
 
 
+HARDWARE = ["h100", "tpu-v5p", "cpu-sim"]  # asynchronous collectives; with collective matmuls; all in line
+
+
+@pytest.mark.parametrize("hw", HARDWARE)
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved:2"])
-def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(schedule):
+def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(schedule, hw):
     """The bounds the search skips a (layout, M, remat) with, computed on the step without remat, never exceed
     the priced pipelined step: without remat's under any policy (recomputation only adds work), a policy's
     (its recomputations added) under that policy."""
@@ -102,7 +106,7 @@ def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(sched
     stage, inner = ("data", "pipe") if schedule.startswith("interleaved") else ("pipe", "data")  # 6 units
     for rules, M in (("batch:{}", 4), ("d_ff:{},heads:{}", 8), ("", 2)):
         layout = Layout.from_rules(MESH, rules.format(inner, inner))
-        steps = {r: microbatch_step(GPT, layout, "h100", stage_axis=stage, microbatches=M, schedule=schedule,
+        steps = {r: microbatch_step(GPT, layout, hw, stage_axis=stage, microbatches=M, schedule=schedule,
                                     remat=r) for r in ("none", "selective", "full")}
         bound = _loop_bound(steps["none"])
         for r, step in steps.items():
@@ -114,8 +118,9 @@ def test_the_loop_bound_that_prunes_pipelines_holds_for_every_remat_policy(sched
         assert _loop_bound(steps["none"], "full") > _loop_bound(steps["none"], "selective") > bound
 
 
+@pytest.mark.parametrize("hw_name", HARDWARE)
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved:2"])
-def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count(schedule):
+def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count(schedule, hw_name):
     """steps(K, M) / M x a K-th of the inner layout's full-batch bound (what the search skips configurations
     with before pricing them: the roofline bound, or with something to beat the sharper bound of its compute
     and critical collectives or a communicator's collectives) never exceeds the priced pipelined step."""
@@ -129,7 +134,7 @@ def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count
 
     stage, K = ("data", 2) if schedule.startswith("interleaved") else ("pipe", 4)
     inner_mesh = Mesh(tuple((a, s) for a, s in Mesh.parse(MESH).axes if a != stage))
-    trained, hw = training_step(GPT), hardware("h100")
+    trained, hw = training_step(GPT), hardware(hw_name)
     inner = _inner_space(trained, inner_mesh, hw, "auto")
     rooflines = dict(_stage_layouts(inner, trained, inner_mesh, Deadline()))
     # something to beat (however large): the sharper bound
