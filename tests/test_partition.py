@@ -464,6 +464,23 @@ def test_gpipe_gantt_chart():
     assert "FFFFFFFFFFFFFFFFFFFFFFFF." in render_gantt(2, 24)  # compact cells for many micro-batches
 
 
+def test_interleaved_gantt_chart_is_the_executors_tick_table():
+    from layoutsearch.backend.tick_tables import interleaved
+    from layoutsearch.gantt import interleaved_schedule
+
+    K, V, M = 4, 2, 8
+    grid = interleaved_schedule(K, V, M)
+    assert all(len(row) == 2 * (M * V + K - 1) for row in grid)  # the bubble the cost model prices
+    for k, row in enumerate(grid):  # every chunk of every micro-batch once forward and once backward
+        assert sorted(c for c in row if c is not None) == sorted(
+            (kind, m, c) for kind in "BF" for m in range(M) for c in range(V))
+        assert [c for c in row if c is not None] == [
+            ("F" if op[0] == 1 else "B", op[1], op[2]) for op in (t[k] for t in interleaved(K, V, M).ops) if op]
+    text = render_gantt(2, 4, schedule="interleaved", virtual=2, times=[1.0, 2.0])
+    assert "2 stages x 2 chunks x 4 micro-batches, 18 ticks" in text and "bubble 1/9 = 11.1%" in text
+    assert "stage 0 | F0a F1a F0b F1b F2a B0b" in text and "busy 44%" in text  # 4 x 1 / ((4 + 1/2) x 2)
+
+
 @pytest.mark.parametrize("seed", [4, 9, 14, 49])
 def test_ilp_memory_limits_in_gib_agree_with_the_dp(seed):
     # Regression: with byte counts ~1e10 in the memory rows, SCIP's cuts, CP-SAT's presolve and CBC's

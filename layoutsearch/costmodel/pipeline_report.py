@@ -122,14 +122,10 @@ class PipelineReport:
         }
 
     def gantt(self) -> str:
-        """The schedule as a text Gantt chart (GPipe or 1F1B; the interleaved schedule as its 1F1B skeleton),
-        with each stage's busy fraction."""
+        """The schedule as a text Gantt chart (GPipe, 1F1B or interleaved 1F1B, one tick per chunk), with each
+        stage's busy fraction."""
         labels = [f"stage {k} ({' + '.join(f'{c[0]}..{c[-1]}' for c in s.chunks or (s.units,))})"
                   for k, s in enumerate(self.stages)]
-        kind = "gpipe" if self.schedule.kind == "gpipe" else "1f1b"
-        text = render_gantt(self.num_stages, self.microbatches, labels=labels,
-                            times=[s.microbatch_s for s in self.stages], schedule=kind)
-        if self.schedule.kind == "interleaved":
-            text += (f"\n(interleaved:{self.schedule.virtual}: each device runs {self.schedule.virtual} chunks per "
-                     f"micro-batch; bubble {self.bubble_fraction:.1%} instead of the chart's)")
-        return text
+        return render_gantt(self.num_stages, self.microbatches, labels=labels,
+                            times=[s.microbatch_s for s in self.stages], schedule=self.schedule.kind,
+                            virtual=self.schedule.virtual)
