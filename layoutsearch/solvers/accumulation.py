@@ -38,13 +38,14 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
     candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
     out: list[Costed] = []
     proven, micro_fits = True, False
-    for policy in policies:
+    searches = [RulesSearch(micro, mesh, hw, pricer, candidates, policy) for policy in policies]
+    floors: dict[int, float] = {}  # candidate -> a lower bound of its accumulated step under the policies left
+    for i, (policy, rs) in enumerate(zip(policies, searches, strict=True)):
         if out and deadline.passed():
             proven = False
             break
         if progress is not None:
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
-        rs = RulesSearch(micro, mesh, hw, pricer, candidates, policy)
         micro_fits = micro_fits or limit is None or bool(np.any(rs.mem_lb <= limit * (1 + 1e-9)))
 
         def price(k: int, rs: RulesSearch = rs, policy: str = policy) -> Costed | None:
@@ -60,7 +61,7 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
         steps = sorted(p.step_s for p in out if p.within(limit))
         bound = min(upper if upper is not None else math.inf, steps[top - 1] if len(steps) >= top else math.inf)
         plans, ok = accumulated_top(rs, M, price, limit, top, bound if bound < math.inf else None, deadline,
-                                    progress)
+                                    progress, floors, searches[i + 1:])
         if pruning is not None:
             pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
         out += plans

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -337,21 +337,30 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     lower bound of the plans not priced is left in ``rs.floor``. When ``deadline`` passes, the plans priced
     so far, not proven (what was cut short: ``rs.cut_short``)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
-    priced = rs.bound_and_price(limit, top, progress, deadline, upper)
+    exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
+    ceiling = math.inf if upper is None else upper * (1 + 1e-9)
+    lower: dict[int, float] = {}
+    among = None
+    if upper is not None and not exact:  # first the A of every candidate that may beat upper: one build
+        near = np.nonzero((rs.lb < ceiling) & rs.may_fit(limit))[0]
+        if len(near):
+            bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
+            fit = rs.may_fit(limit)[near]
+            lower.update(zip(near[fit].tolist(), bounds[fit].tolist(), strict=True))
+        among = np.zeros(len(rs.lb), bool)
+        among[[k for k, low in lower.items() if low < ceiling]] = True
+    priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
     if not len(priced):
-        rs.floor = _floor(rs, limit, {}, set())
+        rs.floor = _floor(rs, limit, lower, set())
         return [], True, None, "enumerate"
     problem = rs.problem(priced)
     name = solver_for(problem, solver, limit)
     sols = solve(problem, name, limit, top, deadline.left())
     if not sols[0].assign:
-        rs.floor = _floor(rs, limit, {}, set())
+        rs.floor = _floor(rs, limit, lower, set())
         return [], True, None, name
-    exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
-    ceiling = math.inf if upper is None else upper * (1 + 1e-9)
     cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
     proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
-    lower: dict[int, float] = {}
     plans: dict[int, Costed] = {}
     while True:
         done = np.nonzero(~np.isnan(rs.cost))[0]
@@ -401,7 +410,8 @@ def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced
 
 def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
                     limit: float | None, top: int, upper: float | None, deadline: Deadline,
-                    progress: Progress | None) -> tuple[list[Costed], bool]:
+                    progress: Progress | None, floors: dict[int, float] | None = None,
+                    later: Sequence[RulesSearch] = ()) -> tuple[list[Costed], bool]:
     """The ``top`` fastest fitting plans of a gradient-accumulation step over ``microbatches`` micro-batches
     whose layout is a rules candidate of ``rs`` (the rules space of ONE micro-batch's step), priced by
     ``price(k)`` (candidate ``k`` as the accumulated step: None when it cannot be); with ``upper``, only
@@ -417,7 +427,13 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     below the cut get the second, and are priced in the order of the second bound
     until the ``top``-th best step is below the next bound (or the next bound reaches ``upper``). Without
     ``upper``, the first cut is the ``top``-th best accumulated step that fits among the micro-batch's plans
-    taken in the order of their step without overlap. Returns (plans fastest first, proven)."""
+    taken in the order of their step without overlap. Returns (plans fastest first, proven).
+
+    ``floors`` (candidate -> a lower bound of its accumulated step under this policy) skips candidates that
+    cannot beat the cut; the second bounds computed here are added to it, also for the candidates of the
+    ``later`` searches (the same micro-batch under policies recomputing more: recomputation only adds to
+    every entry of a bound vector) in the same build, so a later policy needs no build of its own when they
+    rule out all its candidates."""
     M = microbatches
     plans: dict[int, Costed | None] = {}
     cut = upper
@@ -434,10 +450,23 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         if not seeds:
             return [], not rs.cut_short and len(plans) == len(fit)
         cut = max(seeds)
-    near = np.nonzero((M * rs.lb < cut * (1 + 1e-9)) & rs.may_fit(limit))[0]
+    reach = M * rs.lb < cut * (1 + 1e-9)
+    near = np.nonzero(reach & rs.may_fit(limit))[0]
+    if floors:
+        near = near[np.array([floors.get(k, 0.0) < cut * (1 + 1e-9) for k in near.tolist()], bool)]
     if not len(near):
         return [], not rs.cut_short
-    bounds, peaks = rs.overlap_bounds(near, optimizer=False)
+    ahead = np.zeros(len(rs.lb), bool)
+    for other in later:
+        ahead |= reach & other.may_fit(limit)
+    ahead[near] = False
+    if floors:
+        ahead[list(floors)] = False
+    idx = np.concatenate([near, np.nonzero(ahead)[0]])
+    bounds, peaks = rs.overlap_bounds(idx, optimizer=False)
+    if floors is not None:
+        floors.update(zip(idx.tolist(), (M * bounds).tolist(), strict=True))
+    bounds, peaks = bounds[:len(near)], peaks[:len(near)]
     fit = peaks <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
     lower = sorted(zip((M * bounds[fit]).tolist(), near[fit].tolist(), strict=True))
     proven = not rs.cut_short
