@@ -96,7 +96,7 @@ class Mesh:
             return cls.parse(obj)
         return cls(tuple((str(k), v) for k, v in obj.items()))
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(a for a, _ in self.axes)
 
@@ -119,9 +119,17 @@ class Mesh:
         except KeyError:
             raise MeshError(f"unknown mesh axis {axis!r} (mesh has: {', '.join(self.names)})") from None
 
+    @functools.cached_property
+    def _groups(self) -> dict[tuple[str, ...], int]:
+        return {}
+
     def group_size(self, axes: tuple[str, ...] | list[str]) -> int:
         """Product of the sizes of ``axes`` (1 for none)."""
-        return math.prod(self.axis_size(a) for a in axes)
+        key = axes if isinstance(axes, tuple) else tuple(axes)
+        n = self._groups.get(key)
+        if n is None:
+            n = self._groups[key] = math.prod(self.axis_size(a) for a in key)
+        return n
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         return iter(self.axes)
