@@ -65,12 +65,13 @@ class Tensor:
         if n > MAX_TENSOR_ELEMENTS:
             raise GraphError(f"tensor {self.name!r} has {n:,} elements ({' x '.join(map(str, self.dims))}): "
                              f"more than the limit of 2**50 ({MAX_TENSOR_ELEMENTS:,}) per tensor")
+        self.__dict__.update(dim_names=names, num_elements=n)  # (the cached properties below, known already)
 
     @functools.cached_property
     def dim_names(self) -> tuple[str, ...]:
         return dim_names(self.dims)
 
-    @property
+    @functools.cached_property
     def num_elements(self) -> int:
         return num_elements(self.dims)
 
@@ -80,7 +81,7 @@ class Tensor:
 
     @property
     def nbytes(self) -> int:
-        return self.num_elements * self.itemsize
+        return self.num_elements * DTYPE_BYTES[self.dtype]
 
     @property
     def is_float(self) -> bool:

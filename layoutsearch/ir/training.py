@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -135,27 +135,34 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
     meta["training"] = {"optimizer": opt.to_dict()}
     if policy is not None:
         meta["training"].update(precision=policy.name, master_weights=masters)
-    g = Graph(forward.name, d.tensors.values(), d.ops, loss=forward.loss, meta=meta)
+    tensors = list(d.tensors.values())
     if policy is not None and policy.grads is not None:  # parameter gradients in their own dtype
-        wide = parameter_gradients(g)
-        tensors = [Tensor(t.name, t.dims, policy.grads, t.role, t.updates) if t.name in wide else t
-                   for t in g.tensors.values()]
-        g = Graph(g.name, tensors, g.ops, loss=g.loss, meta=meta)
-    return g
+        producer = {op.output: op for op in d.ops}
+        params = [t for t in tensors if t.role == "parameter" and t.name not in producer]
+        wide = _gradient_chains(params, d.tensors, producer.get)
+        tensors = [Tensor(t.name, t.dims, policy.grads, t.role, t.updates) if t.name in wide else t for t in tensors]
+    return Graph(forward.name, tensors, d.ops, loss=forward.loss, meta=meta)
 
 
 def parameter_gradients(graph: Graph) -> set[str]:
     """Tensors of training graph ``graph`` that are parameter gradients: ``grad/P`` of every
     parameter and the contributions its sum chain adds up."""
+    return _gradient_chains(graph.parameters, graph.tensors, graph.producer)
+
+
+def _gradient_chains(params: Iterable[Tensor], tensors: Mapping[str, Tensor],
+                     producer: Callable[[str], O.Op | None]) -> set[str]:
+    """:func:`parameter_gradients` of the parameters ``params`` among ``tensors`` (``producer``: a tensor's
+    producing op, None for none)."""
     out: set[str] = set()
-    for p in graph.parameters:
+    for p in params:
         stack = [grad_name(p.name)]
         while stack:
             t = stack.pop()
-            if t not in graph.tensors or t in out:
+            if t not in tensors or t in out:
                 continue
             out.add(t)
-            op = graph.producer(t)
+            op = producer(t)
             if isinstance(op, O.Elementwise) and op.fn == "add" and op.phase == "backward" and is_grad_sum(t, p.name):
                 stack.extend(op.inputs)
     return out
