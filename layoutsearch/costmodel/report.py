@@ -48,6 +48,7 @@ import math
 import weakref
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
 from layoutsearch.costmodel.compute import compute_seconds
@@ -119,10 +120,21 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         _REPORTS.move_to_end(key)
         return hit[1]
     rep = _estimate(g, layout, hw, optimizer, remat, attention, overlap)
-    _REPORTS[key] = (weakref.ref(g), rep)
-    while len(_REPORTS) > _REPORTS_SIZE:
-        _REPORTS.popitem(last=False)
+    _remember(_REPORTS, key, g, rep)
     return rep
+
+
+def _remember(cache: OrderedDict[tuple, tuple[weakref.ref[Graph], Any]], key: tuple, g: Graph, value: Any) -> None:
+    """``value`` in LRU ``cache`` under ``key`` for graph ``g``, until ``g`` goes (a search's reports do not
+    outlive its graphs) or :data:`_REPORTS_SIZE` newer entries push it out."""
+    def forget(ref: weakref.ref[Graph], cache: OrderedDict = cache, key: tuple = key) -> None:
+        hit = cache.get(key)
+        if hit is not None and hit[0] is ref:
+            del cache[key]
+
+    cache[key] = (weakref.ref(g, forget), value)
+    while len(cache) > _REPORTS_SIZE:
+        cache.popitem(last=False)
 
 
 _REPORTS: OrderedDict[tuple, tuple[weakref.ref[Graph], CostReport]] = OrderedDict()
@@ -177,9 +189,7 @@ def _op_costs(g: Graph, layout: Layout, hw: Hardware, attention: str,
         each, costs = step_costs(g, layout, hw.reduce_scatter, float32_collectives=hw.float32_collectives,
                                  regather_weights=hw.regather_weights)
         costs = [fusion.cost(op, c) for op, c in zip(g.ops, costs, strict=True)]
-        _OP_COSTS[key] = (weakref.ref(g), (each, costs))
-        while len(_OP_COSTS) > _REPORTS_SIZE:
-            _OP_COSTS.popitem(last=False)
+        _remember(_OP_COSTS, key, g, (each, costs))
     return each, costs
 
 

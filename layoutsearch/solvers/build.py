@@ -296,8 +296,11 @@ class _Builder(SpaceNodes):
         self.add_operand_reshards()
         self.add_recompute_items()
         self.add_tensor_items()
-        problem = assemble([n.name for n in self.nodes], [n.size for n in self.nodes], self.items,
-                           [op.name for op in self.g.ops], self.point_classes(), self.deadline)
+        try:
+            problem = assemble([n.name for n in self.nodes], [n.size for n in self.nodes], self.items,
+                               [op.name for op in self.g.ops], self.point_classes(), self.deadline)
+        finally:  # the items' makers refer back to this builder: let it go by reference counting
+            self.items = Items()
         return Space(self.g, self.mesh, self.hw, self.kind, self.nodes, self.op_node, self.owner, problem, self.dims)
 
     def runs(self, op: O.Op) -> int:

@@ -333,7 +333,9 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     whose roofline bound is below the cut is priced, its ``A`` computed, and they are priced by the cost
     model in order of ``A`` until the ``top``-th best ``S`` is below the next ``A`` (or the next ``A``
     reaches ``upper``); if that ``S`` is above the cut, the cut rises to it (at most to ``upper``) and the
-    candidates below the new cut join. Returns (plans fastest first, proven, gap, solver); the smallest
+    candidates below the new cut join. With ``upper`` and at most :data:`FIRST_BATCH` candidates that may fit
+    below it by their roofline bound, their ``A`` comes first (one build) and only those whose ``A`` is below
+    ``upper`` are priced. Returns (plans fastest first, proven, gap, solver); the smallest
     lower bound of the plans not priced is left in ``rs.floor``. When ``deadline`` passes, the plans priced
     so far, not proven (what was cut short: ``rs.cut_short``)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
@@ -341,12 +343,11 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     ceiling = math.inf if upper is None else upper * (1 + 1e-9)
     lower: dict[int, float] = {}
     among = None
-    if upper is not None and not exact:  # first the A of every candidate that may beat upper: one build
-        near = np.nonzero((rs.lb < ceiling) & rs.may_fit(limit))[0]
-        if len(near):
-            bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
-            fit = rs.may_fit(limit)[near]
-            lower.update(zip(near[fit].tolist(), bounds[fit].tolist(), strict=True))
+    near = np.nonzero((rs.lb < ceiling) & rs.may_fit(limit))[0] if upper is not None and not exact else []
+    if 0 < len(near) <= FIRST_BATCH:  # few may beat upper: first their A, in one build, then price only those
+        bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
+        fit = rs.may_fit(limit)[near]
+        lower.update(zip(near[fit].tolist(), bounds[fit].tolist(), strict=True))
         among = np.zeros(len(rs.lb), bool)
         among[[k for k, low in lower.items() if low < ceiling]] = True
     priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
