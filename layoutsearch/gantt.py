@@ -113,8 +113,7 @@ def render_gantt(stages: int, microbatches: int, *, labels: Sequence[str] | None
     sep = "" if compact else " "
     pad = max(map(len, labels))
     legend = " (F forward, B backward, . idle)" if compact else ""
-    ticks = microbatches * V + stages - 1
-    bubble = f"bubble {stages - 1}/{ticks} = {(stages - 1) / ticks:.1%}"
+    bubble = f"bubble {stages - 1}/{microbatches * V + stages - 1} = {bubble_fraction(stages, microbatches * V):.1%}"
 
     def cells(row: Sequence[Cell]) -> str:
         return sep.join(("." if c is None else c[0] if compact else

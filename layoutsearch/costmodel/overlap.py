@@ -106,6 +106,13 @@ def classify(c: _Collective, classes: dict[str, str], op: _Op | None = None,
     return "critical"
 
 
+def collective_class(c: _Collective, classes: dict[str, str], op: _Op | None, async_collectives: bool,
+                     collective_matmul: bool = False) -> str:
+    """How collective ``c`` of ``op`` runs on a backend: its class (:func:`classify`) where collectives run
+    asynchronously, else ``critical`` (in line, as XLA on CPU runs them)."""
+    return classify(c, classes, op, collective_matmul) if async_collectives else "critical"
+
+
 def once_per_step(c: _Collective, classes: dict[str, str]) -> bool:
     """Whether a collective runs once per step with gradient accumulation (a gradient all-reduce, after the
     last micro-batch), not once per micro-batch."""
@@ -133,8 +140,8 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     compute = sum(op.compute_s for op in ops)
     comm = sum(c.seconds for op in ops for c in op.collectives)
     by_class = {k: {"seconds": 0.0, "exposed_s": 0.0} for k in CLASSES}
-    kinds = [[classify(c, classes, op, collective_matmul) if async_collectives else "critical"
-              for c in op.collectives] if op.collectives else () for op in ops]
+    kinds = [[collective_class(c, classes, op, async_collectives, collective_matmul) for c in op.collectives]
+             if op.collectives else () for op in ops]
     issue: dict[int, list[tuple[int, _Collective]]] = defaultdict(list)
     points: list[int] | None = None
     for i, (op, ks) in enumerate(zip(ops, kinds, strict=True)):
@@ -191,4 +198,5 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     return Overlap(t, compute, comm, max(0.0, t - compute), by_class)
 
 
-__all__ = ["CLASSES", "Overlap", "classify", "collective_classes", "once_per_step", "schedule"]
+__all__ = ["CLASSES", "Overlap", "classify", "collective_class", "collective_classes", "once_per_step",
+           "schedule"]

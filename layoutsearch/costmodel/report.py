@@ -59,7 +59,7 @@ from layoutsearch.costmodel.ops import OpCost, op_flops
 from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
 from layoutsearch.costmodel.render import MEMORY_MEANING as MEMORY_MEANING
 from layoutsearch.costmodel.render import render_report
-from layoutsearch.costmodel.step import checked, graph_cached, step_costs, training_step
+from layoutsearch.costmodel.step import checked, graph_cached, graph_ref, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
@@ -127,12 +127,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
 def _remember(cache: OrderedDict[tuple, tuple[weakref.ref[Graph], Any]], key: tuple, g: Graph, value: Any) -> None:
     """``value`` in LRU ``cache`` under ``key`` for graph ``g``, until ``g`` goes (a search's reports do not
     outlive its graphs) or :data:`_REPORTS_SIZE` newer entries push it out."""
-    def forget(ref: weakref.ref[Graph], cache: OrderedDict = cache, key: tuple = key) -> None:
-        hit = cache.get(key)
-        if hit is not None and hit[0] is ref:
-            del cache[key]
-
-    cache[key] = (weakref.ref(g, forget), value)
+    cache[key] = (graph_ref(g, cache, key), value)
     while len(cache) > _REPORTS_SIZE:
         cache.popitem(last=False)
 

@@ -48,16 +48,21 @@ def graph_cached(graph: Graph, key: Any, compute: Callable[[], Any]) -> Any:
     value = compute()
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[k] = (weakref.ref(graph, lambda ref, drop=_drop: drop(k, ref)), value)  # bound: exit clears globals
+    _CACHE[k] = (graph_ref(graph, _CACHE, k), value)
     return value
 
 
-def _drop(k: tuple[int, Any], ref: weakref.ref[Graph], cache: dict = _CACHE) -> None:
-    # the cache is bound at definition: at interpreter exit, when module globals are cleared, graphs still
-    # collected call this after ``_CACHE`` is gone
-    hit = cache.get(k)
-    if hit is not None and hit[0] is ref:
-        del cache[k]
+def graph_ref(graph: Graph, cache: dict, key: Any) -> weakref.ref[Graph]:
+    """A weak reference to ``graph`` for the entry ``cache[key] = (reference, value)``: the entry goes with
+    the graph (unless it was replaced meanwhile)."""
+    def drop(ref: weakref.ref[Graph], cache: dict = cache, key: Any = key) -> None:
+        # the cache is bound here: at interpreter exit, when module globals are cleared, graphs still
+        # collected call this after the module's caches are gone
+        hit = cache.get(key)
+        if hit is not None and hit[0] is ref:
+            del cache[key]
+
+    return weakref.ref(graph, drop)
 
 
 def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
@@ -294,5 +299,5 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
     return each, (dedupe(each) if dedupe is not None else each)
 
 
-__all__ = ["checked", "graph_cached", "is_training_graph", "op_signature", "repeats", "replaced", "resized",
-           "signature_ids", "step_costs", "training_step"]
+__all__ = ["checked", "graph_cached", "graph_ref", "is_training_graph", "op_signature", "repeats", "replaced",
+           "resized", "signature_ids", "step_costs", "training_step"]

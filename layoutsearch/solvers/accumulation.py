@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
@@ -46,7 +44,7 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
             break
         if progress is not None:
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
-        micro_fits = micro_fits or limit is None or bool(np.any(rs.mem_lb <= limit * (1 + 1e-9)))
+        micro_fits = micro_fits or bool(rs.may_fit(limit).any())
 
         def price(k: int, rs: RulesSearch = rs, policy: str = policy) -> Costed | None:
             layout = Layout(mesh, rules_of(rs.cands, k, rs.dims, mesh))

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.memory import REMAT_POLICIES, remat_plan
-from layoutsearch.costmodel.overlap import classify, once_per_step
+from layoutsearch.costmodel.overlap import collective_class, once_per_step
 from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
 from layoutsearch.costmodel.report import OpReport
 from layoutsearch.costmodel.step import training_step
@@ -175,18 +175,22 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
         inner = _inner_space(trained_graph, inner_mesh, hw, attention)
         beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []), default=math.inf)
 
+        def tried(mb: int, split: int) -> bool:
+            """Whether M = ``mb`` is priced for a layout splitting the batch ``split`` ways: given, or searched
+            and splittable (priced, the others would raise)."""
+            return bool(microbatches) or (B // mb) % split == 0
+
         def loop(split: int, K: int = K, counts: list[int] = counts) -> float:
             """The shortest loop per full-batch step time, steps(K, M) / M / K, of the M tried for a layout
-            splitting the batch ``split`` ways (those it can split, with M searched)."""
-            return min((sched.steps(K, mb) / mb / K for mb in counts if microbatches or (B // mb) % split == 0),
-                       default=math.inf)
+            splitting the batch ``split`` ways."""
+            return min((sched.steps(K, mb) / mb / K for mb in counts if tried(mb, split)), default=math.inf)
 
         for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, beat, loop, batch_dim):
             layout = Layout(full_mesh, rules)
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
-                if not microbatches and (B // mb) % split:
-                    continue  # micro-batches the layout cannot split (priced, they would raise)
+                if not tried(mb, split):
+                    continue
                 beat = min([c.step_s for c, _ in priced if c.fits] + ([upper] if upper is not None else []),
                            default=math.inf)
                 if bound / K * sched.steps(K, mb) / mb >= beat:
@@ -326,8 +330,9 @@ def _loop_bound(step: MicrobatchStep, remat: str | None = None) -> float:
     p, hw = step.priced, step.hardware
 
     def held(o: OpReport) -> float:  # how long op execution ``o`` holds its device's compute stream at least
-        return o.compute_s + sum(c.seconds for c in o.collectives if not once_per_step(c, p.classes) and (
-            not hw.async_collectives or classify(c, p.classes, o, hw.collective_matmul) == "critical"))
+        return o.compute_s + sum(c.seconds for c in o.collectives if not once_per_step(c, p.classes)
+                                 and collective_class(c, p.classes, o, hw.async_collectives,
+                                                      hw.collective_matmul) == "critical")
 
     ops = [o for o in p.report.ops if o.phase != "optimizer"]
     more = set(remat_plan(p.graph, remat or step.remat).recomputed) - set(remat_plan(p.graph, step.remat).recomputed)

@@ -23,7 +23,7 @@ from layoutsearch.costmodel.compute import compute_seconds
 from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.memory import remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, OpRules, dedupe_shared
-from layoutsearch.costmodel.overlap import classify, collective_classes, once_per_step
+from layoutsearch.costmodel.overlap import collective_class, collective_classes, once_per_step
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes, DimLayout, Layout
@@ -79,10 +79,9 @@ class Pricer:
 
     def critical(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
         """Whether the step always waits for collective ``c`` (of op ``op_name``, a matmul or not)."""
-        if not self.hw.async_collectives:
-            return True
-        view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None else None
-        return classify(c, self.classes, view, self.hw.collective_matmul) == "critical"
+        hw = self.hw
+        view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None and hw.async_collectives else None
+        return collective_class(c, self.classes, view, hw.async_collectives, hw.collective_matmul) == "critical"
 
     def collectives(self, comms: Iterable[Any], op_name: str | None = None, matmul: bool = False,
                     tensor: str | None = None) -> float | np.ndarray:
