@@ -5,6 +5,7 @@ conventional layout, and the CLI around them (bad input included)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import pytest
 from clirun import run, run_json
@@ -12,7 +13,7 @@ from clirun import run, run_json
 from layoutsearch import Layout, estimate, hardware, zoo
 from layoutsearch.costmodel.compute import matmul_efficiency
 from layoutsearch.costmodel.fusion import attention_cores, fusion_plan
-from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.overlap import classify, collective_classes, schedule
 from layoutsearch.costmodel.pipeline import Schedule
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import CostModelError, GraphError, LayoutSearchError
@@ -161,6 +162,40 @@ def test_fsdp_communication_hides_behind_compute_where_collectives_are_asynchron
     assert auto.exposure.by_class["weight"]["exposed_s"] < auto.exposure.by_class["weight"]["seconds"]
     cpu = estimate(big, FSDP, "cpu-sim")
     assert cpu.step_s == pytest.approx(cpu.compute_s + cpu.comm_s)  # XLA:CPU: collectives in line
+
+
+@dataclass(frozen=True)
+class _Coll:
+    kind: str
+    axes: tuple[str, ...]
+    seconds: float
+    tensor: str
+
+
+@dataclass(frozen=True)
+class _Op:
+    phase: str
+    block: str | None
+    compute_s: float
+    collectives: tuple[_Coll, ...] = ()
+    matmul: bool = True
+    output: str = "y"
+
+
+def test_a_blocks_weights_are_prefetched_one_block_ahead_even_with_recomputation_inside_its_backward_pass():
+    """Selective remat and flash attention run forward ops again between a block's backward ops: the block's
+    backward pass is still one prefetch unit, its gathers issued when the previous block's backward pass
+    starts (not when the last recomputed op before them does)."""
+    gather = lambda w: (_Coll("all-gather", ("data",), 1.0, w),)  # noqa: E731
+    ops = [_Op("backward", "layer.1", 2.0),  # layer.1's backward pass: 3 s of compute
+           _Op("recompute", "layer.1", 0.5),
+           _Op("backward", "layer.1", 0.5),
+           _Op("recompute", "layer.0", 0.1),  # layer.0's: its gathers go out at layer.1's start
+           _Op("backward", "layer.0", 1.0, gather("w0")),
+           _Op("recompute", "layer.0", 0.1),
+           _Op("backward", "layer.0", 1.0, gather("v0"))]
+    run = schedule(ops, {"w0": "weight", "v0": "weight"})
+    assert run.step_s == pytest.approx(5.2) and run.by_class["weight"]["exposed_s"] == 0.0
 
 
 def test_tensor_parallel_collectives_are_critical_on_gpu_and_decomposed_on_tpu():

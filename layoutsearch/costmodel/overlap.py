@@ -8,7 +8,9 @@ overlap depends on the collective, not on a tuned constant:
 * **weight gathers** (all-gather or all-to-all of a parameter: FSDP/ZeRO-3)
   do not depend on the step's data: they are *prefetched* one block ahead
   (issued when the block before the one that needs them starts, as PyTorch
-  FSDP's forward/backward prefetch and XLA's latency-hiding scheduler do);
+  FSDP's forward/backward prefetch and XLA's latency-hiding scheduler do; a
+  block's backward pass includes the forward ops that remat or flash
+  attention run again inside it);
   compute waits only if the gather is not done when its op starts;
 * **gradient reductions** (all-reduce or reduce-scatter of a parameter
   gradient: data parallelism, FSDP) are *deferred*: issued when the gradient is
@@ -119,16 +121,23 @@ def once_per_step(c: _Collective, classes: dict[str, str]) -> bool:
     return c.kind == "all-reduce" and classify(c, classes) == "gradient"
 
 
+_PASS = {"recompute": "backward"}
+"""A block's recomputation runs within its backward pass (before and between its backward ops)."""
+
+
 def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
     """For each op, the index of the op at which its weight gathers are issued: the first op of the
-    previous segment (a run of ops of one block and phase), i.e. one block ahead."""
+    previous segment (a run of ops of one block and pass, recomputation counting as backward), i.e. one
+    block ahead."""
     points: list[int] = []
     previous = current = 0  # the first ops of the previous segment and of the current one
-    block, phase = (ops[0].block, ops[0].phase) if ops else (None, None)
+    segment = None
     for i, op in enumerate(ops):
-        if op.block != block or op.phase != phase:
-            block, phase = op.block, op.phase
-            previous, current = current, i
+        key = (op.block, _PASS.get(op.phase, op.phase))
+        if key != segment:
+            if segment is not None:
+                previous, current = current, i
+            segment = key
         points.append(previous)
     return points
 
