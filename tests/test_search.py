@@ -133,9 +133,10 @@ def test_zoo_models_search_in_every_space(model):
     assert plans[2].step_s <= plans[0].step_s * (1 + 1e-9)
 
 
-@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("remat", ["none", "selective", "full"])
 def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
-    """The roofline and live-set bounds never exceed a candidate's priced step and peak, and the critical-path
+    """The roofline (with the einsums remat runs again) and live-set bounds never exceed a candidate's priced
+    step and peak, and the critical-path
     bound (compute + the collectives a step always waits for) never exceeds the overlapped step (which may
     exceed the step without overlap: a critical collective can wait behind a prefetched gather)."""
     import importlib
@@ -152,10 +153,12 @@ def test_the_bounds_the_search_prunes_with_hold_on_every_candidate(gpt, remat):
     s = importlib.import_module("layoutsearch.solvers.rules_search")
     g, mesh, hw = training_step(gpt), Mesh.parse(MESH), hardware("h100")
     pricer = Pricer(g, mesh, hw)
-    rs = s.RulesSearch(g, mesh, hw, pricer, s.rules_candidates(g, mesh, hw, pricer, None), remat)
+    candidates = s.rules_candidates(g, mesh, hw, pricer, None)
+    rs = s.RulesSearch(g, mesh, hw, pricer, candidates, remat)
     every = np.arange(len(rs.cands))
     rs.price(every)
     assert np.all(rs.lb <= rs.cost * (1 + 1e-9)) and np.all(rs.mem_lb <= rs.mem * (1 + 1e-9))
+    assert (remat == "none") == np.array_equal(rs.lb, candidates[1])  # recomputed einsums raise the bound
     sample = np.random.default_rng(0).choice(every, 12, replace=False)
     bound = build_space(g, mesh, hw, "rules", rules=rs.cands.take(sample), pricer=rs.pricer.bound(), remat=remat)
     vectors = s.strategy_values(bound.problem)[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -48,14 +48,15 @@ def dims_mask(dims: list[str], names: tuple[str, ...]) -> np.ndarray:
 
 
 def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str],
-                    on_chip: frozenset[str] = frozenset()) -> np.ndarray:
+                    on_chip: frozenset[str] = frozenset(), ops: Iterable[O.Op] | None = None) -> np.ndarray:
     """A lower bound of each candidate's step time: the einsums' roofline compute (FLOPs, and the HBM bytes
-    of their inputs not ``on_chip``), which communication and the other ops only add to."""
+    of their inputs not ``on_chip``), which communication and the other ops only add to. ``ops``: those
+    einsums among these ops only (default: all of ``g``'s)."""
     sizes = tuple(s for _, s in mesh.axes)
     total = np.zeros(len(cands))
     seen: dict[tuple, int] = {}
     reps: dict[tuple, O.Op] = {}
-    for op in g.ops:
+    for op in g.ops if ops is None else ops:
         if is_matmul(op, g.tensors):  # (vector einsums run at another rate: left out of the bound)
             key = tuple((g.tensors[x].dims, g.tensors[x].dtype, x in on_chip) for x in (*op.inputs, op.output))
             seen[key] = seen.get(key, 0) + 1
@@ -158,8 +159,8 @@ def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 
 def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
                 ) -> tuple[RuleSets, np.ndarray]:
-    """The rules space's candidates (``extra`` appended) and their roofline bounds: the same for every remat
-    policy."""
+    """The rules space's candidates (``extra`` appended) and their roofline bounds without remat (a
+    :class:`RulesSearch` adds those of the einsums its policy runs again)."""
     cands = rule_sets(g, mesh)
     cands = cands.concat(extra) if extra is not None else cands
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
@@ -172,13 +173,17 @@ large enough that the walk does not dominate, and each next one four times large
 
 
 class RulesSearch:
-    """The rules space of one graph, priced lazily in bound order."""
+    """The rules space of one graph under one remat policy, priced lazily in bound order (``lb``: the
+    candidates' roofline bounds, recomputed einsums included)."""
 
     def __init__(self, g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer,
                  candidates: tuple[RuleSets, np.ndarray], remat: str = "none") -> None:
         self.g, self.mesh, self.hw, self.pricer, self.remat = g, mesh, hw, pricer, remat
         self.dims = list(g.dims)
         self.cands, self.lb = candidates
+        again = [g.op(name) for name in remat_plan(g, remat).recomputed]
+        if again:  # the einsums the policy runs again add their roofline too
+            self.lb = self.lb + _compute_bounds(g, mesh, hw, self.cands, self.dims, pricer.fusion.on_chip, again)
         self.cost = np.full(len(self.cands), np.nan)
         self.mem = np.full(len(self.cands), np.nan)
         self.rows = 0
@@ -459,7 +464,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         return [], not rs.cut_short
     ahead = np.zeros(len(rs.lb), bool)
     for other in later:
-        ahead |= reach & other.may_fit(limit)
+        ahead |= (M * other.lb < cut * (1 + 1e-9)) & other.may_fit(limit)
     ahead[near] = False
     if floors:
         ahead[list(floors)] = False
