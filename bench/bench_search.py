@@ -76,7 +76,7 @@ def run(model_kw: dict, mesh: str, space: str, solver: str, hw: str = "tpu-v4", 
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     p = plan.problem
     pruning = p.get("pruning", {})
-    total = {k: sum(v[k] for v in pruning.values()) for k in ("candidates", "memory_bound", "priced", "refined")} \
+    total = {k: sum(v[k] or 0 for v in pruning.values()) for k in ("candidates", "memory_bound", "priced", "refined")} \
         if pruning else {}
     return {**row, "used": plan.solver, "candidates": p.get("candidates"), "priced": p.get("priced"),
             "pruning": pruning, "pruned_total": total,

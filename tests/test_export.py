@@ -260,6 +260,15 @@ def test_maxtext_sizes_the_stage_axis_with_the_pipeline_key():
                           schedule="interleaved:4")
 
 
+def test_remat_of_the_first_blocks_exports_as_what_each_framework_can_run():
+    layout = Layout.from_rules(MESH, "batch:data")
+    flax = export(layout, GPT, "flax", remat="full:1")
+    assert "around each of the first 1 layers, no nn.remat around the others" in flax
+    assert maxtext_overrides(layout, graph=GPT, remat="full:1")["remat_policy"] == "full"
+    text = export(layout, GPT, "maxtext", remat="full:1")
+    assert "remat_policy" in text and "MaxText remats every layer alike" in text
+
+
 def test_maxtext_gradient_accumulation_and_remat():
     cfg = maxtext_overrides(Layout.from_rules(MESH, "batch:data"), graph=GPT, microbatches=2, remat="none")
     assert cfg["gradient_accumulation_steps"] == 2 and "num_pipeline_microbatches" not in cfg

@@ -102,6 +102,7 @@ def _reference(graph, seed=0):
     ("data:2,model:4", "batch:data,d_ff:model,heads:model", {}),
     ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"remat": "selective"}),
     ("data:8", "batch:data,d_model:data", {"remat": "full"}),  # FSDP
+    ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"remat": "full:1", "microbatches": 2}),
     ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"microbatches": 2}),
     ("data:2,model:2,stage:2", "batch:data,d_ff:model,heads:model", {"stage_axis": "stage", "microbatches": 2}),
     ("stage:2,model:4", "d_ff:model", {"stage_axis": "stage", "microbatches": 4, "remat": "selective"}),
@@ -121,8 +122,13 @@ def test_remat_policies_recompute_what_they_drop():
     g = small()
     lay = ls.Layout.from_rules("data:8", "batch:data")
     flops = {r: Program(g, lay, remat=r, precision="fp32")._lowered().compile().cost_analysis()["flops"]
-             for r in ("none", "selective", "full")}
-    assert flops["none"] < flops["selective"] < flops["full"]
+             for r in ("none", "selective", "full:1", "full")}
+    assert flops["none"] < flops["selective"] < flops["full"] and flops["none"] < flops["full:1"] < flops["full"]
+    with pytest.raises(LayoutError, match="the pipeline executor remats every layer of a stage alike"):
+        Program(g, ls.Layout.from_rules("stage:2,data:4", "batch:data"), remat="full:1", stage_axis="stage",
+                microbatches=2)
+    with pytest.raises(LayoutError, match="unknown remat policy 'some'"):
+        Program(g, lay, remat="some")
 
 
 def test_state_is_placed_by_the_layout_and_advances():

@@ -270,6 +270,33 @@ def test_remat_policies_inside_a_pipeline_trade_memory_for_time():
     assert none.stages[1].microbatch_s < full.stages[1].microbatch_s
 
 
+def test_remat_of_the_first_blocks_lies_between_none_and_full():
+    """``full:N`` (Megatron's recompute-num-layers): the first N of the 4 blocks recompute, the others keep
+    everything; compute grows and memory falls with N, ``full:4`` is ``full``, and the plan recomputes
+    exactly the first N blocks' ops."""
+    from layoutsearch.costmodel.memory import remat_plan
+
+    g = training_step(GPT)
+    reps = {r: estimate(GPT, TP, "h100", remat=r) for r in ("none", "full:1", "full:2", "full:3", "full:4", "full")}
+    steps = [reps[r].compute_s for r in ("none", "full:1", "full:2", "full:3", "full")]
+    peaks = [reps[r].memory_bytes for r in ("none", "full:1", "full:2", "full:3", "full")]
+    assert steps == sorted(steps) and len(set(steps)) == 5
+    assert peaks == sorted(peaks, reverse=True) and peaks[0] > peaks[-1]
+    assert reps["full:4"].step_s == reps["full"].step_s and reps["full:4"].memory_bytes == reps["full"].memory_bytes
+    blocks = {g.op(n).block for n in remat_plan(g, "full:2").recomputed}
+    assert blocks == {"layer.0", "layer.1"}
+    assert set(remat_plan(g, "full:2").recomputed) < set(remat_plan(g, "full").recomputed)
+    for bad, message in (("full:0", "unknown remat policy 'full:0'"), ("full:x", "unknown remat policy"),
+                         ("half", "full:N"), ("full:5", "has 4 blocks, not 5")):
+        with pytest.raises(CostModelError, match=message):
+            estimate(GPT, TP, "h100", remat=bad)
+    with pytest.raises(CostModelError, match="a pipeline's stages remat every block alike"):
+        estimate_pipeline(GPT, PIPE, "h100", stage_axis="stage", microbatches=4, remat="full:2")
+    acc = estimate_pipeline(GPT, TP, "h100", stage_axis=None, microbatches=2, remat="full:2")
+    assert acc.remat == "full:2" and acc.step_s > estimate_pipeline(GPT, TP, "h100", stage_axis=None,
+                                                                    microbatches=2).step_s
+
+
 def test_gradient_accumulation_trades_activations_for_steps():
     one = estimate_pipeline(GPT, FSDP, "h100", stage_axis=None, microbatches=1)
     acc = estimate_pipeline(GPT, FSDP, "h100", stage_axis=None, microbatches=2)
@@ -305,6 +332,12 @@ def test_must_show_gpt3_175b_1f1b_pipeline_fits_an_a100(capsys):
     assert d["stage_costs"][0]["in_flight"] == 8 and "1F1B schedule" in d["gantt"]
 
 
+def test_cost_command_prices_remat_of_the_first_blocks(capsys):
+    d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--remat", "full:1")
+    none = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100")
+    assert d["remat"] == "full:1" and d["compute_s"] > none["compute_s"]
+
+
 def test_cost_command_prices_gradient_accumulation(capsys):
     d = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--microbatches", "2")
     assert d["stage_axis"] is None and d["microbatches"] == 2 and d["stages"] == 1
@@ -322,6 +355,9 @@ def test_cost_command_prices_gradient_accumulation(capsys):
     (["--stage-axis", "pipe", "--microbatches", "2"], "unknown mesh axis 'pipe'"),
     (["--top", "-1"], "--top must be at least 0"),
     (["--overlap", "1.5"], "expected 'auto' or a number in [0, 1]"),
+    (["--remat", "full:0"], "unknown remat policy 'full:0'"),
+    (["--remat", "partial"], "full:N (the first N blocks full, the rest none)"),
+    (["--remat", "full:9"], "has 2 blocks, not 9"),
 ])
 def test_bad_realism_options_are_one_clear_error(capsys, args, message):
     code, out, err = run(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", *args)

@@ -234,7 +234,9 @@ def test_search_work_is_linear(tagged: bool) -> None:
         work.append(_lines(lambda g=g: plans.append(ls.search(g, MESH, hardware="h100", baselines=False,
                                                                        overlap=0.0))))
         pruning = plans[0].problem["pruning"]
-        assert list(pruning) == (["remat none", "remat selective", "remat full"] if tagged else ["remat none"])
+        blocks = [f"remat full:{round(n * q)}" for q in (0.25, 0.5, 0.75)]  # the block groups, searched last
+        assert list(pruning) == (["remat none", "remat selective", "remat full", *blocks] if tagged
+                                 else ["remat none"])
         refined.append(sum(p["refined"] for p in pruning.values()))
     assert len(set(refined)) == 1, refined  # the same plans priced at every depth: the work is comparable
     growth = (work[2] - work[1]) / (work[1] - work[0])

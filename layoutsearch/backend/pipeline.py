@@ -151,7 +151,7 @@ from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import CostModelError, GraphError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import BLOCK_PREFIX, block_name, scoped
-from layoutsearch.ir.training import REMAT_POLICIES
+from layoutsearch.ir.remat import parse_remat
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
@@ -190,8 +190,10 @@ class Pipeline:
         self.V = sched.virtual if sched.kind == "interleaved" else 1
         """Chunks per device (``V`` of ``interleaved:V``; 1 otherwise)."""
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
-        if self.remat not in REMAT_POLICIES:
-            raise LayoutError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+        if parse_remat(self.remat, LayoutError).blocks is not None:
+            raise LayoutError(f"remat {remat}: the pipeline executor remats every layer of a stage alike (none, "
+                              "selective or full); the first blocks alone run unpipelined or with gradient "
+                              "accumulation")
         self.graph, self.batch_dim = graph, batch_dim
         self.stage_axis, self.data_axis = stage_axis, data_axis
         self.K, self.D, self.M = mesh_shape[stage_axis], mesh_shape.get(data_axis, 1), microbatches

@@ -21,8 +21,8 @@ from jax.ad_checkpoint import checkpoint_name
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.remat import parse_remat
 from layoutsearch.ir.tensor import Tensor
-from layoutsearch.ir.training import REMAT_POLICIES
 
 Arrays = dict[str, jax.Array]
 Constrain = Callable[[str, jax.Array], jax.Array]
@@ -257,8 +257,11 @@ class _Interpreter:
     def run_blocks(self, policy: str) -> Arrays:
         """Run the ops, each block's run of consecutive ops (``op.block``, a transformer layer) under
         ``jax.checkpoint`` with the remat ``policy``: ``full`` saves only the block's inputs, ``selective`` also
-        the outputs of matmuls with a parameter operand (the cost model's policies,
-        :mod:`layoutsearch.costmodel.memory`). Tensors internal to a block are not in the result."""
+        the outputs of matmuls with a parameter operand, ``full:N`` checkpoints the first N blocks as ``full``
+        and runs the others plainly (the cost model's policies, :mod:`layoutsearch.ir.remat`). Tensors internal
+        to a checkpointed block are not in the result."""
+        remat = parse_remat(policy, ValueError)
+        first = list(dict.fromkeys(op.block for op in self.g.ops if op.block is not None))[:remat.blocks]
         saved = selective_saved(self.g) if policy == "selective" else frozenset()
         jax_policy = jax.checkpoint_policies.save_only_these_names(*sorted(saved)) if saved else None
         constrain = self.constrain
@@ -268,7 +271,7 @@ class _Interpreter:
                 return checkpoint_name(x, name) if name in saved else x
         consumers = self.g.consumers
         for seg in _block_runs(self.g.ops):
-            if seg[0].block is None:
+            if seg[0].block not in first:
                 self.run(seg)
                 continue
             produced = {op.output for op in seg}
@@ -311,13 +314,13 @@ def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain
     """Evaluate every op of ``graph``; returns every tensor (fed and produced) by name.
 
     ``feeds`` must hold every input, parameter and optimizer-state tensor. ``remat`` (``none``,
-    ``selective``, ``full``): each block runs under ``jax.checkpoint`` with that policy, so its
-    differentiation recomputes what the policy drops; the result then lacks the tensors internal to blocks."""
+    ``selective``, ``full``, ``full:N``): each block it recomputes runs under ``jax.checkpoint`` with that
+    policy, so its differentiation recomputes what the policy drops; the result then lacks the tensors
+    internal to those blocks."""
     missing = [t.name for t in graph.fed if t.name not in feeds]
     if missing:
         raise KeyError(f"missing feeds for {missing}")
-    if remat not in REMAT_POLICIES:
-        raise ValueError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+    parse_remat(remat, ValueError)
     env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
     interpreter = _Interpreter(graph, env, constrain)
     return interpreter.run() if remat == "none" else interpreter.run_blocks(remat)

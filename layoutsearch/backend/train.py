@@ -49,6 +49,7 @@ from layoutsearch.devices import jax_devices
 from layoutsearch.errors import LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision, with_precision
+from layoutsearch.ir.remat import check_remat
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 
@@ -77,8 +78,8 @@ def make_optimizer(spec: Optimizer | str | optax.GradientTransformation) -> opta
 class Program:
     """The training step of ``graph`` under ``layout`` (see the module docstring).
 
-    ``remat``: ``none``, ``selective`` or ``full``; ``microbatches``: gradient accumulation (without
-    ``stage_axis``) or pipeline micro-batches (with it); ``layers_per_stage``: the pipeline's partition
+    ``remat``: ``none``, ``selective``, ``full`` or ``full:N`` (unpipelined); ``microbatches``: gradient
+    accumulation (without ``stage_axis``) or pipeline micro-batches (with it); ``layers_per_stage``: the pipeline's partition
     (default equal; with ``interleaved:V``, the ``K V`` chunks' layers in virtual-stage order, as
     :meth:`~layoutsearch.costmodel.pipeline.PipelineReport.layers_per_stage` gives them); ``schedule``: the
     pipeline's, ``gpipe`` (default), ``1f1b`` or ``interleaved:V``; ``precision``: the
@@ -98,7 +99,7 @@ class Program:
             raise LayoutError(f"graph {graph.name!r} is a training graph: compile its forward graph")
         layout.check(graph)
         self.policy = Precision.of(precision)
-        self.graph, self.layout, self.remat, self.M = graph, layout, remat, int(microbatches)
+        self.graph, self.layout, self.remat, self.M = graph, layout, check_remat(remat, LayoutError), int(microbatches)
         self.stage_axis, self.batch_dim = stage_axis, batch_dim
         self.schedule = schedule or "gpipe"
         self.forward = with_precision(graph, self.policy)

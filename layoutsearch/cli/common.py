@@ -100,6 +100,18 @@ def add_case_args(p: argparse.ArgumentParser) -> None:
     add_training_args(p)
 
 
+def remat_arg(text: str) -> str:
+    """``--remat``: a policy of :mod:`layoutsearch.ir.remat` (``auto`` too, where a command searches it)."""
+    from layoutsearch.ir.remat import check_remat
+
+    if text == "auto":
+        return text
+    try:
+        return check_remat(text)
+    except LayoutSearchError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def overlap_arg(text: str) -> str | float:
     """``--overlap``: ``auto`` or a fraction in [0, 1]."""
     if text == "auto":

@@ -6,20 +6,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layoutsearch.cli.common import Result, add_case_args, case_of, command, overlap_arg, table
+from layoutsearch.cli.common import Result, add_case_args, case_of, command, overlap_arg, remat_arg, table
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.units import format_bytes, format_seconds
 
 
 def add(sub: Any) -> None:
-    from layoutsearch.costmodel.memory import REMAT_POLICIES
-
     p = command(sub, "cost", run, "predict the time, communication, FLOPs and memory per device of one "
                 "training step under a layout, broken down by op and by cause", render=render)
     add_case_args(p)
-    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
-                   help="activation rematerialization: none, selective (recompute all but projections' outputs) "
-                        "or full (keep only block boundaries); default none")
+    p.add_argument("--remat", type=remat_arg, default="none", metavar="POLICY",
+                   help="activation rematerialization: none (default), selective (recompute all but projections' "
+                        "outputs), full (keep only block boundaries) or full:N (the first N blocks full, the rest "
+                        "none: Megatron's --recompute-num-layers N)")
     p.add_argument("--overlap", type=overlap_arg, default="auto", metavar="auto|F",
                    help="auto (default): weight gathers prefetched, gradient reductions behind the backward pass, the "
                         "rest on the critical path, from the step's schedule; or F, the fraction of the shorter of "

@@ -9,13 +9,11 @@ from layoutsearch.cli.common import Result, add_case_args, case_of, command
 
 
 def add(sub: Any) -> None:
-    from layoutsearch.costmodel.memory import REMAT_POLICIES
-
     p = command(sub, "costdag", run, "write a model's pipeline cost DAG (blocks priced by the cost model "
                 "on one micro-batch under a layout inside a stage) for `layoutsearch partition`")
     add_case_args(p)
     p.add_argument("--microbatches", type=int, default=1, metavar="M", help="micro-batches per step (default 1)")
-    p.add_argument("--remat", choices=REMAT_POLICIES, default="none",
+    p.add_argument("--remat", choices=("none", "selective", "full"), default="none",
                    help="activation rematerialization inside each block: none (default), selective or full")
     p.add_argument("--out", required=True, metavar="FILE", help="cost DAG JSON file to write")
 

@@ -20,6 +20,7 @@ from layoutsearch.cli.common import (
     load_graph,
     mesh_of,
     overlap_arg,
+    remat_arg,
     seconds_arg,
     spec_text,
     table,
@@ -34,7 +35,6 @@ from layoutsearch.units import format_bytes, format_seconds
 
 
 def add(sub: Any) -> None:
-    from layoutsearch.costmodel.memory import REMAT_POLICIES
     from layoutsearch.solvers.dispatch import SOLVERS
     from layoutsearch.solvers.space import SPACES
 
@@ -62,9 +62,10 @@ def add(sub: Any) -> None:
                    help="attention kernel, held fixed: auto (flash on GPU/TPU presets), standard or flash")
     p.add_argument("--overlap", type=overlap_arg, default="auto", metavar="auto|F",
                    help="communication overlap of the cost model (default auto)")
-    p.add_argument("--remat", choices=("auto", *REMAT_POLICIES), default="auto",
-                   help="activation rematerialization: auto (default: none, selective and full searched with the "
-                        "layout), or one policy")
+    p.add_argument("--remat", type=remat_arg, default="auto", metavar="auto|POLICY",
+                   help="activation rematerialization: auto (default: none, selective, full and, in the rules "
+                        "space, full:N for a quarter, half and three quarters of the blocks, searched with the "
+                        "layout), or one policy (none, selective, full, full:N)")
     p.add_argument("--pipeline", default="off", metavar="auto|off|K",
                    help="pipeline stages over one mesh axis: off (default), auto (stage axis, K, micro-batches and remat "
                         "searched with the layout; chosen when faster), or K (an axis of size K must carry stages)")
@@ -299,7 +300,8 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
                    f"variables, {p['memory_rows']} memory rows")
     if p and p.get("pruning"):
         out.append(table(["rules search", "candidates", "over the memory bound", "priced", "priced with overlap"],
-                         [[name, f"{r['candidates']:,}", f"{r['memory_bound']:,}", f"{r['priced']:,}",
+                         [[name, f"{r['candidates']:,}",
+                           "-" if r["memory_bound"] is None else f"{r['memory_bound']:,}", f"{r['priced']:,}",
                            f"{r['refined']:,}"] for name, r in p["pruning"].items()],
                          "how each rules search pruned its space (the rest cannot beat the plan: roofline bound)"))
     if result.get("explain"):

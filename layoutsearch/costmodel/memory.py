@@ -101,8 +101,9 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.ir.remat import REMAT_POLICIES, parse_remat
 from layoutsearch.ir.tensor import Tensor
-from layoutsearch.ir.training import REMAT_POLICIES, Optimizer, parameter_gradients
+from layoutsearch.ir.training import Optimizer, parameter_gradients
 from layoutsearch.layout import Layout
 
 CATEGORIES = ("parameters", "optimizer_state", "inputs", "gradients", "activations", "activation_gradients",
@@ -131,28 +132,32 @@ class RematPlan:
 
 
 def remat_plan(graph: Graph, policy: str = "none") -> RematPlan:
-    """The recomputation ``policy`` implies for training graph ``graph``."""
-    if policy not in REMAT_POLICIES:
-        raise CostModelError(f"unknown remat policy {policy!r} (known: {', '.join(REMAT_POLICIES)})")
+    """The recomputation ``policy`` (:mod:`layoutsearch.ir.remat`) implies for training graph ``graph``."""
+    parse_remat(policy, CostModelError)
     return graph_cached(graph, ("remat", policy), lambda: _remat_plan(graph, policy))
 
 
 def _remat_plan(graph: Graph, policy: str) -> RematPlan:
-    if policy == "none":
+    remat = parse_remat(policy, CostModelError)
+    if remat.kind == "none":
         return RematPlan(policy)
     producer = {op.output: op for op in graph.ops}
     consumers = graph.consumers
     fed = {t.name for t in graph.fed}
     params = {t.name for t in graph.parameters}
+    blocks = list(dict.fromkeys(op.block for op in graph.ops if op.phase == "forward" and op.block is not None))
+    if remat.blocks is not None and remat.blocks > len(blocks):
+        raise CostModelError(f"remat {policy}: model {graph.name!r} has {len(blocks)} blocks, not {remat.blocks}")
+    recomputing = set(blocks[:remat.blocks])  # (all of them unless full:N)
 
     def droppable(op: O.Op) -> bool:
-        if op.phase != "forward" or op.block is None or op.output == graph.loss:
+        if op.phase != "forward" or op.block not in recomputing or op.output == graph.loss:
             return False
         for c in consumers[op.output]:
             if c.phase == "forward" and c.block != op.block:
                 return False  # boundary
         # selective: a projection's output (a matmul with a parameter operand) is kept
-        return not (policy == "selective" and isinstance(op, O.Einsum) and any(i in params for i in op.inputs))
+        return not (remat.kind == "selective" and isinstance(op, O.Einsum) and any(i in params for i in op.inputs))
 
     dropped = {op.output for op in graph.ops if droppable(op)}
     needed = [t for t in dropped if any(c.phase != "forward" for c in consumers[t])]

@@ -88,6 +88,7 @@ from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import CostModelError, PartitionError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.ir.remat import parse_remat
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
@@ -262,6 +263,9 @@ def microbatch_step(graph: Graph, layout: Layout, hardware: Hardware | str = "cp
         hw = hw.replace(async_collectives=False)
     sched = Schedule.parse(schedule)
     mesh = layout.mesh
+    if stage_axis is not None and parse_remat(remat, CostModelError).blocks is not None:
+        raise CostModelError(f"remat {remat}: a pipeline's stages remat every block alike (none, selective or "
+                             "full), as its executor runs them; the first blocks alone apply without a stage axis")
     if stage_axis is None:
         K, inner = 1, layout
     else:

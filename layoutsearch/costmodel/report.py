@@ -54,7 +54,7 @@ from layoutsearch.costmodel.collectives import CollectiveCost, collective_time
 from layoutsearch.costmodel.compute import compute_seconds
 from layoutsearch.costmodel.costreport import PHASES, CollectiveRecord, CostReport, OpReport
 from layoutsearch.costmodel.fusion import FusionPlan, fusion_plan, resolve_attention
-from layoutsearch.costmodel.memory import REMAT_POLICIES, RematPlan, remat_plan, simulate
+from layoutsearch.costmodel.memory import RematPlan, remat_plan, simulate
 from layoutsearch.costmodel.ops import OpCost, op_flops
 from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
 from layoutsearch.costmodel.render import MEMORY_MEANING as MEMORY_MEANING
@@ -63,6 +63,7 @@ from layoutsearch.costmodel.step import checked, graph_cached, graph_ref, step_c
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.ir.remat import check_remat
 from layoutsearch.ir.training import Optimizer
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
@@ -95,8 +96,8 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     (flash where the backend fuses kernels, i.e. GPU/TPU presets; standard on
     ``cpu-sim``); see :mod:`layoutsearch.costmodel.fusion`. ``layout`` is
     checked against the graph. ``hardware``: a preset name or a
-    :class:`Hardware`. ``remat``: ``"none"``, ``"selective"`` or ``"full"``
-    (see :mod:`layoutsearch.costmodel.memory`). ``overlap``: ``"auto"`` (the
+    :class:`Hardware`. ``remat``: ``"none"``, ``"selective"``, ``"full"`` or
+    ``"full:N"`` (see :mod:`layoutsearch.ir.remat`). ``overlap``: ``"auto"`` (the
     schedule of :mod:`layoutsearch.costmodel.overlap`) or a number in [0, 1],
     the fraction of the shorter of compute and communication hidden behind
     the other.
@@ -106,8 +107,7 @@ def estimate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     mesh axis without bandwidth, an unknown remat policy, a bad overlap).
     """
     hw = _hardware(hardware)
-    if remat not in REMAT_POLICIES:
-        raise CostModelError(f"unknown remat policy {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+    check_remat(remat, CostModelError)
     if overlap != "auto" and (isinstance(overlap, bool) or not isinstance(overlap, int | float)
                               or not 0 <= overlap <= 1):
         raise CostModelError(f"overlap must be 'auto' or a number in [0, 1], got {overlap!r}")

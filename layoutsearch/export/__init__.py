@@ -44,7 +44,7 @@ from layoutsearch.export.specs import (
     without_stage_rules,
 )
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.training import REMAT_POLICIES
+from layoutsearch.ir.remat import REMAT_POLICIES, check_remat, parse_remat
 from layoutsearch.layout import Layout
 
 __all__ = [
@@ -67,7 +67,9 @@ _FLAX_REMAT = {
 
 def _plan_comments(layout: Layout, remat: str, microbatches: int, stage_axis: str | None,
                    schedule: str | None) -> list[str]:
-    out = [f"# remat {remat}: {_FLAX_REMAT[remat]} around each layer"]
+    blocks = parse_remat(remat).blocks
+    out = [f"# remat {remat}: {_FLAX_REMAT['full']} around each of the first {blocks} layers, no nn.remat around "
+           "the others" if blocks is not None else f"# remat {remat}: {_FLAX_REMAT[remat]} around each layer"]
     if stage_axis is not None:
         out.append(f"# pipeline over mesh axis {stage_axis!r} ({layout.mesh.axis_size(stage_axis)} stages, schedule "
                    f"{schedule or '1f1b'}, {microbatches} micro-batches): these rules lay out each stage; rules "
@@ -103,13 +105,12 @@ def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", micro
     * ``specs``: JSON ``{tensor: [entry, ...]}`` (an entry: null, an axis, or a list of axes);
     * ``python``: :func:`python_snippet`.
 
-    ``remat`` (none, selective, full), ``microbatches``, ``stage_axis`` and ``schedule`` describe the plan:
+    ``remat`` (none, selective, full, full:N), ``microbatches``, ``stage_axis`` and ``schedule`` describe the plan:
     MaxText gets their keys, flax and nnx a comment, and with a ``stage_axis`` the rules naming it are
     dropped (each stage is laid out over the other axes, as the pipeline cost model does)."""
     if fmt not in FORMATS:
         raise LayoutSearchError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
-    if remat not in REMAT_POLICIES:
-        raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(REMAT_POLICIES)})")
+    check_remat(remat, LayoutError)
     layout.check(graph)
     if fmt == "maxtext":
         return maxtext_yaml(layout, graph, dim_names=dim_names, axis_map=axis_map, remat=remat,

@@ -21,6 +21,7 @@ from typing import Any
 from layoutsearch.errors import LayoutError
 from layoutsearch.export.specs import logical_rules, without_stage_rules
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.remat import parse_remat
 from layoutsearch.layout import Axes, Layout
 from layoutsearch.mesh import Mesh
 
@@ -78,7 +79,10 @@ MAXTEXT_REMAT_POLICY: dict[str, str] = {"none": "minimal", "selective": "minimal
   is layoutsearch's ``selective`` (Korthikanti et al. 2022).
 * ``none`` -> ``minimal``: MaxText always wraps its decoder layers in ``nn.remat`` and 0.2.x has no
   policy that saves every activation; ``minimal`` is the one that recomputes least (MaxText's step then
-  holds less than layoutsearch's ``none`` plan and recomputes the elementwise ops)."""
+  holds less than layoutsearch's ``none`` plan and recomputes the elementwise ops).
+
+``full:N`` (the first N layers only) has no MaxText equivalent (one policy for every scanned layer): it
+exports as ``full``, which holds no more memory and recomputes every layer (said in a comment)."""
 
 _KEYS_FILE = "data/maxtext_keys.txt"
 _PIPELINE_KEYS = ("num_pipeline_microbatches", "num_layers_per_pipeline_stage", "num_pipeline_repeats")
@@ -184,9 +188,7 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]
     out["logical_axis_rules"] = _maxtext_logical_rules(rules, mesh, names, dim_names, stage_axis)
     if remat is not None:
-        if remat not in MAXTEXT_REMAT_POLICY:
-            raise LayoutError(f"unknown remat {remat!r} (known: {', '.join(MAXTEXT_REMAT_POLICY)})")
-        out["remat_policy"] = MAXTEXT_REMAT_POLICY[remat]
+        out["remat_policy"] = MAXTEXT_REMAT_POLICY[parse_remat(remat, LayoutError).kind]
     out.update(_maxtext_pipeline(mesh, stage_axis, microbatches, schedule, graph))
     if graph is not None and "batch" in graph.dims:
         accumulation = out.get("gradient_accumulation_steps", 1)
@@ -327,7 +329,9 @@ def maxtext_yaml(layout: Layout, graph: Graph | None = None, *, dim_names: Mappi
             continue
         if key == "remat_policy":
             lines.append(f"# remat {remat} -> remat_policy {value!r}" + (
-                " (MaxText always remats its layers; 'minimal' recomputes least)" if remat == "none" else ""))
+                " (MaxText always remats its layers; 'minimal' recomputes least)" if remat == "none" else
+                " (MaxText remats every layer alike: all of them recomputed, memory no higher)"
+                if remat not in MAXTEXT_REMAT_POLICY else ""))
         if key in _PIPELINE_KEYS and stage is not None and not piped:
             piped = True
             sched = schedule or "1f1b"

@@ -59,10 +59,6 @@ from layoutsearch.ir.tensor import Tensor
 
 OPTIMIZERS = ("sgd", "adam")
 
-REMAT_POLICIES = ("none", "selective", "full")
-"""Activation rematerialization policies of a training step: ``none``, ``selective`` (recompute all but the
-projections' outputs) and ``full`` (keep only block boundaries); the cost model prices them
-(:mod:`layoutsearch.costmodel.memory`), the backend runs them and the exports name them."""
 
 _NO_GRAD_FNS = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "stop_gradient", "fill", "dropout_mask"})
 """Elementwise functions whose derivative is zero (almost) everywhere: gradients stop there."""
@@ -443,4 +439,4 @@ class _Derivation:
                           role=old.role, updates=old.name, fn=fn, params=tuple(params.items()))
 
 
-__all__ = ["OPTIMIZERS", "REMAT_POLICIES", "Optimizer", "parameter_gradients", "training_graph"]
+__all__ = ["OPTIMIZERS", "Optimizer", "parameter_gradients", "training_graph"]

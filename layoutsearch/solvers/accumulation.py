@@ -10,6 +10,7 @@ from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import Precision
+from layoutsearch.ir.remat import recomputes_within
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
@@ -35,16 +36,15 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
     pricer = Pricer(micro, mesh, hw, attention)
     candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
     out: list[Costed] = []
-    proven, micro_fits = True, False
+    proven = True
     searches = [RulesSearch(micro, mesh, hw, pricer, candidates, policy) for policy in policies]
-    floors: dict[int, float] = {}  # candidate -> a lower bound of its accumulated step under the policies left
+    floors: dict[str, dict[int, float]] = {}  # policy -> candidate -> a lower bound of its accumulated step
     for i, (policy, rs) in enumerate(zip(policies, searches, strict=True)):
         if out and deadline.passed():
             proven = False
             break
         if progress is not None:
             progress(f"{M} micro-batches, remat {policy}: searching the layout of one micro-batch")
-        micro_fits = micro_fits or bool(rs.may_fit(limit).any())
 
         def price(k: int, rs: RulesSearch = rs, policy: str = policy) -> Costed | None:
             layout = Layout(mesh, rules_of(rs.cands, k, rs.dims, mesh))
@@ -58,13 +58,15 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
 
         steps = sorted(p.step_s for p in out if p.within(limit))
         bound = min(upper if upper is not None else math.inf, steps[top - 1] if len(steps) >= top else math.inf)
+        later = [other for other in searches[i + 1:] if recomputes_within(policy, other.remat)]
         plans, ok = accumulated_top(rs, M, price, limit, top, bound if bound < math.inf else None, deadline,
-                                    progress, floors, searches[i + 1:])
+                                    progress, floors, later)
         if pruning is not None:
             pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
         out += plans
         proven = proven and ok
-    return out, proven, micro_fits
+    micro_fits = bool(out) or any(rs.may_fit(limit).any() for rs in reversed(searches))  # (most recomputed first:
+    return out, proven, micro_fits                                                      # fits most, bounds known)
 
 
 def microbatch_options(batch: int, microbatches: int | str) -> list[int]:

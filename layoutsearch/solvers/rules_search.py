@@ -76,7 +76,7 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
 
 
 def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str], remat: str,
-                   on_chip: frozenset[str], chunk: int = 256) -> np.ndarray:
+                   on_chip: frozenset[str], chunk: int = 256, at: int | None = None) -> np.ndarray:
     """A lower bound of each candidate's peak memory: the largest, over the points of the schedule, of the
     bytes the memory model holds live there (the tensors whose lifetime, under ``remat``, spans the point, at
     their per-device size: fed tensors, saved activations, gradients). Candidates whose bound exceeds the
@@ -88,7 +88,8 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     exceeds in every group (:func:`_undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
     584 undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
     group's split), maximized over the points, in chunks of ``chunk`` points; candidates that split every
-    group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985)."""
+    group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985). ``at`` (an op's index in
+    the schedule): the live bytes there only, a weaker bound, computed faster."""
     life = lifetimes(g, remat_plan(g, remat))
     sizes = tuple(s for _, s in mesh.axes)
     skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
@@ -107,8 +108,11 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     delta = np.zeros((len(groups), span))
     np.add.at(delta, (group, start - lo), nbytes)
     np.add.at(delta, (group, end - lo + 1), -nbytes)
-    live = np.cumsum(delta, axis=1)[:, np.unique(start - lo)].T  # points x groups
-    live = _undominated(np.unique(np.maximum(live, 0.0), axis=0))
+    if at is None:
+        live = np.cumsum(delta, axis=1)[:, np.unique(start - lo)].T  # points x groups
+        live = _undominated(np.unique(np.maximum(live, 0.0), axis=0))
+    else:
+        live = np.maximum(np.cumsum(delta, axis=1)[:, [min(max(at - lo, 0), span - 1)]].T, 0.0)
     inv = np.empty((len(groups), len(cands)))
     for names, k in groups.items():
         inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
@@ -199,6 +203,22 @@ class RulesSearch:
         return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
                               self.pricer.fusion.on_chip)
 
+    def may_fit_among(self, idx: np.ndarray, limit: float | None) -> np.ndarray:
+        """Those of candidates ``idx`` that may fit ``limit`` (:meth:`may_fit`). Before the live-set bound is
+        computed, the live bytes where the backward pass starts (when the activations it reads are held)
+        rule candidates out first: a bound only where the rest need it."""
+        if limit is None or not len(idx):
+            return idx
+        if "mem_lb" not in self.__dict__:
+            start = next((i for i, op in enumerate(self.g.ops) if op.phase == "backward"), None)
+            if start is not None:
+                at = _memory_bounds(self.g, self.mesh, self.hw, self.cands.take(idx), self.dims, self.remat,
+                                    self.pricer.fusion.on_chip, at=start)
+                idx = idx[at <= limit * (1 + 1e-9)]
+                if not len(idx):
+                    return idx
+        return idx[self.may_fit(limit)[idx]]
+
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
         if len(idx):
@@ -230,10 +250,12 @@ class RulesSearch:
         """Per candidate, its peak where priced, else its live-set bound: a lower bound of its peak."""
         return np.where(np.isnan(self.mem), self.mem_lb, self.mem)
 
-    def pruning(self, limit: float | None) -> dict[str, int]:
-        """How the space was pruned: its candidates, those the live-set memory bound rules out, those priced
-        (the rest cannot beat the plans found, by their roofline bound) and those priced again with overlap."""
-        over = int((self.mem_lb > limit * (1 + 1e-9)).sum()) if limit is not None else 0
+    def pruning(self, limit: float | None) -> dict[str, int | None]:
+        """How the space was pruned: its candidates, those the live-set memory bound rules out (None: the bound
+        was not needed), those priced (the rest cannot beat the plans found, by their roofline bound) and those
+        priced again with overlap."""
+        known = limit is not None and "mem_lb" in self.__dict__
+        over = int((self.mem_lb > limit * (1 + 1e-9)).sum()) if known else None if limit is not None else 0
         return {"candidates": len(self.cands), "memory_bound": over, "priced": int((~np.isnan(self.cost)).sum()),
                 "refined": self.refined}
 
@@ -253,10 +275,10 @@ class RulesSearch:
         order = np.argsort(self.lb, kind="stable")
         if among is not None:
             order = order[among[order]]
-        if limit is not None:  # a candidate whose live bytes exceed the limit somewhere cannot fit
-            order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
         if upper is not None:
             order = order[self.lb[order] < upper * (1 + 1e-9)]
+        if limit is not None and len(order):  # a candidate whose live bytes exceed the limit somewhere cannot fit
+            order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
         batch, start = FIRST_BATCH, 0
         while start < len(order):
             self.price(order[start:start + batch])
@@ -324,7 +346,8 @@ to the smallest lower bound left) and runner-ups that are the best priced, not p
 
 def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, deadline: Deadline,
                    overlap: float | str, attention: str, optimizer: str, progress: Progress | None,
-                   upper: float | None = None) -> tuple[list[Costed], bool, float | None, str]:
+                   upper: float | None = None, dominated: np.ndarray | None = None
+                   ) -> tuple[list[Costed], bool, float | None, str]:
     """The ``top`` fastest fitting rule sets of ``rs`` under the full cost model (overlap included); the
     fastest proven. With ``upper`` (the ``top``-th best plan found elsewhere, e.g. under another remat
     policy), only those faster than it: a plan no faster cannot make the top.
@@ -338,35 +361,45 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     whose roofline bound is below the cut is priced, its ``A`` computed, and they are priced by the cost
     model in order of ``A`` until the ``top``-th best ``S`` is below the next ``A`` (or the next ``A``
     reaches ``upper``); if that ``S`` is above the cut, the cut rises to it (at most to ``upper``) and the
-    candidates below the new cut join. With ``upper`` and at most :data:`FIRST_BATCH` candidates that may fit
-    below it by their roofline bound, their ``A`` comes first (one build) and only those whose ``A`` is below
-    ``upper`` are priced. Returns (plans fastest first, proven, gap, solver); the smallest
+    candidates below the new cut join. When at most :data:`FIRST_BATCH` candidates may fit (and, with
+    ``upper``, beat it by their roofline bound), their ``A`` comes first, in one build, and they are priced in
+    order of ``A`` with no sum over ops (every candidate left has its ``A``: the proof needs no cut); when
+    none may, nothing is built (the live bytes where the backward pass starts rule candidates out before
+    the live-set bound is computed). ``dominated`` (a mask): candidates whose plan under a policy recomputing less
+    (:func:`~layoutsearch.ir.remat.recomputes_within`) fits, so that their plan here is no faster: left out
+    (not runner-ups either). Returns (plans fastest first, proven, gap, solver); the smallest
     lower bound of the plans not priced is left in ``rs.floor``. When ``deadline`` passes, the plans priced
     so far, not proven (what was cut short: ``rs.cut_short``)."""
     g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
     exact = overlap == SEARCH_OVERLAP or (not hw.async_collectives and overlap == "auto")  # S = C
     ceiling = math.inf if upper is None else upper * (1 + 1e-9)
     lower: dict[int, float] = {}
-    among = None
-    near = np.nonzero((rs.lb < ceiling) & rs.may_fit(limit))[0] if upper is not None and not exact else []
-    if 0 < len(near) <= FIRST_BATCH:  # few may beat upper: first their A, in one build, then price only those
+    among = ~dominated if dominated is not None else None
+    near = np.zeros(0, np.int64)
+    if not exact:
+        below = (rs.lb < ceiling) & (among if among is not None else True)
+        near = rs.may_fit_among(np.nonzero(below)[0], limit)
+        if not len(near):  # nothing may fit (and beat upper)
+            rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
+            return [], True, None, "enumerate"
+    if 0 < len(near) <= FIRST_BATCH:  # few may fit (and beat upper): their A in one build, then in A order
         bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
         fit = rs.may_fit(limit)[near]
         lower.update(zip(near[fit].tolist(), bounds[fit].tolist(), strict=True))
-        among = np.zeros(len(rs.lb), bool)
-        among[[k for k, low in lower.items() if low < ceiling]] = True
-    priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
-    if not len(priced):
-        rs.floor = _floor(rs, limit, lower, set())
-        return [], True, None, "enumerate"
-    problem = rs.problem(priced)
-    name = solver_for(problem, solver, limit)
-    sols = solve(problem, name, limit, top, deadline.left())
-    if not sols[0].assign:
-        rs.floor = _floor(rs, limit, lower, set())
-        return [], True, None, name
-    cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
-    proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
+        cut, proven, gap, name = math.inf, not rs.cut_short, None, "enumerate"  # (every candidate left has its A)
+    else:
+        priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
+        if not len(priced):
+            rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
+            return [], True, None, "enumerate"
+        problem = rs.problem(priced)
+        name = solver_for(problem, solver, limit)
+        sols = solve(problem, name, limit, top, deadline.left())
+        if not sols[0].assign:
+            rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
+            return [], True, None, name
+        cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
+        proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
     plans: dict[int, Costed] = {}
     while True:
         done = np.nonzero(~np.isnan(rs.cost))[0]
@@ -400,23 +433,27 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
         rs.price_below(cut, limit)
     rs.refined, rs.plans = len(plans), plans
-    rs.floor = _floor(rs, limit, lower, set(plans))
+    rs.floor = _floor(rs, limit, lower, set(plans), dominated, ceiling)
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
 
 
-def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced: set[int]) -> float:
-    """The smallest lower bound of a step of ``rs`` that may fit and was not priced with overlap: its ``A``
-    where computed (``lower``), else its roofline bound."""
-    rest = np.ones(len(rs.lb), bool)
+def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced: set[int],
+           dominated: np.ndarray | None = None, ceiling: float = math.inf) -> float:
+    """A lower bound of the steps of ``rs`` not priced with overlap and not ``dominated``: the smallest ``A``
+    where computed (``lower``), else roofline bound, of those that may fit (those whose roofline bound is at
+    least ``ceiling`` count whether or not they fit: their bound is high enough, and the live-set bound of
+    the memory is left uncomputed when no other is left)."""
+    rest = np.ones(len(rs.lb), bool) if dominated is None else ~dominated
     rest[list(lower)] = False
     rest[list(priced)] = False
     found = [v for k, v in lower.items() if k not in priced]
-    return min([*found, *rs.lb[rest & rs.may_fit(limit)].tolist()], default=math.inf)
+    low = rs.may_fit_among(np.nonzero(rest & (rs.lb < ceiling))[0], limit)
+    return min([*found, *rs.lb[low].tolist(), *rs.lb[rest & (rs.lb >= ceiling)].tolist()], default=math.inf)
 
 
 def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
                     limit: float | None, top: int, upper: float | None, deadline: Deadline,
-                    progress: Progress | None, floors: dict[int, float] | None = None,
+                    progress: Progress | None, floors: dict[str, dict[int, float]] | None = None,
                     later: Sequence[RulesSearch] = ()) -> tuple[list[Costed], bool]:
     """The ``top`` fastest fitting plans of a gradient-accumulation step over ``microbatches`` micro-batches
     whose layout is a rules candidate of ``rs`` (the rules space of ONE micro-batch's step), priced by
@@ -435,11 +472,11 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     ``upper``, the first cut is the ``top``-th best accumulated step that fits among the micro-batch's plans
     taken in the order of their step without overlap. Returns (plans fastest first, proven).
 
-    ``floors`` (candidate -> a lower bound of its accumulated step under this policy) skips candidates that
-    cannot beat the cut; the second bounds computed here are added to it, also for the candidates of the
-    ``later`` searches (the same micro-batch under policies recomputing more: recomputation only adds to
-    every entry of a bound vector) in the same build, so a later policy needs no build of its own when they
-    rule out all its candidates."""
+    ``floors`` (remat policy -> candidate -> a lower bound of its accumulated step under that policy) skips
+    candidates that cannot beat the cut; the second bounds computed here are added to it, for this policy
+    and the ``later`` searches' (the same micro-batch under policies recomputing all this one does and more:
+    recomputation only adds to every entry of a bound vector), also for the later searches' candidates in
+    the same build, so a later policy needs no build of its own when they rule out all its candidates."""
     M = microbatches
     plans: dict[int, Costed | None] = {}
     cut = upper
@@ -456,22 +493,27 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         if not seeds:
             return [], not rs.cut_short and len(plans) == len(fit)
         cut = max(seeds)
+    mine = floors.get(rs.remat, {}) if floors is not None else {}
     reach = M * rs.lb < cut * (1 + 1e-9)
-    near = np.nonzero(reach & rs.may_fit(limit))[0]
-    if floors:
-        near = near[np.array([floors.get(k, 0.0) < cut * (1 + 1e-9) for k in near.tolist()], bool)]
+    near = np.nonzero(reach & rs.may_fit(limit))[0] if reach.any() else np.zeros(0, np.int64)  # (may_fit: a build)
+    if mine:
+        near = near[np.array([mine.get(k, 0.0) < cut * (1 + 1e-9) for k in near.tolist()], bool)]
     if not len(near):
         return [], not rs.cut_short
     ahead = np.zeros(len(rs.lb), bool)
     for other in later:
-        ahead |= (M * other.lb < cut * (1 + 1e-9)) & other.may_fit(limit)
+        theirs = floors.get(other.remat, {}) if floors is not None else {}
+        wanted = M * other.lb < cut * (1 + 1e-9)
+        wanted[list(theirs)] = False
+        if wanted.any():
+            wanted &= other.may_fit(limit)
+        ahead |= wanted
     ahead[near] = False
-    if floors:
-        ahead[list(floors)] = False
     idx = np.concatenate([near, np.nonzero(ahead)[0]])
     bounds, peaks = rs.overlap_bounds(idx, optimizer=False)
     if floors is not None:
-        floors.update(zip(idx.tolist(), (M * bounds).tolist(), strict=True))
+        for policy in {rs.remat, *(other.remat for other in later)}:
+            floors.setdefault(policy, {}).update(zip(idx.tolist(), (M * bounds).tolist(), strict=True))
     bounds, peaks = bounds[:len(near)], peaks[:len(near)]
     fit = peaks <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
     lower = sorted(zip((M * bounds[fit]).tolist(), near[fit].tolist(), strict=True))

@@ -50,12 +50,12 @@ from typing import Any
 
 import numpy as np
 
-from layoutsearch.costmodel.memory import REMAT_POLICIES
 from layoutsearch.costmodel.pipeline import unit_of_ops
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
+from layoutsearch.ir.remat import REMAT_POLICIES, block_groups, parse_remat, recomputes_within
 from layoutsearch.layout import Layout, format_rules
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
@@ -180,8 +180,9 @@ def _check_arguments(graph: Graph, space: str, solver: str, top: int, remat: str
         raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise LayoutSearchError(f"top must be a positive integer, got {top!r}")
-    if remat != "auto" and remat not in REMAT_POLICIES:
-        raise LayoutSearchError(f"unknown remat policy {remat!r} (known: auto, {', '.join(REMAT_POLICIES)})")
+    if remat != "auto" and parse_remat(remat).blocks is not None and space != "rules":
+        raise LayoutSearchError(f"remat {remat} (the first blocks only) is searched in the rules space, not "
+                                f"{space!r}: its blocks would differ, where this space ties them")
     if microbatches != "auto" and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
                                    or microbatches < 1):
         raise LayoutSearchError(f"microbatches must be 'auto' or a positive integer, got {microbatches!r}")
@@ -270,14 +271,16 @@ def _search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None, so
     if pipeline in ("off", "auto"):
         with reporting(progress, "rules space: enumerating rule sets"):
             candidates = rules_candidates(g, mesh, hw, pricer, baseline_sets(base))
-        for policy in policies:
-            if found.options and deadline.passed():
-                found.skipped(f"remat {policy}")
-                continue
-            _search_layouts(found, g, mesh, hw, limit, policy, space, solver, top, tie, pricer, candidates,
-                            deadline, optimizer, attention, overlap, progress)
-        _search_accumulation(found, graph, g, mesh, hw, limit, policies, microbatches, top, deadline, optimizer,
+        alike = _alike(policies)
+        for policy in alike:
+            _search_remat(found, RulesSearch(g, mesh, hw, pricer, candidates, policy), limit, space, solver, top,
+                          tie, deadline, optimizer, attention, overlap, progress)
+        _search_accumulation(found, graph, g, mesh, hw, limit, alike, microbatches, top, deadline, optimizer,
                              precision, attention, overlap, progress)
+        for policy in policies:  # the block groups, bounded by the plans found (with accumulation too)
+            if policy not in alike:
+                _search_remat(found, RulesSearch(g, mesh, hw, pricer, candidates, policy), limit, space, solver,
+                              top, tie, deadline, optimizer, attention, overlap, progress)
     return _result(found, graph, g, mesh, hw, limit, space, top, pipeline, microbatches, schedule, optimizer,
                    precision, attention, overlap, policies, base, baselines, deadline, progress, t0)
 
@@ -314,13 +317,15 @@ def _result(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, lim
                 cut_short=tuple(found.cut_short))
 
 
-def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None, policy: str,
-                    space: str, solver: str, top: int, tie: bool, pricer: Pricer,
-                    candidates: tuple[RuleSets, np.ndarray], deadline: Deadline, optimizer: str, attention: str,
-                    overlap: float | str, progress: Progress | None) -> None:
-    """The layouts of ``space`` under remat ``policy``: the rules space by bound-and-price, the finer spaces
-    from its optimum."""
-    rs = RulesSearch(g, mesh, hw, pricer, candidates, policy)
+def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: str, solver: str, top: int,
+                  tie: bool, deadline: Deadline, optimizer: str, attention: str, overlap: float | str,
+                  progress: Progress | None) -> None:
+    """Unless the time limit has passed: the layouts of ``space`` under the remat policy of ``rs`` (the rules
+    space's search under it), the rules space by bound-and-price, the finer spaces from its optimum."""
+    g, mesh, hw, pricer, policy = rs.g, rs.mesh, rs.hw, rs.pricer, rs.remat
+    if found.options and deadline.passed():
+        found.skipped(f"remat {policy}")
+        return
     found.searches.append(rs)
     if progress is not None:
         progress(f"remat {policy}: searching the {space} space")
@@ -328,7 +333,7 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
     if space == "rules":
         upper = found.upper(limit, top)
         plans, proven, pgap, found.solver = overlapped_top(rs, limit, top, solver, deadline, overlap, attention,
-                                                           optimizer, progress, upper)
+                                                           optimizer, progress, upper, _dominated(found, rs, limit))
         if not plans and upper is not None and rs.floor >= upper * (1 - 1e-9) and rs.floor < math.inf:
             why = _cannot_beat(top, upper)
         found.pruning[f"remat {policy}"] = rs.pruning(limit)
@@ -354,6 +359,19 @@ def _search_layouts(found: _Found, g: Graph, mesh: Mesh, hw: Hardware, limit: fl
         why = f"nothing fits the memory limit: every layout needs at least {format_bytes(least, 'GiB')}"
     found.add(plans, proven, pgap)
     found.decisions.append(_decision("remat", policy, plans[0] if plans else None, None, why, at_least))
+
+
+def _dominated(found: _Found, rs: RulesSearch, limit: float | None) -> np.ndarray | None:
+    """For a block-group policy (``full:N``): the candidates whose plan fits under a policy searched before that
+    recomputes less (none, ``full:M`` with M < N), priced or peak computed there; their plan here is no
+    faster (it runs the same ops and more), so its search leaves them out. None for the other policies."""
+    if parse_remat(rs.remat).blocks is None:
+        return None
+    out = np.zeros(len(rs.cands), bool)
+    for other in found.searches:
+        if other is not rs and other.remat != rs.remat and recomputes_within(other.remat, rs.remat):
+            out |= other.mem <= (limit if limit is not None else math.inf) * (1 + 1e-12)  # (NaN: not known)
+    return out
 
 
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
@@ -408,9 +426,11 @@ def _search_pipelines(found: _Found, graph: Graph, mesh: Mesh, hw: Hardware, lim
 def _price_baselines(base: dict[str, tuple[RuleSets | None, str]], g: Graph, mesh: Mesh, hw: Hardware,
                      policies: tuple[str, ...], searches: list[RulesSearch], limit: float | None, optimizer: str,
                      attention: str, overlap: float | str, progress: Progress | None) -> tuple[Baseline, ...]:
-    """Each baseline at its fastest remat policy that fits (:func:`~.rules_search.first_fitting`)."""
+    """Each baseline at its fastest remat policy that fits (:func:`~.rules_search.first_fitting`), among
+    those of ``policies`` applied to every block alike (:func:`_alike`), as the conventional layouts run."""
     if progress is not None:
         progress("pricing the baselines")
+    policies = _alike(policies)
     return tuple(Baseline(name, None, why) if rules is None else
                  Baseline(name, first_fitting(g, mesh, hw, rules, policies, searches, limit, optimizer, attention,
                                               overlap, name))
@@ -439,15 +459,25 @@ def price_plan(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim
 
 
 
+def _alike(policies: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``policies`` that remat every block alike (none, selective, full: the block groups ``full:N``
+    are searched for the step without accumulation, an alternative way to fit); ``policies`` itself when it
+    holds none of them (a block group asked for)."""
+    return tuple(p for p in policies if p in REMAT_POLICIES) or policies
+
+
 def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:
-    """The remat policies to search: ``remat`` when given; for ``auto``, every policy, but ``none`` alone in
-    the ops space and when no forward op is in a block (remat recomputes blocks: without any, the three
-    policies price the same step)."""
+    """The remat policies to search: ``remat`` when given; for ``auto``, none, selective and full, and in the
+    rules space the block groups ``full:N`` (:func:`~layoutsearch.ir.remat.block_groups`) before full; but
+    ``none`` alone in the ops space and when no forward op is in a block (remat recomputes blocks: without
+    any, every policy prices the same step)."""
     if remat != "auto":
         return (remat,)
-    if space == "ops" or not any(op.block is not None and op.phase == "forward" for op in g.ops):
+    blocks = {op.block for op in g.ops if op.block is not None and op.phase == "forward"}
+    if space == "ops" or not blocks:
         return ("none",)
-    return REMAT_POLICIES
+    groups = block_groups(len(blocks)) if space == "rules" else ()
+    return ("none", "selective", *groups, "full")
 
 
 def _decision(kind: str, option: str, plan: Costed | None, min_memory: float | None, why: str = "",
