@@ -21,23 +21,35 @@ from layoutsearch.solvers.rules_search import RulesSearch, accumulated_top, rule
 from layoutsearch.solvers.rulesets import rules_of
 
 
-def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], limit: float | None,
-                 top: int, upper: float | None, optimizer: str, precision: Precision | str, attention: str,
-                 overlap: float | str, deadline: Deadline, progress: Progress | None,
-                 pruning: dict[str, dict[str, int]] | None = None) -> tuple[list[Costed], bool, bool]:
-    """The fastest plans with ``M`` gradient-accumulation micro-batches (with ``upper``: those faster than it),
-    proven per remat policy by :func:`~.rules_search.accumulated_top` over the rules space of one micro-batch,
-    each priced as the accumulated step (:func:`~layoutsearch.costmodel.pipeline.price_pipeline` without a
-    stage axis). Returns (plans, proven, whether any layout's micro-batch fits the limit)."""
-    from layoutsearch.costmodel.pipeline import price_pipeline
-
-    B = graph.dims["batch"]
-    micro = training_step(resized(graph, {"batch": B // M}), optimizer, precision)
+def micro_searches(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[str, ...], optimizer: str,
+                   precision: Precision | str, attention: str) -> list[RulesSearch]:
+    """The rules spaces of one of ``M`` micro-batches of ``graph``'s training step, one per remat policy (in
+    the order of ``policies``)."""
+    micro = training_step(resized(graph, {"batch": graph.dims["batch"] // M}), optimizer, precision)
     pricer = Pricer(micro, mesh, hw, attention)
     candidates = rules_candidates(micro, mesh, hw, pricer, baseline_sets(baseline_rules(micro, mesh)))
+    return [RulesSearch(micro, mesh, hw, pricer, candidates, policy) for policy in policies]
+
+
+def micro_may_fit(searches: list[RulesSearch], limit: float | None) -> bool:
+    """Whether some layout's micro-batch may fit ``limit`` under some policy of ``searches`` (the policy
+    recomputing most first: it fits most, and its bound is needed most often)."""
+    return any(bool(rs.may_fit(limit).any()) for rs in reversed(searches))
+
+
+def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, searches: list[RulesSearch], limit: float | None,
+                 top: int, upper: float | None, optimizer: str, precision: Precision | str, attention: str,
+                 overlap: float | str, deadline: Deadline, progress: Progress | None,
+                 pruning: dict[str, dict[str, int]] | None = None) -> tuple[list[Costed], bool]:
+    """The fastest plans with ``M`` gradient-accumulation micro-batches (with ``upper``: those faster than it),
+    proven per remat policy by :func:`~.rules_search.accumulated_top` over the rules space of one micro-batch
+    (``searches``: :func:`micro_searches`), each priced as the accumulated step
+    (:func:`~layoutsearch.costmodel.pipeline.price_pipeline` without a stage axis). Returns (plans, proven)."""
+    from layoutsearch.costmodel.pipeline import price_pipeline
+
     out: list[Costed] = []
     proven = True
-    searches = [RulesSearch(micro, mesh, hw, pricer, candidates, policy) for policy in policies]
+    policies = tuple(rs.remat for rs in searches)
     floors: dict[str, dict[int, float]] = {}  # policy -> candidate -> a lower bound of its accumulated step
     for i, (policy, rs) in enumerate(zip(policies, searches, strict=True)):
         if out and deadline.passed():
@@ -65,8 +77,7 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tuple[
             pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
         out += plans
         proven = proven and ok
-    micro_fits = bool(out) or any(rs.may_fit(limit).any() for rs in reversed(searches))  # (most recomputed first:
-    return out, proven, micro_fits                                                      # fits most, bounds known)
+    return out, proven
 
 
 def microbatch_options(batch: int, microbatches: int | str) -> list[int]:
@@ -77,4 +88,4 @@ def microbatch_options(batch: int, microbatches: int | str) -> list[int]:
     return [m for m in (2, 4, 8, 16, 32, 64) if batch % m == 0]
 
 
-__all__ = ["accumulated", "microbatch_options"]
+__all__ = ["accumulated", "micro_may_fit", "micro_searches", "microbatch_options"]

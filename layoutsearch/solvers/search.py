@@ -59,7 +59,7 @@ from layoutsearch.ir.remat import REMAT_POLICIES, block_groups, parse_remat, rec
 from layoutsearch.layout import Layout, format_rules
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
-from layoutsearch.solvers.accumulation import accumulated, microbatch_options
+from layoutsearch.solvers.accumulation import accumulated, micro_may_fit, micro_searches, microbatch_options
 from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
 from layoutsearch.solvers.clock import Deadline, Progress, reporting
 from layoutsearch.solvers.dispatch import SOLVERS, solve
@@ -379,29 +379,40 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
                          optimizer: str, precision: Precision | str, attention: str, overlap: float | str,
                          progress: Progress | None) -> None:
     """Gradient accumulation, when the memory limit binds (a plan faster than the best found does not fit)
-    or ``microbatches`` is given: the first micro-batch count whose micro-batch fits and the next; only
-    plans that can make the ``top`` are priced (the ``top``-th best found so far bounds them)."""
+    or ``microbatches`` is given: the first micro-batch count whose micro-batch may fit and the next, the
+    larger first (its plans, often faster, then bound the smaller count's); only plans that can make the
+    ``top`` are priced (the ``top``-th best found so far bounds them)."""
     best = min((p.step_s for p in found.options), default=math.inf)
     binds = limit is not None and any(bool(np.any(~rs.may_fit(limit) & (rs.lb < best))) for rs in found.searches)
     if "batch" not in g.dims or not (binds or microbatches != "auto"):
         return
-    fitted = 0
+    decisions: dict[int, Decision] = {}
+    fitting: list[tuple[int, list[RulesSearch]]] = []
     for M in microbatch_options(graph.dims["batch"], microbatches):
         if found.options and deadline.passed():
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
+        searches = micro_searches(graph, mesh, hw, M, policies, optimizer, precision, attention)
+        if micro_may_fit(searches, limit):
+            fitting.append((M, searches))
+        else:
+            decisions[M] = _decision("microbatches", str(M), None, None)
+        if len(fitting) >= 2:  # the first count that fits and one more: more micro-batches only add overhead
+            break
+    for M, searches in reversed(fitting):
+        if found.options and deadline.passed():
+            found.skipped(f"gradient accumulation over {M} micro-batches")
+            continue
         upper = found.upper(limit, top)
-        plans, proven, fits = accumulated(graph, mesh, hw, M, policies, limit, top, upper, optimizer, precision,
-                                          attention, overlap, deadline, progress, found.pruning)
+        plans, proven = accumulated(graph, mesh, hw, M, searches, limit, top, upper, optimizer, precision,
+                                    attention, overlap, deadline, progress, found.pruning)
         plans = sorted((p for p in plans if p.within(limit)), key=lambda c: c.step_s)
         found.options += plans[:top]
         found.optimal = found.optimal and proven
         found.gap_unknown = found.gap_unknown or not proven
-        why = _cannot_beat(top, upper) if not plans and fits and upper is not None else ""
-        found.decisions.append(_decision("microbatches", str(M), plans[0] if plans else None, None, why))
-        fitted += bool(plans) or fits
-        if fitted >= 2:  # the first count that fits and one more: more micro-batches only add overhead
-            break
+        why = _cannot_beat(top, upper) if not plans and upper is not None else ""
+        decisions[M] = _decision("microbatches", str(M), plans[0] if plans else None, None, why)
+    found.decisions += [decisions[M] for M in sorted(decisions)]
 
 
 def _search_pipelines(found: _Found, graph: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
