@@ -332,10 +332,14 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
     why = ""
     if space == "rules":
         upper = found.upper(limit, top)
+        dominated = _dominated(found, rs, limit)
         plans, proven, pgap, found.solver = overlapped_top(rs, limit, top, solver, deadline, overlap, attention,
-                                                           optimizer, progress, upper, _dominated(found, rs, limit))
+                                                           optimizer, progress, upper, dominated)
         if not plans and upper is not None and rs.floor >= upper * (1 - 1e-9) and rs.floor < math.inf:
             why = _cannot_beat(top, upper)
+        elif not plans and dominated is not None and dominated.any() and rs.floor == math.inf:
+            why = ("no plan better: the layouts that fit with it fit with less recomputation, which is no slower "
+                   "(and no runner-up: the same layout, slower)")
         found.pruning[f"remat {policy}"] = rs.pruning(limit)
         found.stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()),
                        "memory_rows": rs.rows, "nodes": 1, "strategies": len(rs.cands), "factors": 0,
@@ -353,7 +357,7 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
             proven, pgap, found.stats = res.optimal and not rs.cut_short, res.gap, res.stats
             found.solver = res.solver
             found.cut_short += rs.cut_short + list(res.cut_short)
-    at_least = rs.floor if why else None
+    at_least = rs.floor if why and rs.floor < math.inf else None
     if not plans and not why and limit is not None:  # (the smallest peak itself is priced only when needed)
         least = float(np.min(rs.peak_floors()))
         why = f"nothing fits the memory limit: every layout needs at least {format_bytes(least, 'GiB')}"
