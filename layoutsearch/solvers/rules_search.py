@@ -203,21 +203,29 @@ class RulesSearch:
         return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
                               self.pricer.fusion.on_chip)
 
-    def may_fit_among(self, idx: np.ndarray, limit: float | None) -> np.ndarray:
+    def may_fit_among(self, idx: np.ndarray, limit: float | None, any_out: bool = False) -> np.ndarray:
         """Those of candidates ``idx`` that may fit ``limit`` (:meth:`may_fit`). Before the live-set bound is
         computed, the live bytes where the backward pass starts (when the activations it reads are held)
-        rule candidates out first: a bound only where the rest need it."""
+        rule candidates out first: a bound only where the rest need it. ``any_out``: the question is only
+        whether some candidate is ruled out; those the first bound leaves are then returned as they are when
+        it rules out any."""
         if limit is None or not len(idx):
             return idx
         if "mem_lb" not in self.__dict__:
-            start = next((i for i, op in enumerate(self.g.ops) if op.phase == "backward"), None)
-            if start is not None:
-                at = _memory_bounds(self.g, self.mesh, self.hw, self.cands.take(idx), self.dims, self.remat,
-                                    self.pricer.fusion.on_chip, at=start)
-                idx = idx[at <= limit * (1 + 1e-9)]
-                if not len(idx):
-                    return idx
+            kept = idx[self._live_at_backward(idx) <= limit * (1 + 1e-9)]
+            if not len(kept) or (any_out and len(kept) < len(idx)):
+                return kept
+            idx = kept
         return idx[self.may_fit(limit)[idx]]
+
+    def _live_at_backward(self, idx: np.ndarray) -> np.ndarray:
+        """Per candidate of ``idx``, the live bytes where the backward pass starts (one point of the live-set
+        bound: a weaker lower bound of the peak, faster); zeros for a graph without a backward pass."""
+        start = next((i for i, op in enumerate(self.g.ops) if op.phase == "backward"), None)
+        if start is None:
+            return np.zeros(len(idx))
+        return _memory_bounds(self.g, self.mesh, self.hw, self.cands.take(idx), self.dims, self.remat,
+                              self.pricer.fusion.on_chip, at=start)
 
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
@@ -246,9 +254,12 @@ class RulesSearch:
             return np.ones(len(self.cands), bool)
         return (self.mem_lb <= limit * (1 + 1e-9)) & ~(self.mem > limit * (1 + 1e-12))
 
-    def peak_floors(self) -> np.ndarray:
-        """Per candidate, its peak where priced, else its live-set bound: a lower bound of its peak."""
-        return np.where(np.isnan(self.mem), self.mem_lb, self.mem)
+    def peak_floors(self, idx: np.ndarray | None = None) -> np.ndarray:
+        """Per candidate (of ``idx``; default all), its peak where priced, else its live-set bound (the live
+        bytes where the backward pass starts when that bound was not needed): a lower bound of its peak."""
+        idx = np.arange(len(self.cands)) if idx is None else np.asarray(idx, dtype=np.int64)
+        floor = self.mem_lb[idx] if "mem_lb" in self.__dict__ else self._live_at_backward(idx)
+        return np.where(np.isnan(self.mem[idx]), floor, self.mem[idx])
 
     def pruning(self, limit: float | None) -> dict[str, int | None]:
         """How the space was pruned: its candidates, those the live-set memory bound rules out (None: the bound
@@ -547,8 +558,7 @@ def first_fitting(g: Graph, mesh: Mesh, hw: Hardware, rules: RuleSets, policies:
         rs = known.get(policy)
         i = rs.cands.index(rules) if rs is not None else None
         if i is not None and limit is not None and k < len(policies) - 1:
-            peak = rs.mem[i] if not np.isnan(rs.mem[i]) else rs.mem_lb[i]
-            if peak > limit * (1 + 1e-9):
+            if rs.peak_floors([i])[0] > limit * (1 + 1e-9):
                 continue
         if i is not None and i in rs.plans:  # priced by the search already
             plan = dataclasses.replace(rs.plans[i], name=name)

@@ -378,6 +378,12 @@ def _dominated(found: _Found, rs: RulesSearch, limit: float | None) -> np.ndarra
     return out
 
 
+def _rules_out(rs: RulesSearch, limit: float, best: float) -> bool:
+    """Whether ``limit`` rules out some candidate of ``rs`` whose roofline bound is below ``best``."""
+    below = np.nonzero(rs.lb < best)[0]
+    return len(rs.may_fit_among(below, limit, any_out=True)) < len(below)
+
+
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
                          policies: tuple[str, ...], microbatches: int | str, top: int, deadline: Deadline,
                          optimizer: str, precision: Precision | str, attention: str, overlap: float | str,
@@ -387,7 +393,7 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
     larger first (its plans, often faster, then bound the smaller count's); only plans that can make the
     ``top`` are priced (the ``top``-th best found so far bounds them)."""
     best = min((p.step_s for p in found.options), default=math.inf)
-    binds = limit is not None and any(bool(np.any(~rs.may_fit(limit) & (rs.lb < best))) for rs in found.searches)
+    binds = limit is not None and any(_rules_out(rs, limit, best) for rs in found.searches)
     if "batch" not in g.dims or not (binds or microbatches != "auto"):
         return
     decisions: dict[int, Decision] = {}
