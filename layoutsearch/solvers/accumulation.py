@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from layoutsearch.costmodel.step import resized, training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
@@ -34,7 +36,7 @@ def micro_searches(graph: Graph, mesh: Mesh, hw: Hardware, M: int, policies: tup
 def micro_may_fit(searches: list[RulesSearch], limit: float | None) -> bool:
     """Whether some layout's micro-batch may fit ``limit`` under some policy of ``searches`` (the policy
     recomputing most first: it fits most, and its bound is needed most often)."""
-    return any(bool(rs.may_fit(limit).any()) for rs in reversed(searches))
+    return any(len(rs.may_fit_among(np.arange(len(rs.cands)), limit)) for rs in reversed(searches))
 
 
 def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, searches: list[RulesSearch], limit: float | None,

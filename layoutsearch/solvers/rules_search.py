@@ -212,19 +212,20 @@ class RulesSearch:
         if limit is None or not len(idx):
             return idx
         if "mem_lb" not in self.__dict__:
-            kept = idx[self._live_at_backward(idx) <= limit * (1 + 1e-9)]
+            kept = idx[self.backward_lb[idx] <= limit * (1 + 1e-9)]
             if not len(kept) or (any_out and len(kept) < len(idx)):
                 return kept
             idx = kept
         return idx[self.may_fit(limit)[idx]]
 
-    def _live_at_backward(self, idx: np.ndarray) -> np.ndarray:
-        """Per candidate of ``idx``, the live bytes where the backward pass starts (one point of the live-set
-        bound: a weaker lower bound of the peak, faster); zeros for a graph without a backward pass."""
+    @functools.cached_property
+    def backward_lb(self) -> np.ndarray:
+        """Per candidate, the live bytes where the backward pass starts (one point of the live-set bound: a
+        weaker lower bound of the peak, computed faster); zeros for a graph without a backward pass."""
         start = next((i for i, op in enumerate(self.g.ops) if op.phase == "backward"), None)
         if start is None:
-            return np.zeros(len(idx))
-        return _memory_bounds(self.g, self.mesh, self.hw, self.cands.take(idx), self.dims, self.remat,
+            return np.zeros(len(self.cands))
+        return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
                               self.pricer.fusion.on_chip, at=start)
 
     def price(self, idx: np.ndarray) -> None:
@@ -258,7 +259,7 @@ class RulesSearch:
         """Per candidate (of ``idx``; default all), its peak where priced, else its live-set bound (the live
         bytes where the backward pass starts when that bound was not needed): a lower bound of its peak."""
         idx = np.arange(len(self.cands)) if idx is None else np.asarray(idx, dtype=np.int64)
-        floor = self.mem_lb[idx] if "mem_lb" in self.__dict__ else self._live_at_backward(idx)
+        floor = (self.mem_lb if "mem_lb" in self.__dict__ else self.backward_lb)[idx]
         return np.where(np.isnan(self.mem[idx]), floor, self.mem[idx])
 
     def pruning(self, limit: float | None) -> dict[str, int | None]:
@@ -505,8 +506,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
             return [], not rs.cut_short and len(plans) == len(fit)
         cut = max(seeds)
     mine = floors.get(rs.remat, {}) if floors is not None else {}
-    reach = M * rs.lb < cut * (1 + 1e-9)
-    near = np.nonzero(reach & rs.may_fit(limit))[0] if reach.any() else np.zeros(0, np.int64)  # (may_fit: a build)
+    near = rs.may_fit_among(np.nonzero(M * rs.lb < cut * (1 + 1e-9))[0], limit)
     if mine:
         near = near[np.array([mine.get(k, 0.0) < cut * (1 + 1e-9) for k in near.tolist()], bool)]
     if not len(near):
@@ -516,9 +516,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         theirs = floors.get(other.remat, {}) if floors is not None else {}
         wanted = M * other.lb < cut * (1 + 1e-9)
         wanted[list(theirs)] = False
-        if wanted.any():
-            wanted &= other.may_fit(limit)
-        ahead |= wanted
+        ahead[other.may_fit_among(np.nonzero(wanted)[0], limit)] = True
     ahead[near] = False
     idx = np.concatenate([near, np.nonzero(ahead)[0]])
     bounds, peaks = rs.overlap_bounds(idx, optimizer=False)
