@@ -330,16 +330,20 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
     if progress is not None:
         progress(f"remat {policy}: searching the {space} space")
     why = ""
+    floor = rs.floor
     if space == "rules":
         upper = found.upper(limit, top)
         dominated = _dominated(found, rs, limit)
         plans, proven, pgap, found.solver = overlapped_top(rs, limit, top, solver, deadline, overlap, attention,
                                                            optimizer, progress, upper, dominated)
+        left_out = dominated is not None and bool(dominated.any())
+        floor = min(rs.floor, _dominated_floor(found, rs)) if left_out else rs.floor
         if not plans and upper is not None and rs.floor >= upper * (1 - 1e-9) and rs.floor < math.inf:
-            why = _cannot_beat(top, upper)
-        elif not plans and dominated is not None and dominated.any() and rs.floor == math.inf:
-            why = ("no plan better: the layouts that fit with it fit with less recomputation, which is no slower "
-                   "(and no runner-up: the same layout, slower)")
+            why = _cannot_beat(top, upper) + (" (the layouts that fit with less recomputation left out: the same "
+                                              "layout, no faster)" if left_out else "")
+        elif not plans and left_out and rs.floor == math.inf:
+            why = ("no plan can beat those found: the layouts that fit with it fit with less recomputation, which "
+                   "is no slower (no runner-up either: the same layout, no faster)")
         found.pruning[f"remat {policy}"] = rs.pruning(limit)
         found.stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()),
                        "memory_rows": rs.rows, "nodes": 1, "strategies": len(rs.cands), "factors": 0,
@@ -357,7 +361,7 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
             proven, pgap, found.stats = res.optimal and not rs.cut_short, res.gap, res.stats
             found.solver = res.solver
             found.cut_short += rs.cut_short + list(res.cut_short)
-    at_least = rs.floor if why and rs.floor < math.inf else None
+    at_least = floor if why and floor < math.inf else None
     if not plans and not why and limit is not None:  # (the smallest peak itself is priced only when needed)
         least = float(np.min(rs.peak_floors()))
         why = f"nothing fits the memory limit: every layout needs at least {format_bytes(least, 'GiB')}"
@@ -382,6 +386,15 @@ def _rules_out(rs: RulesSearch, limit: float, best: float) -> bool:
     """Whether ``limit`` rules out some candidate of ``rs`` whose roofline bound is below ``best``."""
     below = np.nonzero(rs.lb < best)[0]
     return len(rs.may_fit_among(below, limit, any_out=True)) < len(below)
+
+
+def _dominated_floor(found: _Found, rs: RulesSearch) -> float:
+    """A lower bound of the plans of ``rs`` that its search left out as dominated: each is no faster than the
+    same layout's plan under a policy recomputing less, searched before, which is at least the fastest plan
+    that search priced with overlap or the smallest lower bound of those it did not (its floor)."""
+    return min((min([other.floor, *(p.step_s for p in other.plans.values())]) for other in found.searches
+                if other is not rs and other.remat != rs.remat and recomputes_within(other.remat, rs.remat)),
+               default=0.0)
 
 
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
