@@ -21,7 +21,7 @@ from jax.ad_checkpoint import checkpoint_name
 from layoutsearch.errors import GraphError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
-from layoutsearch.ir.remat import parse_remat
+from layoutsearch.ir.remat import parse_remat, recomputed_blocks
 from layoutsearch.ir.tensor import Tensor
 
 Arrays = dict[str, jax.Array]
@@ -260,8 +260,7 @@ class _Interpreter:
         the outputs of matmuls with a parameter operand, ``full:N`` checkpoints the first N blocks as ``full``
         and runs the others plainly (the cost model's policies, :mod:`layoutsearch.ir.remat`). Tensors internal
         to a checkpointed block are not in the result."""
-        remat = parse_remat(policy, ValueError)
-        first = list(dict.fromkeys(op.block for op in self.g.ops if op.block is not None))[:remat.blocks]
+        first = recomputed_blocks(self.g, policy, ValueError)
         saved = selective_saved(self.g) if policy == "selective" else frozenset()
         jax_policy = jax.checkpoint_policies.save_only_these_names(*sorted(saved)) if saved else None
         constrain = self.constrain

@@ -101,7 +101,7 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
-from layoutsearch.ir.remat import REMAT_POLICIES, parse_remat
+from layoutsearch.ir.remat import REMAT_POLICIES, parse_remat, recomputed_blocks
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.ir.training import Optimizer, parameter_gradients
 from layoutsearch.layout import Layout
@@ -145,10 +145,7 @@ def _remat_plan(graph: Graph, policy: str) -> RematPlan:
     consumers = graph.consumers
     fed = {t.name for t in graph.fed}
     params = {t.name for t in graph.parameters}
-    blocks = list(dict.fromkeys(op.block for op in graph.ops if op.phase == "forward" and op.block is not None))
-    if remat.blocks is not None and remat.blocks > len(blocks):
-        raise CostModelError(f"remat {policy}: model {graph.name!r} has {len(blocks)} blocks, not {remat.blocks}")
-    recomputing = set(blocks[:remat.blocks])  # (all of them unless full:N)
+    recomputing = set(recomputed_blocks(graph, policy, CostModelError))
 
     def droppable(op: O.Op) -> bool:
         if op.phase != "forward" or op.block not in recomputing or op.output == graph.loss:

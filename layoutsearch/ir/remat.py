@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir.graph import Graph
 
 REMAT_POLICIES = ("none", "selective", "full")
 """The policies applied alike to every block."""
@@ -60,6 +61,23 @@ def check_remat(policy: str, error: type[Exception] = LayoutSearchError) -> str:
     return policy
 
 
+def forward_blocks(graph: Graph) -> list[str]:
+    """The blocks of ``graph``'s forward ops (``op.block``), in forward order."""
+    return list(dict.fromkeys(op.block for op in graph.ops if op.phase == "forward" and op.block is not None))
+
+
+def recomputed_blocks(graph: Graph, policy: str, error: type[Exception] = LayoutSearchError) -> list[str]:
+    """The blocks of ``graph`` that ``policy`` recomputes (none for ``none``, the first N for ``full:N``, else
+    all), in forward order; ``error`` for an unknown policy or more blocks than the graph has."""
+    remat = parse_remat(policy, error)
+    if remat.kind == "none":
+        return []
+    blocks = forward_blocks(graph)
+    if remat.blocks is not None and remat.blocks > len(blocks):
+        raise error(f"remat {policy}: model {graph.name!r} has {len(blocks)} blocks, not {remat.blocks}")
+    return blocks[:remat.blocks]
+
+
 def recomputes_within(a: str, b: str) -> bool:
     """Whether policy ``b`` recomputes every op policy ``a`` recomputes (``a``'s steps then do less work and
     hold more memory, layout for layout): none < full:N < full:M (N < M) < full, none < selective < full."""
@@ -77,4 +95,5 @@ def block_groups(blocks: int) -> tuple[str, ...]:
     return tuple(f"full:{n}" for n in sorted({round(blocks * q) for q in (0.25, 0.5, 0.75)}) if 1 <= n < blocks)
 
 
-__all__ = ["KNOWN", "REMAT_POLICIES", "Remat", "block_groups", "check_remat", "parse_remat", "recomputes_within"]
+__all__ = ["KNOWN", "REMAT_POLICIES", "Remat", "block_groups", "check_remat", "forward_blocks", "parse_remat",
+           "recomputed_blocks", "recomputes_within"]

@@ -55,7 +55,7 @@ from layoutsearch.costmodel.step import training_step
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
-from layoutsearch.ir.remat import REMAT_POLICIES, block_groups, parse_remat, recomputes_within
+from layoutsearch.ir.remat import REMAT_POLICIES, block_groups, forward_blocks, parse_remat, recomputes_within
 from layoutsearch.layout import Layout, format_rules
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.mesh import hardware as _hardware
@@ -376,10 +376,15 @@ def _dominated(found: _Found, rs: RulesSearch, limit: float | None) -> np.ndarra
     if parse_remat(rs.remat).blocks is None:
         return None
     out = np.zeros(len(rs.cands), bool)
-    for other in found.searches:
-        if other is not rs and other.remat != rs.remat and recomputes_within(other.remat, rs.remat):
-            out |= other.mem <= (limit if limit is not None else math.inf) * (1 + 1e-12)  # (NaN: not known)
+    for other in _recomputing_less(found, rs):
+        out |= other.mem <= (limit if limit is not None else math.inf) * (1 + 1e-12)  # (NaN: not known)
     return out
+
+
+def _recomputing_less(found: _Found, rs: RulesSearch) -> list[RulesSearch]:
+    """The searches of ``found`` under a policy other than ``rs``'s that recomputes only what it does."""
+    return [other for other in found.searches
+            if other is not rs and other.remat != rs.remat and recomputes_within(other.remat, rs.remat)]
 
 
 def _rules_out(rs: RulesSearch, limit: float, best: float) -> bool:
@@ -392,9 +397,8 @@ def _dominated_floor(found: _Found, rs: RulesSearch) -> float:
     """A lower bound of the plans of ``rs`` that its search left out as dominated: each is no faster than the
     same layout's plan under a policy recomputing less, searched before, which is at least the fastest plan
     that search priced with overlap or the smallest lower bound of those it did not (its floor)."""
-    return min((min([other.floor, *(p.step_s for p in other.plans.values())]) for other in found.searches
-                if other is not rs and other.remat != rs.remat and recomputes_within(other.remat, rs.remat)),
-               default=0.0)
+    return min((min([other.floor, *(p.step_s for p in other.plans.values())])
+                for other in _recomputing_less(found, rs)), default=0.0)
 
 
 def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, limit: float | None,
@@ -507,7 +511,7 @@ def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:
     any, every policy prices the same step)."""
     if remat != "auto":
         return (remat,)
-    blocks = {op.block for op in g.ops if op.block is not None and op.phase == "forward"}
+    blocks = forward_blocks(g)
     if space == "ops" or not blocks:
         return ("none",)
     groups = block_groups(len(blocks)) if space == "rules" else ()
