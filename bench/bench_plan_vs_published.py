@@ -37,13 +37,11 @@ def compare(run) -> dict:
     hw = hardware(run.hardware)
     devices = plan.layout.mesh.size
     c = plan.chosen
-    model_flops = c.report.model_flops if c.microbatches == 1 and not c.pipelined else \
-        c.report.inner.model_flops * c.microbatches
     return {"run": run.name, "published_layout": run.layout, "published_step_s": pub["predicted_step_s"],
             "published_mfu": pub["mfu"], "published_memory_bytes": pub["memory_bytes"],
             "plan_layout": c.rules_text(), "plan_remat": c.remat, "plan_microbatches": c.microbatches,
             "plan_stage_axis": c.stage_axis, "plan_step_s": c.step_s,
-            "plan_mfu": model_flops / (devices * hw.peak_flops * c.step_s), "plan_memory_bytes": c.memory_bytes,
+            "plan_mfu": c.report.model_flops / (devices * hw.peak_flops * c.step_s), "plan_memory_bytes": c.memory_bytes,
             "plan_fits": c.fits, "usable_bytes": hw.usable_bytes, "ratio": c.step_s / pub["predicted_step_s"],
             "optimal": plan.optimal, "search_s": took}
 

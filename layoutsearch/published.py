@@ -132,16 +132,13 @@ def predict(run: PublishedRun) -> dict[str, Any]:
     if run.stage_axis is None and run.microbatches == 1:
         rep = estimate(graph, layout, hw, precision=run.precision, remat=run.remat, attention=run.attention,
                        overlap=run.overlap)
-        step, memory, model_flops = rep.step_s, rep.memory_bytes, rep.model_flops
     else:
-        pp = estimate_pipeline(graph, layout, hw, stage_axis=run.stage_axis, microbatches=run.microbatches,
-                               schedule=run.schedule, remat=run.remat, precision=run.precision,
-                               attention=run.attention, overlap=run.overlap)
-        step, memory = pp.step_s, pp.memory_bytes
-        model_flops = pp.inner.model_flops * run.microbatches
-    devices = layout.mesh.size
+        rep = estimate_pipeline(graph, layout, hw, stage_axis=run.stage_axis, microbatches=run.microbatches,
+                                schedule=run.schedule, remat=run.remat, precision=run.precision,
+                                attention=run.attention, overlap=run.overlap)
+    step, memory, devices = rep.step_s, rep.memory_bytes, layout.mesh.size
     return {"run": run.name, "source": run.source, "published_step_s": run.published_step_s, "predicted_step_s": step,
-            "error": step / run.published_step_s - 1, "mfu": model_flops / (devices * hw.peak_flops * step),
+            "error": step / run.published_step_s - 1, "mfu": rep.model_flops / (devices * hw.peak_flops * step),
             "memory_bytes": memory, "hbm_bytes": hw.hbm_bytes, "usable_bytes": hw.usable_bytes,
             "fits": memory <= hw.usable_bytes}
 

@@ -27,6 +27,7 @@ def test_run_a_plan_file(capsys, plan_file):
     assert out["steps"][-1]["loss"] < out["steps"][0]["loss"]
     assert out["remat"] == "selective" and out["predicted"]["hardware"] == "h100"
     assert out["predicted_here"]["hardware"] == "cpu-sim" and out["measured_over_predicted"] > 0
+    assert out["predicted_here"]["attention"] == "standard" and out["predicted_here"]["memory_bytes"] > 0
     assert out["tokens_per_step"] == 8 * 16 and out["tokens_per_s"] > 0
     # the same plan from Python: identical losses
     program = ls.Plan.load(plan_file).compile()

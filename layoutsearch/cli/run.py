@@ -14,6 +14,11 @@ from layoutsearch.cli.search import SearchProgress
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.units import format_seconds
 
+EXECUTED = "standard"
+"""The attention the executor runs, priced for the devices present: the graph's ops as XLA compiles them, the
+seq x kv_seq scores in HBM (a plan priced with a flash-attention kernel, ``auto`` on a GPU or TPU, is priced again
+with this one to compare with what ran)."""
+
 
 def add(sub: Any) -> None:
     p = command(sub, "run", run, "run training steps of a plan (a file from `search --out`, or the plan searched "
@@ -82,6 +87,7 @@ def _plan(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> Result:
     """Search (MODEL) or load (PLAN.json) the plan, compile it on the devices present, run ``--steps``."""
     from layoutsearch.backend.train import train
+    from layoutsearch.costmodel.fusion import resolve_attention
     from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import hardware
     from layoutsearch.solvers.search import price_plan, search
@@ -104,17 +110,19 @@ def run(args: argparse.Namespace) -> Result:
     program = plan.compile(devices)
     c = plan.chosen
     predicted_here = None
-    if here is not None and here != plan.hardware.name:
+    flash_priced = resolve_attention(plan.attention, plan.hardware) != EXECUTED
+    if here is not None and (here != plan.hardware.name or flash_priced):
         predicted_here = price_plan(plan.model, c.layout, here, remat=c.remat, microbatches=c.microbatches,
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
-                                    optimizer=plan.optimizer, precision=plan.precision, attention=plan.attention,
-                                    overlap=plan.overlap).step_s
+                                    optimizer=plan.optimizer, precision=plan.precision, attention=EXECUTED,
+                                    overlap=plan.overlap)
     with _StepBar(args.steps) as bar:
         measured = train(program, args.steps, seed=args.seed, on_step=bar.advance)
     import jax
 
     step = measured.median_step_s
-    reference = predicted_here if predicted_here is not None else plan.step_s if here == plan.hardware.name else None
+    reference = predicted_here.step_s if predicted_here is not None else \
+        plan.step_s if here == plan.hardware.name else None
     return {
         "model": plan.model.name, "mesh": str(mesh), "devices": mesh.size, "processes": jax.process_count(),
         "platform": devices[0].platform, "device_kind": devices[0].device_kind, "hardware_here": here,
@@ -123,7 +131,8 @@ def run(args: argparse.Namespace) -> Result:
         "precision": plan.precision, **measured.to_dict(),
         "tokens_per_s": measured.tokens_per_step / step,
         "predicted": {"hardware": plan.hardware.name, "step_s": plan.step_s},
-        "predicted_here": ({"hardware": here, "step_s": predicted_here} if predicted_here is not None else None),
+        "predicted_here": ({"hardware": here, "attention": EXECUTED, "step_s": predicted_here.step_s,
+                            "memory_bytes": predicted_here.memory_bytes} if predicted_here is not None else None),
         "measured_over_predicted": step / reference if reference else None,
     }
 
@@ -172,7 +181,8 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
     line = f"measured step {format_seconds(result['median_step_s'])} (median after the first), " \
            f"{result['tokens_per_s']:,.0f} tokens/s; predicted {format_seconds(p['step_s'])} on {p['hardware']}"
     if here is not None:
-        line += f", {format_seconds(here['step_s'])} on {here['hardware']} (these devices)"
+        line += f", {format_seconds(here['step_s'])} on {here['hardware']} (these devices, {here['attention']} " \
+                "attention as the executor runs it)"
     if result["measured_over_predicted"] is not None:
         line += f": measured/predicted {result['measured_over_predicted']:.2f}"
     out.append(line)

@@ -96,6 +96,11 @@ class PipelineReport:
     def fits(self) -> bool:
         return self.memory_bytes <= self.inner.hardware.usable_bytes
 
+    @property
+    def model_flops(self) -> float:
+        """The step's model FLOPs (as :attr:`CostReport.model_flops`): every micro-batch's."""
+        return self.inner.model_flops * self.microbatches
+
     def layers_per_stage(self, prefix: str = BLOCK_PREFIX) -> tuple[int, ...]:
         """How many ``prefix.i`` blocks each stage runs, the partition as the executor takes it
         (``backend.pipeline.Pipeline(layers_per_stage=...)``): one count per device, or with ``interleaved:V``
