@@ -18,7 +18,7 @@ def test_the_device_bench_measures_predicts_and_validates(tmp_path):
     assert "error" not in row, row.get("traceback")
     assert row["config"] == "llama-0.7b none" and row["mesh"] == "data:1"
     assert row["measured_step_s"] > 0 and row["predicted_step_s"] > 0 and row["compiled_memory_bytes"] > 0
-    assert math.isfinite(row["loss_last"]) and row["predicted_flash_step_s"] > 0
+    assert math.isfinite(row["loss_last"]) and row["predicted_standard_step_s"] == row["predicted_step_s"]
     assert doc["meta"]["hardware"] == "cpu-sim" and "error" not in doc["meta"]["validate"]
     md = (tmp_path / "device.md").read_text()
     assert "| llama-0.7b none | data:1 `batch:data` |" in md and "`validate` on" in md

@@ -106,6 +106,10 @@ def _reference(graph, seed=0):
     ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"microbatches": 2}),
     ("data:2,model:2,stage:2", "batch:data,d_ff:model,heads:model", {"stage_axis": "stage", "microbatches": 2}),
     ("stage:2,model:4", "d_ff:model", {"stage_axis": "stage", "microbatches": 4, "remat": "selective"}),
+    ("data:2,model:4", "batch:data,d_ff:model,heads:model", {"attention": "flash"}),
+    ("data:2,model:4", "batch:data,heads:model", {"attention": "flash", "remat": "selective", "microbatches": 2}),
+    ("data:2,model:2,stage:2", "batch:data,heads:model", {"stage_axis": "stage", "microbatches": 2,
+                                                          "attention": "flash"}),
 ])
 def test_program_gradients_equal_unsharded(mesh, rules, kw):
     g = small()
@@ -129,6 +133,41 @@ def test_remat_policies_recompute_what_they_drop():
                 microbatches=2)
     with pytest.raises(LayoutError, match="unknown remat policy 'some'"):
         Program(g, lay, remat="some")
+
+
+def _saved_residuals(program):
+    """What JAX keeps from the program's forward pass for its backward pass, one line per array."""
+    import contextlib
+    import io
+
+    from jax.ad_checkpoint import print_saved_residuals
+
+    state = program.init(0)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_saved_residuals(program._loss_fn, state.params, program.random_batch(0))
+    return out.getvalue().splitlines()
+
+
+@pytest.mark.parametrize("kw", [{}, {"kv_heads": 2, "mlp": "swiglu", "position": "rotary"}, {"dropout": 0.1},
+                                {"parallel_block": 1}])
+def test_flash_attention_keeps_no_scores(kw):
+    """``attention="flash"``: no seq x kv_seq tensor is kept for the backward pass (the scores are recomputed,
+    as a flash-attention kernel does), where ``standard`` keeps them; one core per layer. (XLA:CPU merges the
+    recomputation with the forward pass again, so the compiled CPU program is no witness: JAX's residuals
+    are, and XLA:GPU/TPU keep the recomputation, as they keep every ``jax.checkpoint``'s.)"""
+    from layoutsearch.backend.program import flash_cores
+
+    seq = 32
+    g = small(seq=seq, **kw)
+    assert len(flash_cores(g)) == SMALL["layers"]
+    lay = ls.Layout.from_rules("data:8", "batch:data")
+    scores = f"{seq},{seq}]"  # the trailing seq, kv_seq dims of the scores (no other tensor ends so)
+    standard = _saved_residuals(Program(g, lay, attention="standard"))
+    flash = _saved_residuals(Program(g, lay, attention="flash"))
+    assert any(scores in line for line in standard) and not any(scores in line for line in flash)
+    assert Program(g, lay).attention == "standard"  # auto: standard on CPU devices, flash on accelerators
+    with pytest.raises(LayoutError, match="unknown attention 'fast' for the executor"):
+        Program(g, lay, attention="fast")
 
 
 def test_state_is_placed_by_the_layout_and_advances():

@@ -145,7 +145,15 @@ from jax.sharding import PartitionSpec as P
 
 from layoutsearch.backend import tick_tables
 from layoutsearch.backend.one_f_one_b import TickedStep, vary
-from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
+from layoutsearch.backend.program import (
+    Arrays,
+    Constrain,
+    batch_reduction,
+    check_attention,
+    jax_dtype,
+    run_graph,
+    selective_saved,
+)
 from layoutsearch.backend.stages import IN, check_batch_local, slot_layers, slot_mask, split_graph, stage_counts
 from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import CostModelError, GraphError, LayoutError
@@ -162,7 +170,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved:V")
 class Pipeline:
     """A pipelined training step for ``graph`` on a mesh ``{stage: K, data: D, ...}`` (data optional;
     other axes are used by ``layout``), run by ``schedule``: ``gpipe`` (default), ``1f1b`` or
-    ``interleaved:V`` (``layers_per_stage`` then counts the ``K V`` chunks in virtual-stage order).
+    ``interleaved:V`` (``layers_per_stage`` then counts the ``K V`` chunks in virtual-stage order);
+    ``attention``: ``standard`` or ``flash`` (see :func:`~layoutsearch.backend.program.run_graph`).
 
     ``step(stacked, outer, inputs) -> (loss, (d_stacked, d_outer))`` is the jitted
     core on laid-out arrays (see :meth:`shardings`); :meth:`loss_and_grads` takes
@@ -173,7 +182,7 @@ class Pipeline:
                  remat: bool | str = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
                  stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = BLOCK_PREFIX,
                  layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None,
-                 schedule: str = "gpipe") -> None:
+                 schedule: str = "gpipe", attention: str = "standard") -> None:
         if stage_axis not in mesh_shape:
             raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
         if stages is not None and stages != mesh_shape[stage_axis]:
@@ -190,6 +199,7 @@ class Pipeline:
         self.V = sched.virtual if sched.kind == "interleaved" else 1
         """Chunks per device (``V`` of ``interleaved:V``; 1 otherwise)."""
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
+        self.attention = check_attention(attention)
         if parse_remat(self.remat, LayoutError).blocks is not None:
             raise LayoutError(f"remat {remat}: the pipeline executor remats every layer of a stage alike (none, "
                               "selective or full); the first blocks alone run unpipelined or with gradient "
@@ -369,7 +379,7 @@ class Pipeline:
                 return checkpoint_name(x, n) if n in saved else x
 
         def layer(x: jax.Array, params: Arrays) -> tuple[jax.Array, None]:
-            return run_graph(p.layer, {**params, IN: x}, layer_constrain)[p.layer_out], None
+            return run_graph(p.layer, {**params, IN: x}, layer_constrain, attention=self.attention)[p.layer_out], None
 
         def stage_fn(params: Arrays, x: jax.Array, real: jax.Array | None) -> jax.Array:
             """One stage or chunk: its slots in order; a padding slot (``real`` False) passes its input through."""

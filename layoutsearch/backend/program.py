@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from layoutsearch.errors import GraphError
+from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.remat import parse_remat, recomputed_blocks
@@ -125,11 +125,33 @@ def scope_name(op: str) -> str:
     return f"[{op}]"
 
 
+def flash_cores(graph: Graph) -> dict[str, tuple[O.Op, ...]]:
+    """The attention cores of forward ``graph`` that run as flash attention (``attention="flash"``): the name of
+    each core's context einsum (probabilities x values) -> the core's ops in graph order, ``q·k`` through the
+    softmax and the attention dropout (the cores of :func:`~layoutsearch.costmodel.fusion.attention_cores`)
+    and that einsum. A core whose scores feed any op outside it runs as the graph says."""
+    from layoutsearch.costmodel.fusion import attention_cores
+
+    order = {op.name: i for i, op in enumerate(graph.ops)}
+    consumers = graph.consumers
+    cores: dict[str, tuple[O.Op, ...]] = {}
+    for c in attention_cores(graph):
+        ops = [graph.op(n) for n in c.recompute]
+        probs = max(ops, key=lambda op: order[op.name]).output  # the last forward tensor of the chain
+        context = next(op for op in consumers[probs] if isinstance(op, O.Einsum))
+        names = {op.name for op in ops} | {context.name}
+        if all(d.name in names for op in ops for d in consumers[op.output]):
+            cores[context.name] = tuple(sorted([*ops, context], key=lambda op: order[op.name]))
+    return cores
+
+
 class _Interpreter:
-    def __init__(self, graph: Graph, env: Arrays, constrain: Constrain | None) -> None:
+    def __init__(self, graph: Graph, env: Arrays, constrain: Constrain | None,
+                 flash: Mapping[str, tuple[O.Op, ...]] | None = None) -> None:
         self.g = graph
         self.env = env
         self.constrain = constrain
+        self.flash = flash or {}  # the attention cores run as flash attention (flash_cores)
 
     def dims(self, name: str) -> tuple[str, ...]:
         return self.g.tensors[name].dim_names
@@ -139,9 +161,16 @@ class _Interpreter:
         return x if out is None else align(x, self.dims(name), out)
 
     def run(self, ops: Sequence[O.Op] | None = None) -> Arrays:
-        for op in self.g.ops if ops is None else ops:
+        ops = self.g.ops if ops is None else ops
+        names = {op.name for op in ops}
+        flash = {name: core for name, core in self.flash.items()
+                 if name in names and all(op.name in names for op in core)}
+        inside = {op.name for core in flash.values() for op in core[:-1]}  # run with their context einsum
+        for op in ops:
+            if op.name in inside:
+                continue
             with jax.named_scope(scope_name(op.name)):
-                y = getattr(self, "_" + op.kind)(op)
+                y = self._flash(flash[op.name]) if op.name in flash else getattr(self, "_" + op.kind)(op)
                 t = self.g.tensors[op.output]
                 want = tuple(d.size for d in t.dims)
                 if y.shape != want:
@@ -149,6 +178,18 @@ class _Interpreter:
                 y = y.astype(jax_dtype(t))
                 self.env[op.output] = self.constrain(op.output, y) if self.constrain else y
         return self.env
+
+    def _flash(self, core: tuple[O.Op, ...]) -> jax.Array:
+        """A flash-attention core under ``jax.checkpoint``: its backward pass recomputes the scores from q, k
+        and v instead of keeping them (a flash-attention kernel's memory and FLOPs; the scores still pass
+        through memory in the forward pass and again in the backward pass, one core at a time)."""
+        produced = {op.output for op in core}
+        reads = list(dict.fromkeys(i for op in core for i in op.inputs if i not in produced))
+
+        def run(vals: list[jax.Array]) -> jax.Array:
+            return _Interpreter(self.g, dict(zip(reads, vals, strict=True)), self.constrain).run(core)[core[-1].output]
+
+        return jax.checkpoint(run)([self.env[t] for t in reads])
 
     # -- one method per op kind
     def _einsum(self, op: O.Einsum) -> jax.Array:
@@ -283,7 +324,7 @@ class _Interpreter:
 
             def block(vals: list[jax.Array], seg: list[O.Op] = seg, reads: list[str] = reads,
                       leaving: list[str] = leaving) -> list[jax.Array]:
-                env = _Interpreter(self.g, dict(zip(reads, vals, strict=True)), constrain).run(seg)
+                env = _Interpreter(self.g, dict(zip(reads, vals, strict=True)), constrain, self.flash).run(seg)
                 return [env[t] for t in leaving]
 
             outs = jax.checkpoint(block, policy=jax_policy)([self.env[t] for t in reads])
@@ -311,20 +352,32 @@ def selective_saved(graph: Graph) -> frozenset[str]:
 
 
 def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain | None = None,
-              remat: str = "none") -> Arrays:
+              remat: str = "none", attention: str = "standard") -> Arrays:
     """Evaluate every op of ``graph``; returns every tensor (fed and produced) by name.
 
     ``feeds`` must hold every input, parameter and optimizer-state tensor. ``remat`` (``none``,
     ``selective``, ``full``, ``full:N``): each block it recomputes runs under ``jax.checkpoint`` with that
     policy, so its differentiation recomputes what the policy drops; the result then lacks the tensors
-    internal to those blocks."""
+    internal to those blocks. ``attention``: ``standard`` (the ops as they are) or ``flash`` (each attention
+    core of :func:`flash_cores` checkpointed: its backward pass recomputes the scores); the result then lacks
+    the cores' scores."""
     missing = [t.name for t in graph.fed if t.name not in feeds]
     if missing:
         raise KeyError(f"missing feeds for {missing}")
     parse_remat(remat, ValueError)
     env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
-    interpreter = _Interpreter(graph, env, constrain)
+    interpreter = _Interpreter(graph, env, constrain, flash_cores(graph) if check_attention(attention) == "flash"
+                               else None)
     return interpreter.run() if remat == "none" else interpreter.run_blocks(remat)
+
+
+def check_attention(attention: str) -> str:
+    """``attention`` if the executor runs it (``standard`` or ``flash``), else LayoutError naming them."""
+    from layoutsearch.costmodel.fusion import ATTENTION_KINDS
+
+    if attention not in ATTENTION_KINDS:
+        raise LayoutError(f"unknown attention {attention!r} for the executor (known: {', '.join(ATTENTION_KINDS)})")
+    return attention
 
 
 def batch_reduction(graph: Graph, batch_dim: str = "batch") -> str:

@@ -43,7 +43,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from layoutsearch.backend.pipeline import Pipeline
-from layoutsearch.backend.program import Arrays, batch_reduction, init_params, jax_dtype, random_inputs, run_graph
+from layoutsearch.backend.program import (
+    Arrays,
+    batch_reduction,
+    check_attention,
+    init_params,
+    jax_dtype,
+    random_inputs,
+    run_graph,
+)
 from layoutsearch.backend.sharding import jax_mesh
 from layoutsearch.devices import jax_devices
 from layoutsearch.errors import LayoutError
@@ -85,14 +93,18 @@ class Program:
     pipeline's, ``gpipe`` (default), ``1f1b`` or ``interleaved:V``; ``precision``: the
     policy; ``optimizer``: see :func:`make_optimizer`; ``devices``: the devices of the mesh (default
     :func:`~layoutsearch.devices.jax_devices`: the accelerators when there are enough, else simulated CPU
-    devices); ``batch_dim``: the dim split into micro-batches.
+    devices); ``batch_dim``: the dim split into micro-batches; ``attention``: ``standard`` (the scores kept
+    for the backward pass), ``flash`` (each attention core's backward pass recomputes its scores: a
+    flash-attention kernel's memory and FLOPs, see :func:`~layoutsearch.backend.program.flash_cores`) or
+    ``auto`` (flash on accelerators, standard on CPU: as the cost model's ``auto`` prices the presets).
     """
 
     def __init__(self, graph: Graph, layout: Layout, *, remat: str = "none", microbatches: int = 1,
                  stage_axis: str | None = None, layers_per_stage: Sequence[int] | None = None,
                  schedule: str | None = None, precision: Precision | str = DEFAULT_PRECISION,
                  optimizer: Optimizer | str | optax.GradientTransformation = "adam",
-                 devices: Sequence[jax.Device] | None = None, batch_dim: str = "batch") -> None:
+                 devices: Sequence[jax.Device] | None = None, batch_dim: str = "batch",
+                 attention: str = "auto") -> None:
         if graph.loss is None:
             raise LayoutError(f"graph {graph.name!r} has no loss to train")
         if any(op.phase != "forward" for op in graph.ops):
@@ -105,6 +117,8 @@ class Program:
         self.forward = with_precision(graph, self.policy)
         self.tx = make_optimizer(optimizer)
         self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
+        on_cpu = next(iter(self.mesh.devices.flat)).platform == "cpu"
+        self.attention = check_attention(("standard" if on_cpu else "flash") if attention == "auto" else attention)
         if not any(d.process_index == jax.process_index() for d in self.mesh.devices.flat):  # multi-process
             raise LayoutError(f"mesh {layout.mesh} has no device of process {jax.process_index()} of "
                               f"{jax.process_count()}: in a multi-process job the mesh must span the devices of "
@@ -148,7 +162,7 @@ class Program:
         return Pipeline(self.forward, shape, microbatches=self.M, remat=self.remat, batch_dim=self.batch_dim,
                         layout=Layout(mesh, inner), stage_axis=st, data_axis=data or "",  # "": no data axis
                         layers_per_stage=layers_per_stage, devices=list(self.mesh.devices.flat),
-                        schedule=self.schedule)
+                        schedule=self.schedule, attention=self.attention)
 
     def _placements(self) -> tuple[Any, dict[str, NamedSharding]]:
         if self.pipeline is not None:
@@ -198,7 +212,8 @@ class Program:
         return lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.layout.partition_spec(t)))
 
     def _graph_loss(self, graph: Graph, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
-        env = run_graph(graph, {**self._cast(params, graph), **batch}, self._constrain, remat=self.remat)
+        env = run_graph(graph, {**self._cast(params, graph), **batch}, self._constrain, remat=self.remat,
+                        attention=self.attention)
         return env[graph.loss]
 
     def _loss_fn(self, params: Any, batch: Mapping[str, jax.Array]) -> jax.Array:

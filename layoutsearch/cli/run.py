@@ -14,11 +14,6 @@ from layoutsearch.cli.search import SearchProgress
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.units import format_seconds
 
-EXECUTED = "standard"
-"""The attention the executor runs, priced for the devices present: the graph's ops as XLA compiles them, the
-seq x kv_seq scores in HBM (a plan priced with a flash-attention kernel, ``auto`` on a GPU or TPU, is priced again
-with this one to compare with what ran)."""
-
 
 def add(sub: Any) -> None:
     p = command(sub, "run", run, "run training steps of a plan (a file from `search --out`, or the plan searched "
@@ -87,7 +82,6 @@ def _plan(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> Result:
     """Search (MODEL) or load (PLAN.json) the plan, compile it on the devices present, run ``--steps``."""
     from layoutsearch.backend.train import train
-    from layoutsearch.costmodel.fusion import resolve_attention
     from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import hardware
     from layoutsearch.solvers.search import price_plan, search
@@ -110,11 +104,10 @@ def run(args: argparse.Namespace) -> Result:
     program = plan.compile(devices)
     c = plan.chosen
     predicted_here = None
-    flash_priced = resolve_attention(plan.attention, plan.hardware) != EXECUTED
-    if here is not None and (here != plan.hardware.name or flash_priced):
+    if here is not None and here != plan.hardware.name:
         predicted_here = price_plan(plan.model, c.layout, here, remat=c.remat, microbatches=c.microbatches,
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
-                                    optimizer=plan.optimizer, precision=plan.precision, attention=EXECUTED,
+                                    optimizer=plan.optimizer, precision=plan.precision, attention=program.attention,
                                     overlap=plan.overlap)
     with _StepBar(args.steps) as bar:
         measured = train(program, args.steps, seed=args.seed, on_step=bar.advance)
@@ -131,7 +124,8 @@ def run(args: argparse.Namespace) -> Result:
         "precision": plan.precision, **measured.to_dict(),
         "tokens_per_s": measured.tokens_per_step / step,
         "predicted": {"hardware": plan.hardware.name, "step_s": plan.step_s},
-        "predicted_here": ({"hardware": here, "attention": EXECUTED, "step_s": predicted_here.step_s,
+        "attention": program.attention,
+        "predicted_here": ({"hardware": here, "step_s": predicted_here.step_s,
                             "memory_bytes": predicted_here.memory_bytes} if predicted_here is not None else None),
         "measured_over_predicted": step / reference if reference else None,
     }
@@ -174,15 +168,15 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
              f", {result['microbatches']} micro-batches" if result["microbatches"] > 1 else "")
     out = [f"{result['model']} on {result['mesh']} ({result['devices']} {result['device_kind']} devices, "
            f"{result['processes']} process{'es' if result['processes'] > 1 else ''}): layout "
-           f"{result['layout'] or 'replicated'}, remat {result['remat']}{sched}, {result['precision']} precision",
+           f"{result['layout'] or 'replicated'}, remat {result['remat']}{sched}, {result['precision']} precision, "
+           f"{result['attention']} attention",
            table(["step", "loss", "time", "tokens/s"], rows,
                  title="training steps")]
     p, here = result["predicted"], result["predicted_here"]
     line = f"measured step {format_seconds(result['median_step_s'])} (median after the first), " \
            f"{result['tokens_per_s']:,.0f} tokens/s; predicted {format_seconds(p['step_s'])} on {p['hardware']}"
     if here is not None:
-        line += f", {format_seconds(here['step_s'])} on {here['hardware']} (these devices, {here['attention']} " \
-                "attention as the executor runs it)"
+        line += f", {format_seconds(here['step_s'])} on {here['hardware']} (these devices)"
     if result["measured_over_predicted"] is not None:
         line += f": measured/predicted {result['measured_over_predicted']:.2f}"
     out.append(line)

@@ -198,8 +198,8 @@ class Plan:
 
     def compile(self, devices: Sequence[Any] | None = None, *, optimizer: Any = None) -> Any:
         """The plan as a running :class:`~layoutsearch.backend.train.Program` (parameters and optimizer state
-        placed by the layout; ``train_step``, ``loss``, ``random_batch``, ...) on ``devices`` (default: the
-        first ``mesh.size`` of ``jax.devices()``). ``optimizer``: an optax ``GradientTransformation`` instead
+        placed by the layout, attention run as priced; ``train_step``, ``loss``, ``random_batch``, ...) on
+        ``devices`` (default: the first ``mesh.size`` of ``jax.devices()``). ``optimizer``: an optax ``GradientTransformation`` instead
         of the plan's optimizer. Example::
 
             plan = ls.search(ls.zoo.gpt(layers=2), "data:2,model:4")
@@ -208,13 +208,15 @@ class Plan:
             state, metrics = program.train_step(state, program.random_batch(seed=0))
         """
         from layoutsearch.backend.train import Program  # JAX is imported only when a plan is run
+        from layoutsearch.costmodel.fusion import resolve_attention
 
         if self.model is None:
             raise LayoutSearchError("this plan has no forward graph to run (build it with search())")
         c = self.chosen
         return Program(self.model, c.layout, remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
                        layers_per_stage=self.layers_per_stage, schedule=c.schedule, precision=self.precision,
-                       optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices)
+                       optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices,
+                       attention=resolve_attention(self.attention, self.hardware))
 
     def to_json(self) -> str:
         """The plan as a JSON document that :meth:`from_json` reads back: the forward graph, the hardware,
