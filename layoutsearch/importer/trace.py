@@ -160,7 +160,7 @@ class _Flattener:
         """Unroll a scan: iteration ``i`` reads slice ``i`` of each scanned input (an ``index`` node)."""
         p = eqn.params
         body, body_consts = _closed(p["jaxpr"])
-        n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+        n_consts, n_carry, length = *_scan_groups(p), p["length"]
         consts, carry, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
         ys: list[list[Operand]] = []
         order = range(length - 1, -1, -1) if p["reverse"] else range(length)
@@ -185,6 +185,16 @@ class _Flattener:
             self.nodes.append(Node("stack", [y[j] for y in ys], [out], {"axis": 0}, where, scope, block))
             stacked.append(out)
         return [*carry, *stacked]
+
+
+def _scan_groups(params: dict[str, Any]) -> tuple[int, int]:
+    """How many of a scan's inputs are constants and how many the carry (the rest are scanned): JAX 0.10's
+    ``num_consts``/``num_carry``, or the leaves of the first two groups of JAX 0.11's ``ft_in`` flat tree
+    (constants, carry, scanned inputs; a carry the body passes through unchanged is a constant there)."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(list(consts)), len(list(carry))
 
 
 def _literal(value: Any, what: str) -> Lit:
