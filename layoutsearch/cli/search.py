@@ -299,8 +299,9 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
         out.append(f"search: {p.get('candidates', p.get('nodes'))} candidates or decisions, {p['variables']} "
                    f"variables, {p['memory_rows']} memory rows")
     if p and p.get("pruning"):
-        out.append(table(["rules search", "candidates", "over the memory bound", "priced", "priced with overlap"],
-                         [[name, f"{r['candidates']:,}",
+        out.append(table(["rules search", "candidates", "fit with less recomputation", "over the memory bound",
+                          "priced", "priced with overlap"],
+                         [[name, f"{r['candidates']:,}", f"{r.get('dominated', 0):,}",
                            "-" if r["memory_bound"] is None else f"{r['memory_bound']:,}", f"{r['priced']:,}",
                            f"{r['refined']:,}"] for name, r in p["pruning"].items()],
                          "how each rules search pruned its space (the rest cannot beat the plan: roofline bound)"))

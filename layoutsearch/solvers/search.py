@@ -344,7 +344,8 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
         elif not plans and left_out and rs.floor == math.inf:
             why = ("no plan can beat those found: the layouts that fit with it fit with less recomputation, which "
                    "is no slower (no runner-up either: the same layout, no faster)")
-        found.pruning[f"remat {policy}"] = rs.pruning(limit)
+        found.pruning[f"remat {policy}"] = {**rs.pruning(limit),
+                                            "dominated": int(dominated.sum()) if dominated is not None else 0}
         found.stats = {"candidates": len(rs.cands), "priced": int((~np.isnan(rs.cost)).sum()),
                        "memory_rows": rs.rows, "nodes": 1, "strategies": len(rs.cands), "factors": 0,
                        "variables": len(rs.cands)}
@@ -370,13 +371,15 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
 
 
 def _dominated(found: _Found, rs: RulesSearch, limit: float | None) -> np.ndarray | None:
-    """For a block-group policy (``full:N``): the candidates whose plan fits under a policy searched before that
-    recomputes less (none, ``full:M`` with M < N), priced or peak computed there; their plan here is no
-    faster (it runs the same ops and more), so its search leaves them out. None for the other policies."""
-    if parse_remat(rs.remat).blocks is None:
+    """The candidates whose plan fits under a policy searched before that recomputes less (selective and
+    ``full:N`` after none, full after selective, ``full:N`` after ``full:M`` with M < N), priced or peak
+    computed there; their plan here is no faster (it runs the same ops and more), so its search leaves them
+    out. None when no such policy was searched (none, or the first policy asked for)."""
+    less = _recomputing_less(found, rs)
+    if not less:
         return None
     out = np.zeros(len(rs.cands), bool)
-    for other in _recomputing_less(found, rs):
+    for other in less:
         out |= other.mem <= (limit if limit is not None else math.inf) * (1 + 1e-12)  # (NaN: not known)
     return out
 
