@@ -44,6 +44,10 @@ from layoutsearch.layout import Layout
 from layoutsearch.mesh import BACKEND_BEHAVIOUR, Hardware
 from layoutsearch.mesh import hardware as _hardware
 
+COMPILED_ATTENTION = "standard"
+"""The attention of the program :func:`validate` compiles: the training graph's own ops, whose backward pass
+reads the scores the forward pass kept (``auto`` would price a flash kernel on GPU/TPU presets)."""
+
 
 def compiled_costs(graph: Graph, layout: Layout, *, memory: bool = True) -> dict[str, Any]:
     """Collectives (by kind and axes), FLOPs and memory per device of the compiled training step
@@ -109,7 +113,7 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     hw = _hardware(hardware)
     compiled = compiled_costs(g, layout, memory=memory)
     platform = compiled["platform"]
-    rep = estimate(g, layout, _backend_hardware(hw, platform))
+    rep = estimate(g, layout, _backend_hardware(hw, platform), attention=COMPILED_ATTENTION)
     pred: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
     for c in rep.collectives:
         pred[(c.kind, c.axes)] += c.bytes
@@ -124,7 +128,7 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
     for r in rows:
         p, c = r["predicted"], r["compiled"]
         r["ratio"] = (p / c) if c else (1.0 if not p else None)
-    timed = estimate(g, layout, hw)
+    timed = estimate(g, layout, hw, attention=COMPILED_ATTENTION)
     out: dict[str, Any] = {"model": graph.name, "mesh": str(layout.mesh), "layout": layout.describe(),
                            "precision": timed.precision, "hardware": hw.name, "platform": platform, "rows": rows, "predicted_step_s": timed.step_s}
     if platform != "cpu":

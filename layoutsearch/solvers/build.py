@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.memory import lifetimes, remat_plan, transient_buffers
-from layoutsearch.costmodel.ops import OpCost, local_bytes
+from layoutsearch.costmodel.ops import OpCost, is_matmul, local_bytes
 from layoutsearch.costmodel.step import signature_ids
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir import ops as O
@@ -105,15 +105,17 @@ class _Builder(SpaceNodes):
             self._fcache[key] = self.p.rules.cost(op, I, [self.dl(x) for x in ins], self.dl(out))
         return self._fcache[key]
 
-    def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray) -> tuple[float | np.ndarray, int]:
+    def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray, matmul: bool = False
+                  ) -> tuple[float | np.ndarray, int]:
         """(seconds, or a bound vector of :meth:`.pricer.Pricer.bound`; transient bytes: the payload of the
-        last gather or all-to-all) of resharding ``t``."""
+        last gather or all-to-all) of resharding ``t`` for an op that is a matmul or not (``matmul``: in a
+        bound vector, its all-gathers may run beside the matmul, see :meth:`.pricer.Pricer.critical`)."""
         key = ("rs", self.p.counted, self.p.optimizer, self.p.classes.get(t.name), t.dims, t.dtype, src.tobytes(),
-               dst.tobytes())
+               dst.tobytes(), matmul and self.p.counted == "bound")
         if key not in self._fcache:
             comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all", "collective-permute")]
-            self._fcache[key] = (self.p.collectives(comms, tensor=t.name),
+            self._fcache[key] = (self.p.collectives(comms, matmul=matmul, tensor=t.name),
                                  payload[-1] if payload else 0)
         return self._fcache[key]
 
@@ -213,7 +215,8 @@ class _Builder(SpaceNodes):
         """The reshard of operand ``x`` for einsum ``op`` alone: (cost item, memory item at the op)."""
         u, n = self.owner[x.name], self.op_node[op.name]
         roles: Roles = [(u, self.store_keys(u, x)), (n, project(self.iter_keys(n, op), self.mask(x.dim_names)))]
-        return (Item("reader", roles, lambda a: self.f_reshard(x, a[0], a[1])[0]),
+        matmul = is_matmul(op, self.g.tensors)
+        return (Item("reader", roles, lambda a: self.f_reshard(x, a[0], a[1], matmul)[0]),
                 Item("reader", roles, lambda a: float(self.f_reshard(x, a[0], a[1])[1])))
 
     def shared_items(self, x: Tensor, slots: list[tuple[int, int, O.Op]]) -> tuple[Item, list[Item]]:
@@ -228,6 +231,7 @@ class _Builder(SpaceNodes):
         rank = _ranks([k for k, _, _ in slots])
 
         runs = [self.runs(op) for _, _, op in slots]
+        matmul = any(is_matmul(op, self.g.tensors) for _, _, op in slots)  # (the reshard's reader: one of them)
 
         def seconds(a: list[np.ndarray]) -> float:
             """Each distinct reshard once, and again each time its first reader is recomputed (remat, or a
@@ -235,7 +239,7 @@ class _Builder(SpaceNodes):
             first: dict[bytes, tuple[np.ndarray, int]] = {}
             for w, n in zip(a[1:], runs, strict=True):
                 first.setdefault(w.tobytes(), (w, n))
-            return sum(self.f_reshard(x, a[0], w)[0] * n for w, n in first.values())
+            return sum(self.f_reshard(x, a[0], w, matmul)[0] * n for w, n in first.values())
 
         def mem_fn(seg: tuple[int, int]) -> Callable:
             def fn(a: list[np.ndarray]) -> float:

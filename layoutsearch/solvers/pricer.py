@@ -78,15 +78,17 @@ class Pricer:
         return other
 
     def critical(self, c: Any, op_name: str | None = None, matmul: bool = False) -> bool:
-        """Whether the step always waits for collective ``c`` (of op ``op_name``, a matmul or not)."""
+        """Whether the step always waits for collective ``c``: of op ``op_name``, a matmul or not, or without
+        ``op_name`` of a reshard of an operand of an op that is a matmul (``matmul``) or not; XLA on TPU runs
+        an all-gather of a matmul's operand beside the matmul (``decomposed``)."""
         hw = self.hw
-        view = _OpView(matmul, self.graph.op(op_name).output) if op_name is not None and hw.async_collectives else None
+        view = _OpView(matmul, self.graph.op(op_name).output if op_name is not None else "")  # "": no tensor
         return collective_class(c, self.classes, view, hw.async_collectives, hw.collective_matmul) == "critical"
 
     def collectives(self, comms: Iterable[Any], op_name: str | None = None, matmul: bool = False,
                     tensor: str | None = None) -> float | np.ndarray:
-        """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor``): seconds, or a
-        bound vector."""
+        """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor`` for an op that
+        is a matmul or not, ``matmul``): seconds, or a bound vector."""
         if self.counted == "all":
             return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
         v = np.zeros(1 + len(self.streams))
