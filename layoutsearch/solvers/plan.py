@@ -199,8 +199,8 @@ class Plan:
     def compile(self, devices: Sequence[Any] | None = None, *, optimizer: Any = None) -> Any:
         """The plan as a running :class:`~layoutsearch.backend.train.Program` (parameters and optimizer state
         placed by the layout, attention run as priced; ``train_step``, ``loss``, ``random_batch``, ...) on
-        ``devices`` (default: the first ``mesh.size`` of ``jax.devices()``). ``optimizer``: an optax ``GradientTransformation`` instead
-        of the plan's optimizer. Example::
+        ``devices`` (default: the first ``mesh.size`` of ``jax.devices()``). ``optimizer``: an optax
+        ``GradientTransformation`` instead of the plan's optimizer. Example::
 
             plan = ls.search(ls.zoo.gpt(layers=2), "data:2,model:4")
             program = plan.compile()
