@@ -66,6 +66,12 @@ class OpReport(OpWork):
                 "bound": self.bound, "comm_s": self.comm_s}
 
 
+
+def _residue_to_zero(seconds: float, scale: float) -> float:
+    """``seconds``, or 0 when it is a floating-point residue of a difference of sums about ``scale``."""
+    return 0.0 if abs(seconds) <= 1e-12 * max(abs(scale), 1e-30) else seconds
+
+
 @dataclass(frozen=True)
 class CostReport:
     """Predicted cost of one training step of ``model`` under ``layout`` on ``hardware``.
@@ -101,13 +107,13 @@ class CostReport:
 
     @property
     def comm_exposed_s(self) -> float:
-        """Communication on the critical path: ``step_s - compute_s``."""
-        return self.step_s - self.compute_s
+        """Communication on the critical path: ``step_s - compute_s`` (a rounding residue: 0)."""
+        return _residue_to_zero(self.step_s - self.compute_s, self.step_s)
 
     @property
     def comm_hidden_s(self) -> float:
-        """Communication hidden behind compute."""
-        return self.comm_s - self.comm_exposed_s
+        """Communication hidden behind compute (a rounding residue: 0)."""
+        return _residue_to_zero(self.comm_s - self.comm_exposed_s, self.step_s)
 
     @property
     def memory_bytes(self) -> int:
