@@ -1,7 +1,7 @@
 """Predicted against measured step time and memory on the devices present (a GPU or TPU; CPU: a smoke run).
 
     python bench/bench_device.py --out DIR            # on the accelerator: about 5 minutes on one H100
-    python bench/bench_device.py --smoke --out DIR    # tiny models on CPU: checks the script end to end
+    python bench/bench_device.py --smoke --out DIR    # tiny models on CPU: the script end to end
 
 Each configuration (a model size, a layout over the devices present, a remat policy, gradient
 accumulation, a precision policy) is compiled by the executor (``layoutsearch.backend.train.Program``,
@@ -14,8 +14,8 @@ Each configuration runs and is priced with one attention kind: ``standard`` (the
 for the backward pass) or ``flash`` (the executor checkpoints each attention core: the backward pass
 recomputes the scores, a flash kernel's memory and FLOPs, but the scores still pass through HBM, so its
 time lies between the two prices; the standard price is printed beside it). Configurations predicted not
-to fit the device are skipped, and no configuration starts once ``--budget-s`` seconds have passed. After each configuration the
-results so far are written to ``DIR/device.json`` and ``DIR/device.md`` (a table to paste into
+to fit the device are skipped, and no configuration starts once ``--budget-s`` seconds have passed. After
+each configuration the results so far are written to ``DIR/device.json`` and ``DIR/device.md`` (a table to paste into
 ``bench/RESULTS_device.md`` with the date and the device), so a run stopped at its time limit keeps what it
 measured. ``layoutsearch.validate.validate`` (the ``validate`` command) runs once too, on the smallest
 configuration: compiled against predicted collectives, FLOPs and memory, and its own step timing.
@@ -111,12 +111,12 @@ def measure(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -
     priced = {attention: price_plan(graph, layout, hw, remat=cfg.remat, microbatches=cfg.microbatches,
                                     memory_limit=None, precision=cfg.precision, attention=attention)
               for attention in dict.fromkeys((cfg.attention, "standard"))}
-    std = priced[cfg.attention]
-    row.update({"predicted_step_s": std.step_s, "predicted_standard_step_s": priced["standard"].step_s,
-                "predicted_memory_bytes": std.memory_bytes, "model_flops": std.report.model_flops,
-                "predicted_mfu": std.report.model_flops / (len(devices) * hw.peak_flops * std.step_s)})
-    if std.memory_bytes > hw.usable_bytes:
-        row["skipped"] = f"predicted {std.memory_bytes / 2**30:.1f} GiB > usable {hw.usable_bytes / 2**30:.1f} GiB"
+    plan = priced[cfg.attention]  # priced as it runs
+    row.update({"predicted_step_s": plan.step_s, "predicted_standard_step_s": priced["standard"].step_s,
+                "predicted_memory_bytes": plan.memory_bytes, "model_flops": plan.report.model_flops,
+                "predicted_mfu": plan.report.model_flops / (len(devices) * hw.peak_flops * plan.step_s)})
+    if plan.memory_bytes > hw.usable_bytes:
+        row["skipped"] = f"predicted {plan.memory_bytes / 2**30:.1f} GiB > usable {hw.usable_bytes / 2**30:.1f} GiB"
         return row
     t0 = time.perf_counter()
     program = Program(graph, layout, remat=cfg.remat, microbatches=cfg.microbatches, precision=cfg.precision,
@@ -128,9 +128,9 @@ def measure(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -
     run = train(program, steps)
     row.update({"measured_step_s": run.median_step_s, "first_step_s": run.compile_s,
                 "loss_first": run.records[0].loss, "loss_last": run.records[-1].loss})
-    row["measured_over_predicted"] = run.median_step_s / std.step_s
-    row["memory_predicted_over_compiled"] = std.memory_bytes / row["compiled_memory_bytes"]
-    row["measured_mfu"] = std.report.model_flops / (len(devices) * hw.peak_flops * run.median_step_s)
+    row["measured_over_predicted"] = run.median_step_s / plan.step_s
+    row["memory_predicted_over_compiled"] = plan.memory_bytes / row["compiled_memory_bytes"]
+    row["measured_mfu"] = plan.report.model_flops / (len(devices) * hw.peak_flops * run.median_step_s)
     return row
 
 
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8, help="training steps per configuration (default 8)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no configuration after this many seconds (default 420)")
-    ap.add_argument("--only", metavar="TEXT", help="only the configurations whose name contains TEXT")
+    ap.add_argument("--only", metavar="TEXT", action="append",
+                    help="only the configurations whose name contains TEXT (repeatable: any of them)")
     ap.add_argument("--smoke", action="store_true", help="tiny models (CPU): the script end to end, no figures")
     ap.add_argument("--no-validate", action="store_true", help="skip the validate run")
     args = ap.parse_args(argv)
@@ -196,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python bench/bench_device.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    configs = [c for c in CONFIGS if args.only is None or args.only in c.name]
+    configs = [c for c in CONFIGS if args.only is None or any(text in c.name for text in args.only)]
+    if not configs:
+        ap.error(f"no configuration matches --only {' / '.join(args.only)}")
     rows: list[dict[str, Any]] = []
 
     def write() -> None:

@@ -117,8 +117,11 @@ class Program:
         self.forward = with_precision(graph, self.policy)
         self.tx = make_optimizer(optimizer)
         self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
-        on_cpu = next(iter(self.mesh.devices.flat)).platform == "cpu"
-        self.attention = check_attention(("standard" if on_cpu else "flash") if attention == "auto" else attention)
+        if attention == "auto":
+            attention = "standard" if next(iter(self.mesh.devices.flat)).platform == "cpu" else "flash"
+        elif attention not in ("standard", "flash"):
+            raise LayoutError(f"unknown attention {attention!r} (known: auto, standard, flash)")
+        self.attention = check_attention(attention)
         if not any(d.process_index == jax.process_index() for d in self.mesh.devices.flat):  # multi-process
             raise LayoutError(f"mesh {layout.mesh} has no device of process {jax.process_index()} of "
                               f"{jax.process_count()}: in a multi-process job the mesh must span the devices of "

@@ -66,7 +66,6 @@ class OpReport(OpWork):
                 "bound": self.bound, "comm_s": self.comm_s}
 
 
-
 def _residue_to_zero(seconds: float, scale: float) -> float:
     """``seconds``, or 0 when it is a floating-point residue of a difference of sums about ``scale``."""
     return 0.0 if abs(seconds) <= 1e-12 * max(abs(scale), 1e-30) else seconds

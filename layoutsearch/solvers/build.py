@@ -217,7 +217,7 @@ class _Builder(SpaceNodes):
         roles: Roles = [(u, self.store_keys(u, x)), (n, project(self.iter_keys(n, op), self.mask(x.dim_names)))]
         matmul = is_matmul(op, self.g.tensors)
         return (Item("reader", roles, lambda a: self.f_reshard(x, a[0], a[1], matmul)[0]),
-                Item("reader", roles, lambda a: float(self.f_reshard(x, a[0], a[1])[1])))
+                Item("reader", roles, lambda a: float(self.f_reshard(x, a[0], a[1], matmul)[1])))
 
     def shared_items(self, x: Tensor, slots: list[tuple[int, int, O.Op]]) -> tuple[Item, list[Item]]:
         """The shared reshard of einsum operand ``x``: its cost item, and per segment of the schedule between
@@ -231,7 +231,9 @@ class _Builder(SpaceNodes):
         rank = _ranks([k for k, _, _ in slots])
 
         runs = [self.runs(op) for _, _, op in slots]
-        matmul = any(is_matmul(op, self.g.tensors) for _, _, op in slots)  # (the reshard's reader: one of them)
+        # the cost model gives a shared reshard's collectives to its first reader; any matmul reader here (a
+        # weaker bound when that one is not a matmul, still a lower bound)
+        matmul = any(is_matmul(op, self.g.tensors) for _, _, op in slots)
 
         def seconds(a: list[np.ndarray]) -> float:
             """Each distinct reshard once, and again each time its first reader is recomputed (remat, or a
@@ -248,7 +250,7 @@ class _Builder(SpaceNodes):
                 for w, r in zip(a[1:], rank, strict=True):
                     ranks.setdefault(w.tobytes(), []).append(r)
                     ws[w.tobytes()] = w
-                return float(sum(self.f_reshard(x, a[0], ws[key])[1] for key, rs in ranks.items()
+                return float(sum(self.f_reshard(x, a[0], ws[key], matmul)[1] for key, rs in ranks.items()
                                  if min(rs) <= seg[0] and max(rs) >= seg[1]))
             return fn
 

@@ -311,9 +311,12 @@ class RulesSearch:
             batch = min(batch * 4, MAX_BATCH)
         return np.nonzero(~np.isnan(self.cost))[0]
 
-    def price_below(self, cut: float, limit: float | None) -> None:
-        """Price every candidate that may fit and whose roofline bound is at most ``cut``."""
+    def price_below(self, cut: float, limit: float | None, among: np.ndarray | None = None) -> None:
+        """Price every candidate that may fit and whose roofline bound is at most ``cut`` (of those ``among``
+        marks, a mask; default all)."""
         want = (self.lb <= cut * (1 + 1e-9)) & np.isnan(self.cost)
+        if among is not None:
+            want &= among
         if limit is not None:
             want &= self.mem_lb <= limit * (1 + 1e-9)
         idx = np.nonzero(want)[0]
@@ -414,7 +417,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
     plans: dict[int, Costed] = {}
     while True:
-        done = np.nonzero(~np.isnan(rs.cost))[0]
+        done = np.nonzero(~np.isnan(rs.cost) & (among if among is not None else True))[0]
         ok = rs.mem[done] <= limit * (1 + 1e-12) if limit is not None else np.ones(len(done), bool)
         new = [int(k) for k in done[ok & (rs.lb[done] <= cut * (1 + 1e-9))] if int(k) not in lower]
         if new and exact:
@@ -443,7 +446,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         if reach <= cut * (1 + 1e-9) or len(plans) >= MAX_REFINED or (deadline.passed() and not proven):
             break
         cut = reach  # an overlapped step above the cut: candidates up to it may still beat it
-        rs.price_below(cut, limit)
+        rs.price_below(cut, limit, among)
     rs.refined, rs.plans = len(plans), plans
     rs.floor = _floor(rs, limit, lower, set(plans), dominated, ceiling)
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
