@@ -145,16 +145,9 @@ from jax.sharding import PartitionSpec as P
 
 from layoutsearch.backend import tick_tables
 from layoutsearch.backend.one_f_one_b import TickedStep, vary
-from layoutsearch.backend.program import (
-    Arrays,
-    Constrain,
-    batch_reduction,
-    check_attention,
-    jax_dtype,
-    run_graph,
-    selective_saved,
-)
+from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
 from layoutsearch.backend.stages import IN, check_batch_local, slot_layers, slot_mask, split_graph, stage_counts
+from layoutsearch.costmodel.fusion import check_attention
 from layoutsearch.costmodel.schedule import Schedule
 from layoutsearch.errors import CostModelError, GraphError, LayoutError
 from layoutsearch.ir.graph import Graph
@@ -199,7 +192,7 @@ class Pipeline:
         self.V = sched.virtual if sched.kind == "interleaved" else 1
         """Chunks per device (``V`` of ``interleaved:V``; 1 otherwise)."""
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat
-        self.attention = check_attention(attention)
+        self.attention = check_attention(attention, LayoutError, auto=False)
         if parse_remat(self.remat, LayoutError).blocks is not None:
             raise LayoutError(f"remat {remat}: the pipeline executor remats every layer of a stage alike (none, "
                               "selective or full); the first blocks alone run unpipelined or with gradient "

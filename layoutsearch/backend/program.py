@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from layoutsearch.costmodel.fusion import attention_cores, check_attention
 from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
@@ -130,18 +131,14 @@ def flash_cores(graph: Graph) -> dict[str, tuple[O.Op, ...]]:
     each core's context einsum (probabilities x values) -> the core's ops in graph order, ``q·k`` through the
     softmax and the attention dropout (the cores of :func:`~layoutsearch.costmodel.fusion.attention_cores`)
     and that einsum. A core whose scores feed any op outside it runs as the graph says."""
-    from layoutsearch.costmodel.fusion import attention_cores
-
     order = {op.name: i for i, op in enumerate(graph.ops)}
     consumers = graph.consumers
     cores: dict[str, tuple[O.Op, ...]] = {}
     for c in attention_cores(graph):
-        ops = [graph.op(n) for n in c.recompute]
-        probs = max(ops, key=lambda op: order[op.name]).output  # the last forward tensor of the chain
-        context = next(op for op in consumers[probs] if isinstance(op, O.Einsum))
-        names = {op.name for op in ops} | {context.name}
-        if all(d.name in names for op in ops for d in consumers[op.output]):
-            cores[context.name] = tuple(sorted([*ops, context], key=lambda op: order[op.name]))
+        ops = [graph.op(n) for n in (*c.recompute, c.context)]
+        names = {op.name for op in ops}
+        if all(d.name in names for op in ops[:-1] for d in consumers[op.output]):
+            cores[c.context] = tuple(sorted(ops, key=lambda op: order[op.name]))
     return cores
 
 
@@ -162,9 +159,10 @@ class _Interpreter:
 
     def run(self, ops: Sequence[O.Op] | None = None) -> Arrays:
         ops = self.g.ops if ops is None else ops
-        names = {op.name for op in ops}
-        flash = {name: core for name, core in self.flash.items()
-                 if name in names and all(op.name in names for op in core)}
+        flash: dict[str, tuple[O.Op, ...]] = {}
+        if self.flash:  # the cores whose ops all run here
+            names = {op.name for op in ops}
+            flash = {name: core for name, core in self.flash.items() if all(op.name in names for op in core)}
         inside = {op.name for core in flash.values() for op in core[:-1]}  # run with their context einsum
         for op in ops:
             if op.name in inside:
@@ -366,18 +364,9 @@ def run_graph(graph: Graph, feeds: Mapping[str, jax.Array], constrain: Constrain
         raise KeyError(f"missing feeds for {missing}")
     parse_remat(remat, ValueError)
     env = {k: (constrain(k, v) if constrain else v) for k, v in feeds.items()}
-    interpreter = _Interpreter(graph, env, constrain, flash_cores(graph) if check_attention(attention) == "flash"
-                               else None)
+    flash = check_attention(attention, LayoutError, auto=False) == "flash"
+    interpreter = _Interpreter(graph, env, constrain, flash_cores(graph) if flash else None)
     return interpreter.run() if remat == "none" else interpreter.run_blocks(remat)
-
-
-def check_attention(attention: str) -> str:
-    """``attention`` if the executor runs it (``standard`` or ``flash``), else LayoutError naming them."""
-    from layoutsearch.costmodel.fusion import ATTENTION_KINDS
-
-    if attention not in ATTENTION_KINDS:
-        raise LayoutError(f"unknown attention {attention!r} for the executor (known: {', '.join(ATTENTION_KINDS)})")
-    return attention
 
 
 def batch_reduction(graph: Graph, batch_dim: str = "batch") -> str:

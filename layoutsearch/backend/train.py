@@ -43,16 +43,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from layoutsearch.backend.pipeline import Pipeline
-from layoutsearch.backend.program import (
-    Arrays,
-    batch_reduction,
-    check_attention,
-    init_params,
-    jax_dtype,
-    random_inputs,
-    run_graph,
-)
+from layoutsearch.backend.program import Arrays, batch_reduction, init_params, jax_dtype, random_inputs, run_graph
 from layoutsearch.backend.sharding import jax_mesh
+from layoutsearch.costmodel.fusion import check_attention
 from layoutsearch.devices import jax_devices
 from layoutsearch.errors import LayoutError
 from layoutsearch.ir.graph import Graph
@@ -117,11 +110,9 @@ class Program:
         self.forward = with_precision(graph, self.policy)
         self.tx = make_optimizer(optimizer)
         self.mesh = jax_mesh(layout.mesh, devices if devices is not None else jax_devices(layout.mesh.size))
-        if attention == "auto":
+        if check_attention(attention, LayoutError) == "auto":
             attention = "standard" if next(iter(self.mesh.devices.flat)).platform == "cpu" else "flash"
-        elif attention not in ("standard", "flash"):
-            raise LayoutError(f"unknown attention {attention!r} (known: auto, standard, flash)")
-        self.attention = check_attention(attention)
+        self.attention = attention
         if not any(d.process_index == jax.process_index() for d in self.mesh.devices.flat):  # multi-process
             raise LayoutError(f"mesh {layout.mesh} has no device of process {jax.process_index()} of "
                               f"{jax.process_count()}: in a multi-process job the mesh must span the devices of "

@@ -82,12 +82,14 @@ class AttentionCore:
 
     ``scores`` = ``forward`` (its forward score tensors and dropout masks) | ``backward`` (the backward
     tensors of its block with the scores' dims: one frozenset shared by the cores of a block, so that a
-    graph without block tags, whose cores all have block None, holds it once, not once per core)."""
+    graph without block tags, whose cores all have block None, holds it once, not once per core);
+    ``context``: the einsum that reads the probabilities (with the values)."""
 
     forward: frozenset[str]
     recompute: tuple[str, ...]
     block: str | None
     backward: frozenset[str] = frozenset()
+    context: str = ""
 
     @property
     def scores(self) -> frozenset[str]:
@@ -130,20 +132,26 @@ class FusionPlan:
         return (self.charged.get(op.name), self.writes.get(op.name))
 
 
+def check_attention(attention: str, error: type[Exception] = CostModelError, auto: bool = True) -> str:
+    """``attention`` if it is one of :data:`ATTENTION_KINDS` (or ``auto``, unless ``auto=False``), else
+    ``error`` naming them."""
+    known = ("auto", *ATTENTION_KINDS) if auto else ATTENTION_KINDS
+    if attention not in known:
+        raise error(f"unknown attention {attention!r} (known: {', '.join(known)})")
+    return attention
+
+
 def resolve_attention(attention: str, hw: Hardware) -> str:
     """``attention`` with ``"auto"`` resolved: flash where the backend fuses kernels (flash-attention kernels
     exist for GPUs and TPUs: FlashAttention, cuDNN, Pallas splash attention), standard otherwise."""
-    if attention == "auto":
+    if check_attention(attention) == "auto":
         return "flash" if hw.fusion else "standard"
-    if attention not in ATTENTION_KINDS:
-        raise CostModelError(f"unknown attention {attention!r} (known: auto, {', '.join(ATTENTION_KINDS)})")
     return attention
 
 
 def fusion_plan(g: Graph, fused: bool, attention: str = "standard") -> FusionPlan:
     """The fusion plan of training graph ``g`` (cached per graph)."""
-    if attention not in ATTENTION_KINDS:
-        raise CostModelError(f"unknown attention {attention!r} (known: {', '.join(ATTENTION_KINDS)})")
+    check_attention(attention, auto=False)
     return graph_cached(g, ("fusion", fused, attention), lambda: _plan(g, fused, attention))
 
 
@@ -254,9 +262,10 @@ def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
             recompute = [*reversed(chain), *dict.fromkeys(drawn), *after]
             cores.append(AttentionCore(frozenset(forward | {m.output for m in drawn}),
                                        tuple(c.name for c in recompute), s.block,
-                                       backward_by.get((s.block, dims), frozenset())))
+                                       backward_by.get((s.block, dims), frozenset()),
+                                       next(c.name for c in g.consumers[out] if activation_einsum(c))))
     return tuple(cores)
 
 
-__all__ = ["ATTENTION_KINDS", "FUSIBLE", "fusible", "AttentionCore", "FusionPlan", "attention_cores", "fusion_plan",
-           "resolve_attention"]
+__all__ = ["ATTENTION_KINDS", "FUSIBLE", "fusible", "AttentionCore", "FusionPlan", "attention_cores",
+           "check_attention", "fusion_plan", "resolve_attention"]
