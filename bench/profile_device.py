@@ -38,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 SCOPE = re.compile(r"\[([^\[\]]+)\]")
-"""An IR op's ``jax.named_scope`` in an HLO instruction's ``op_name`` (:func:`layoutsearch.backend.program.scope_name`)."""
+"""An IR op's ``jax.named_scope`` in an HLO instruction's ``op_name``
+(:func:`layoutsearch.backend.program.scope_name`)."""
 
 GEMM_TARGETS = ("gemm", "matmul", "cublas", "cudnn", "triton")
 """Substrings of a custom call's target or a fusion's kind that run a matmul."""
@@ -239,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     from datetime import date
 
     import jax
-
     from bench_device import CONFIGS
+
     from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import hardware
 

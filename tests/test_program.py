@@ -123,7 +123,9 @@ def test_program_gradients_equal_unsharded(mesh, rules, kw):
 
 
 def test_remat_policies_recompute_what_they_drop():
-    g = small()
+    # seq 64: the recomputed matmuls outweigh XLA:CPU's elementwise counts, which vary with its fusion and CSE
+    # by as much as a 16-token step's attention recomputation
+    g = small(seq=64)
     lay = ls.Layout.from_rules("data:8", "batch:data")
     flops = {r: Program(g, lay, remat=r, precision="fp32")._lowered().compile().cost_analysis()["flops"]
              for r in ("none", "selective", "full:1", "full")}
@@ -169,6 +171,83 @@ def test_flash_attention_keeps_no_scores(kw):
     assert auto.attention == ("standard" if auto.mesh.devices.flat[0].platform == "cpu" else "flash")
     with pytest.raises(LayoutError, match=r"unknown attention 'fast' \(known: auto, standard, flash\)"):
         Program(g, lay, attention="fast")
+
+
+def _residuals(f, *args):
+    import contextlib
+    import io
+
+    from jax.ad_checkpoint import print_saved_residuals
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_saved_residuals(f, *args)
+    return out.getvalue().splitlines()
+
+
+def test_backward_passes_keep_what_the_ir_backward_ops_read():
+    """Softmax keeps its output, layer norm, GeLU/SiLU/exp and cross-entropy their inputs, as the IR's derived
+    backward ops read them (and as the cost model counts): JAX's own derivatives keep intermediates besides
+    (softmax: exp's output too, a second seq x kv_seq tensor per attention core, the 0.5 GiB per layer an H200
+    showed, bench/RESULTS_device.md). Their gradients are JAX's own (float32, to rounding)."""
+    from layoutsearch.backend import program as P
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(4, 6, 8)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(4, 6, 8)), jnp.float32)
+    w2 = w[..., 0]
+    labels = jnp.asarray(rng.integers(0, 8, size=(4, 6)), jnp.int32)  # a constant: not among the residuals
+    gelu = P.ELEMENTWISE_IMPL["gelu"]
+    cases = {  # ours, JAX's own, the residuals ours keeps
+        "softmax": (lambda a: P._softmax(a, 2), lambda a: jax.nn.softmax(a, axis=2), ["f32[4,6,8]"]),
+        "layer norm": (lambda a: P._layer_norm(a, 2, 1e-5, True), lambda a: P._normalized(a, 2, 1e-5, True)[0],
+                       ["f32[4,6,8]"]),
+        "rms norm": (lambda a: P._layer_norm(a, 1, 1e-5, False), lambda a: P._normalized(a, 1, 1e-5, False)[0],
+                     ["f32[4,6,8]"]),
+        "gelu": (gelu, lambda a: jax.nn.gelu(a, approximate=True), ["f32[4,6,8]"]),
+        "silu": (P.ELEMENTWISE_IMPL["silu"], jax.nn.silu, ["f32[4,6,8]"]),
+        "exp": (P.ELEMENTWISE_IMPL["exp"], jnp.exp, ["f32[4,6,8]"]),
+        "cross-entropy": (lambda a: P._cross_entropy(a, labels), lambda a: P._cross_entropy_loss(a, labels),
+                          ["f32[4,6,8]"]),
+    }
+    for name, (ours, theirs, kept) in cases.items():
+        loss = lambda f: lambda a: jnp.sum(f(a) * (w if f(a).ndim == 3 else w2))  # noqa: E731
+        lines = [line for line in _residuals(loss(ours), x) if "from a constant" not in line]  # not w
+        assert sorted(line.split()[0] for line in lines) == sorted(kept), (name, lines)
+        np.testing.assert_allclose(jax.grad(loss(ours))(x), jax.grad(loss(theirs))(x), rtol=2e-5, atol=2e-6,
+                                   err_msg=name)
+        np.testing.assert_allclose(ours(x), theirs(x), rtol=1e-6, err_msg=name)
+    theirs = [line for line in _residuals(loss(lambda a: jax.nn.softmax(a, axis=2)), x) if "constant" not in line]
+    assert len(theirs) > 1  # what JAX's own softmax keeps (its output-only rule is behind a flag, off by default)
+
+
+@pytest.mark.parametrize("spec", ["bsd,df->bsf", "bskgd,btkd->bkgst", "bkgst,btkd->bskgd", "bsf,df->bds",
+                                  "bkgst,bskgd->btkd", "xy,yz->zx", "bhst,bthd->bshd"])
+def test_matmul_is_the_einsum(spec):
+    """One ``dot_general`` (transposes on the smaller tensors) computes the einsum, whatever the dims' order."""
+    from layoutsearch.backend.program import matmul
+
+    (a, b), out = spec.split("->")[0].split(","), spec.split("->")[1]
+    sizes = dict(zip("bsdfkgthxyz", (2, 5, 3, 4, 2, 3, 5, 2, 3, 4, 5), strict=True))
+    rng = np.random.default_rng(1)
+    x, y = (jnp.asarray(rng.normal(size=[sizes[c] for c in t]), jnp.float32) for t in (a, b))
+    np.testing.assert_allclose(matmul((x, list(a)), (y, list(b)), list(out)), jnp.einsum(spec, x, y),
+                               rtol=1e-5, atol=1e-5)
+    if (out[-1] in a) != (out[-1] in b):  # without it in the output, that dim is summed in one operand only
+        assert matmul((x, list(a)), (y, list(b)), list(out)[:-1]) is None
+
+
+def test_grouped_query_scores_are_never_transposed():
+    """Grouped-query attention's seq x kv_seq tensors come out of their matmuls in the graph's order, forward
+    and backward: no transpose of one in the program JAX emits (``jnp.einsum`` transposed the scores, and
+    the backward pass again, seq x kv_seq copies an H200 ran as kernels of their own,
+    bench/RESULTS_device.md); the small operands are transposed instead."""
+    import re
+
+    seq = 32
+    g = small(seq=seq, kv_heads=2, mlp="swiglu", position="rotary")
+    text = Program(g, ls.Layout.from_rules("data:8", "batch:data"), attention="standard").lowered_text()
+    transposes = [line for line in text.splitlines() if "stablehlo.transpose" in line]
+    assert transposes and not [t for t in transposes if re.search(rf"{seq}x(\d+x)?{seq}x", t.split("->")[0])]
 
 
 def test_state_is_placed_by_the_layout_and_advances():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import jax
@@ -65,6 +66,15 @@ def _jvp_grad(f: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
     return lambda x, dy, **_: jax.jvp(f, (x,), (dy,))[1]
 
 
+def _keeping_input(f: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
+    """``f`` whose backward pass keeps only its input ``x`` and computes ``f'(x) * dy`` from it, as the IR's
+    derived ``fn_grad(x, dy)`` does (and a fused bias-GeLU kernel): JAX's own derivative of ``gelu`` keeps four
+    intermediates of the input's size, of ``exp`` its output, which the cost model does not count."""
+    g = jax.custom_vjp(f)
+    g.defvjp(lambda x: (f(x), x), lambda x, dy: (jax.jvp(f, (x,), (dy,))[1],))
+    return g
+
+
 def _power(x: jax.Array, exponent: float) -> jax.Array:
     """``x ** exponent``: repeated multiplication for an integer exponent (``lax.integer_pow``, as JAX
     lowers ``x ** 3``), else ``pow``."""
@@ -92,7 +102,7 @@ def _dropout_mask(x: jax.Array, *, rate: float, seed: float) -> jax.Array:
 
 
 ELEMENTWISE_IMPL: dict[str, Callable[..., jax.Array]] = {
-    **{n: _unary(f) for n, f in _UNARY.items()},
+    **{n: _unary(_keeping_input(f) if n in O.UNARY_GRAD else f) for n, f in _UNARY.items()},
     **{g: _jvp_grad(_UNARY[f]) for f, g in O.UNARY_GRAD.items()},
     "scale": lambda x, *, factor: x * factor,
     "fill": lambda x, *, value: jnp.full_like(x, value),
@@ -140,6 +150,116 @@ def flash_cores(graph: Graph) -> dict[str, tuple[O.Op, ...]]:
         if all(d.name in names for op in ops[:-1] for d in consumers[op.output]):
             cores[c.context] = tuple(sorted(ops, key=lambda op: order[op.name]))
     return cores
+
+
+def matmul(a: tuple[jax.Array, Sequence[str]], b: tuple[jax.Array, Sequence[str]],
+           out: Sequence[str]) -> jax.Array | None:
+    """The einsum of two named arrays ``(array, dims)`` into dims ``out`` as one ``lax.dot_general``, its
+    transposes on its smallest tensors: a ``dot_general``'s result has its batch dims first, then each
+    operand's free dims in that operand's order, so an output in another order needs a transpose of the
+    output, or of an operand before it. ``jnp.einsum`` always transposes the output, which for grouped-query
+    attention's scores (``q_per_kv`` before ``seq`` in the output, after it in the queries) is a seq x kv_seq
+    copy in the forward pass and again in the backward pass, run by XLA:GPU as kernels of their own
+    (bench/RESULTS_device.md); transposing the queries instead moves a d_kv-th of that. None where a dim is
+    in one operand only and not in the output (summed before the product, as ``jnp.einsum`` does)."""
+    (x, xd), (y, yd) = a, b
+    if any(d not in out and d not in o for ds, o in ((xd, yd), (yd, xd)) for d in ds) or \
+            any(d not in xd and d not in yd for d in out):
+        return None
+    out = list(out)
+    batch = [d for d in out if d in xd and d in yd]
+    size = lambda arr: int(np.prod(arr.shape))  # noqa: E731
+    options = []  # (bytes transposed, lhs, rhs, the order of each one's free dims)
+    for (l, ld), (r, rd) in (((x, xd), (y, yd)), ((y, yd), (x, xd))):
+        free_l, free_r = [d for d in ld if d not in rd], [d for d in rd if d not in ld]
+        lo, ro = [d for d in out if d in free_l], [d for d in out if d in free_r]
+        if out == [*batch, *lo, *ro]:  # the result comes out in order once the operands' free dims are
+            options.append((size(l) * (free_l != lo) + size(r) * (free_r != ro), (l, ld, lo), (r, rd, ro)))
+        out_bytes = int(np.prod([dict(zip((*ld, *rd), (*l.shape, *r.shape), strict=True))[d] for d in out]))
+        options.append((out_bytes * (out != [*batch, *free_l, *free_r]), (l, ld, free_l), (r, rd, free_r)))
+    _, (l, ld, fl), (r, rd, fr) = min(options, key=lambda o: o[0])
+    dt = jnp.result_type(l, r)
+    contract = [d for d in ld if d in rd and d not in out]
+    operands = []
+    for arr, dims, free in ((l, ld, fl), (r, rd, fr)):
+        if [d for d in dims if d in free] != free:  # put the free dims in the order the result needs
+            arr, dims = align(arr, dims, [*batch, *free, *contract]), [*batch, *free, *contract]
+        operands.append((arr.astype(dt), list(dims)))
+    (lhs, lhs_dims), (rhs, rhs_dims) = operands
+    numbers = (([lhs_dims.index(d) for d in contract], [rhs_dims.index(d) for d in contract]),
+               ([lhs_dims.index(d) for d in batch], [rhs_dims.index(d) for d in batch]))
+    return align(jax.lax.dot_general(lhs, rhs, numbers), [*batch, *fl, *fr], out)
+
+
+# -- the ops whose backward pass keeps what the IR's derived backward op reads (what the cost model counts):
+# softmax its output, layer norm and cross-entropy their inputs. JAX's own derivatives keep intermediates
+# besides (softmax: exp's output as well as the probabilities, a second seq x kv_seq tensor per attention
+# core; layer norm: the centred input and the normalized output; cross-entropy: log-probabilities and the
+# one-hot labels, each of the logits' size), as fused kernels (Megatron-LM's softmax, layer norm and
+# cross-entropy) do not.
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _softmax(x: jax.Array, axis: int) -> jax.Array:
+    return jax.nn.softmax(x, axis=axis)
+
+
+def _softmax_backward(y: jax.Array, dy: jax.Array, axis: int) -> jax.Array:
+    return y * (dy - jnp.sum(dy * y, axis=axis, keepdims=True))
+
+
+def _softmax_fwd(x: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
+    y = jax.nn.softmax(x, axis=axis)
+    return y, y
+
+
+_softmax.defvjp(_softmax_fwd, lambda axis, y, dy: (_softmax_backward(y, dy, axis),))
+
+
+def _normalized(x: jax.Array, ax: int, eps: float, center: bool) -> tuple[jax.Array, jax.Array]:
+    """``(xhat, rstd)``: layer norm (``center``) or RMSNorm of ``x`` along ``ax``."""
+    if center:
+        x = x - jnp.mean(x, axis=ax, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=ax, keepdims=True) + eps)
+    return x * rstd, rstd
+
+
+def _layer_norm_backward(x: jax.Array, dy: jax.Array, ax: int, eps: float, center: bool) -> jax.Array:
+    xhat, rstd = _normalized(x, ax, eps, center)
+    mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)  # noqa: E731
+    if center:
+        return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
+    return rstd * (dy - xhat * mean(dy * xhat))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3))
+def _layer_norm(x: jax.Array, ax: int, eps: float, center: bool) -> jax.Array:
+    return _normalized(x, ax, eps, center)[0]
+
+
+_layer_norm.defvjp(lambda x, ax, eps, center: (_normalized(x, ax, eps, center)[0], x),
+                   lambda ax, eps, center, x, dy: (_layer_norm_backward(x, dy, ax, eps, center),))
+
+
+def _cross_entropy_parts(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Log-probabilities over the last dim and the one-hot labels. One-hot form (not take_along_axis): with
+    the class dim split over devices it partitions into local work plus all-reduces, as in Megatron-LM."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return logp, jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype)
+
+
+def _cross_entropy_backward(logits: jax.Array, labels: jax.Array, dloss: jax.Array) -> jax.Array:
+    logp, onehot = _cross_entropy_parts(logits, labels)
+    return (jnp.exp(logp) - onehot) * dloss[..., None]
+
+
+def _cross_entropy_loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    logp, onehot = _cross_entropy_parts(logits, labels)
+    return -jnp.sum(logp * onehot, axis=-1)
+
+
+_cross_entropy = jax.custom_vjp(_cross_entropy_loss)
+_cross_entropy.defvjp(lambda logits, labels: (_cross_entropy_loss(logits, labels), (logits, labels)),
+                      lambda res, dloss: (_cross_entropy_backward(*res, dloss).astype(res[0].dtype), None))
 
 
 class _Interpreter:
@@ -192,7 +312,12 @@ class _Interpreter:
     # -- one method per op kind
     def _einsum(self, op: O.Einsum) -> jax.Array:
         """The backend's default matmul precision, as the cost model prices it (``Hardware.peak_flops_fp32``:
-        float32 operands on TF32 tensor cores on a GPU, in bfloat16 passes on a TPU; exact on CPU)."""
+        float32 operands on TF32 tensor cores on a GPU, in bfloat16 passes on a TPU; exact on CPU). A matmul
+        of two operands runs as one ``dot_general`` (:func:`matmul`); others as ``jnp.einsum``."""
+        if len(op.inputs) == 2:
+            y = matmul(*((self.env[t], self.dims(t)) for t in op.inputs), self.dims(op.output))
+            if y is not None:
+                return y
         letters = {d: string.ascii_letters[i] for i, d in enumerate(op.iteration_dims(self.g.tensors))}
         sub = ",".join("".join(letters[d] for d in self.dims(t)) for t in op.inputs)
         sub += "->" + "".join(letters[d] for d in self.dims(op.output))
@@ -213,32 +338,19 @@ class _Interpreter:
         return self.dims(op.output).index(op.dim)  # type: ignore[attr-defined]
 
     def _softmax(self, op: O.Softmax) -> jax.Array:
-        return jax.nn.softmax(self.arg(op.inputs[0], self.dims(op.output)), axis=self._axis(op))
+        return _softmax(self.arg(op.inputs[0], self.dims(op.output)), self._axis(op))
 
     def _softmax_grad(self, op: O.SoftmaxGrad) -> jax.Array:
-        out, ax = self.dims(op.output), self._axis(op)
-        y, dy = (self.arg(t, out) for t in op.inputs)
-        return y * (dy - jnp.sum(dy * y, axis=ax, keepdims=True))
-
-    def _normalized(self, x: jax.Array, ax: int, eps: float, center: bool) -> tuple[jax.Array, jax.Array]:
-        """``(xhat, rstd)``: layer norm (``center``) or RMSNorm of ``x`` along ``ax``."""
-        if center:
-            x = x - jnp.mean(x, axis=ax, keepdims=True)
-        rstd = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=ax, keepdims=True) + eps)
-        return x * rstd, rstd
+        y, dy = (self.arg(t, self.dims(op.output)) for t in op.inputs)
+        return _softmax_backward(y, dy, self._axis(op))
 
     def _layer_norm(self, op: O.LayerNorm) -> jax.Array:
         x = self.arg(op.inputs[0], self.dims(op.output))
-        return self._normalized(x, self._axis(op), op.eps, op.center)[0]
+        return _layer_norm(x, self._axis(op), op.eps, op.center)
 
     def _layer_norm_grad(self, op: O.LayerNormGrad) -> jax.Array:
-        out, ax = self.dims(op.output), self._axis(op)
-        x, dy = (self.arg(t, out) for t in op.inputs)
-        xhat, rstd = self._normalized(x, ax, op.eps, op.center)
-        mean = lambda a: jnp.mean(a, axis=ax, keepdims=True)
-        if op.center:
-            return rstd * (dy - mean(dy) - xhat * mean(dy * xhat))
-        return rstd * (dy - xhat * mean(dy * xhat))
+        x, dy = (self.arg(t, self.dims(op.output)) for t in op.inputs)
+        return _layer_norm_backward(x, dy, self._axis(op), op.eps, op.center)
 
     def _reshape(self, op: O.Reshape) -> jax.Array:
         x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
@@ -274,24 +386,19 @@ class _Interpreter:
         y = zeros.at[self.env[ids]].add(upd, mode="promise_in_bounds")
         return align(y, [op.dim, *other], out)
 
-    def _log_probs(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:
-        ld = list(self.dims(logits))
-        order = [d for d in ld if d != dim] + [dim]
-        return jax.nn.log_softmax(self.arg(logits, order), axis=-1), order[:-1]
+    def _class_last(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:
+        """``logits`` with the class dim ``dim`` last, and the other dims in their order."""
+        rest = [d for d in self.dims(logits) if d != dim]
+        return self.arg(logits, [*rest, dim]), rest
 
     def _cross_entropy(self, op: O.CrossEntropy) -> jax.Array:
-        # One-hot form (not take_along_axis): with the class dim split over devices
-        # it partitions into local work plus all-reduces, as in Megatron-LM.
-        logits, labels = op.inputs
-        logp, rest = self._log_probs(logits, op.dim)
-        onehot = jax.nn.one_hot(self.arg(labels, rest), logp.shape[-1], dtype=logp.dtype)
-        return align(-jnp.sum(logp * onehot, axis=-1), rest, self.dims(op.output))
+        logits, rest = self._class_last(op.inputs[0], op.dim)
+        loss = _cross_entropy(logits, self.arg(op.inputs[1], rest))
+        return align(loss, rest, self.dims(op.output))
 
     def _cross_entropy_grad(self, op: O.CrossEntropyGrad) -> jax.Array:
-        logits, labels, dloss = op.inputs
-        logp, rest = self._log_probs(logits, op.dim)
-        onehot = jax.nn.one_hot(self.arg(labels, rest), logp.shape[-1], dtype=logp.dtype)
-        g = (jnp.exp(logp) - onehot) * self.arg(dloss, rest)[..., None]
+        logits, rest = self._class_last(op.inputs[0], op.dim)
+        g = _cross_entropy_backward(logits, self.arg(op.inputs[1], rest), self.arg(op.inputs[2], rest))
         return align(g, [*rest, op.dim], self.dims(op.output))
 
 
