@@ -109,10 +109,11 @@ def time_table(events: list[dict[str, Any]], table: dict[str, dict[str, Any]], s
     by_class: dict[str, float] = defaultdict(float)
     by_kernel: dict[tuple[str, str], float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
-    unknown = 0.0
+    unknown, count = 0.0, 0
     for e in events:
         if module not in e["args"].get("hlo_module", module):
             continue
+        count += 1
         s = e["dur"] * 1e-6 / steps
         info = table.get(e["args"]["hlo_op"])
         if info is None:
@@ -123,7 +124,8 @@ def time_table(events: list[dict[str, Any]], table: dict[str, dict[str, Any]], s
         for op in info["ops"] or ["(no IR op)"]:
             by_op[op] += s / max(len(info["ops"]), 1)
     top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:25]
-    return {"kernel_s": sum(by_class.values()) + unknown, "unattributed_s": unknown, "by_class": dict(by_class),
+    return {"kernel_s": sum(by_class.values()) + unknown, "unattributed_s": unknown, "kernels": count / steps,
+            "by_class": dict(by_class),
             "top_kernels": [{"hlo_op": k[0], "kernel": k[1], "seconds": v, **table[k[0]]} for k, v in top],
             "top_ops": sorted(by_op.items(), key=lambda kv: -kv[1])[:25]}
 
@@ -198,8 +200,9 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             continue
         t = r["time"]
         out += ["", f"step: predicted {ms(r['predicted_step_s'])} ms, measured {ms(r['measured_step_s'])} ms "
-                f"(median of the traced steps, no command buffers); kernels busy {ms(t['kernel_s'])} ms per step "
-                f"({ms(t['unattributed_s'])} ms not traced back to an instruction)", "",
+                f"(median of the traced steps, no command buffers); {t['kernels']:.0f} kernels busy "
+                f"{ms(t['kernel_s'])} ms per step ({ms(t['unattributed_s'])} ms not traced back to an instruction)",
+                "",
                 "| phase, class | predicted ms | measured (kernels) ms |", "|---|---:|---:|"]
         for k in sorted(set(r["predicted_compute"]) | set(t["by_class"])):
             out.append(f"| {k} | {ms(r['predicted_compute'].get(k, 0.0))} | {ms(t['by_class'].get(k, 0.0))} |")

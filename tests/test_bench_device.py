@@ -26,3 +26,25 @@ def test_the_device_bench_measures_predicts_and_validates(tmp_path):
     assert doc["meta"]["hardware"] == "cpu-sim" and "error" not in doc["meta"]["validate"]
     md = (tmp_path / "device.md").read_text()
     assert "| llama-0.7b none | data:1 `batch:data` |" in md and "`validate` on" in md
+
+
+def test_the_device_profile_traces_kernels_back_to_ir_ops(tmp_path):
+    """``bench/profile_device.py`` on CPU (its own process: the XLA dump flags must be set before JAX starts):
+    every traced thunk of the step is traced back to an HLO instruction, and the IR ops of the model appear."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run([sys.executable, str(root / "bench" / "profile_device.py"), "--smoke", "--only",
+                          "gpt-0.3b", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    row, = json.loads((tmp_path / "profile.json").read_text())["rows"]
+    assert "error" not in row, row.get("traceback")
+    t = row["time"]
+    assert t["kernels"] > 0 and t["kernel_s"] > 0 and t["unattributed_s"] <= 0.01 * t["kernel_s"]
+    assert {"forward matmul", "backward matmul"} <= set(t["by_class"]) <= set(row["predicted_compute"]) | {
+        "forward other", "backward other", "optimizer other"}
+    ops = {op for op, _ in t["top_ops"]}
+    assert "logits" in ops and any(op.startswith("layer.0/") for op in ops)
+    mem = row["memory"]
+    assert mem["peak_bytes"] > 0 and mem["top"][0]["bytes"] >= mem["top"][-1]["bytes"]
+    assert "### gpt-0.3b none" in (tmp_path / "profile.md").read_text()
