@@ -166,7 +166,8 @@ def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         out += ["", f"`validate` on {v.get('config')}: " + (v["error"] if "error" in v else
                 f"predicted {v['predicted_step_s']:.4f} s, measured {v.get('measured_step_s', float('nan')):.4f} s; "
                 + "; ".join(f"{r['what']}: predicted/compiled {r['ratio']:.3f}" if r["ratio"] is not None else
-                            f"{r['what']}: predicted {r['predicted']}, compiled {r['compiled']}" for r in v["rows"]))]
+                            f"{r['what']}: predicted {r['predicted']}, compiled {r['compiled']}"
+                            + (f" ({r['note']})" if r.get("note") else "") for r in v["rows"]))]
     return "\n".join(out) + "\n"
 
 

@@ -32,3 +32,20 @@ def test_validate_command_prints_a_table_and_json(capsys):
 def test_validate_rejects_a_layout_the_model_cannot_take(capsys):
     code, out, err = run(capsys, "validate", "mtf-ffn", "--mesh", "data:3", "--layout", "batch:data")
     assert code == 2 and not out and "cannot be split 3 ways" in err
+
+
+def test_on_a_gpu_validate_gives_no_flop_ratio_and_says_why(monkeypatch):
+    """XLA:GPU's cost analysis leaves out the matmuls handed to cuBLAS (an H200 reported 0.19 of the FLOPs):
+    on a GPU the FLOP row has no ratio and a note, which the command prints; the other rows are compared."""
+    import layoutsearch.validate as V
+    from layoutsearch.cli.validate import render
+
+    real = V.compiled_costs
+    monkeypatch.setattr(V, "compiled_costs", lambda *a, **k: {**real(*a, **k), "platform": "gpu"})
+    monkeypatch.setattr(V, "_measure", lambda *a: 0.5)
+    g = zoo.build("mtf-ffn")
+    result = validate(g, Layout.from_rules("data:8", "batch:data"), "h100", precision="fp32")
+    rows = {r["what"]: r for r in result["rows"]}
+    assert rows["FLOPs per device"]["ratio"] is None and "cuBLAS" in rows["FLOPs per device"]["note"]
+    assert rows["memory per device (bytes)"]["ratio"] is not None and result["measured_step_s"] == 0.5
+    assert any("FLOPs per device: not compared" in str(line) for line in render(result, None))

@@ -36,4 +36,5 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
         head += f", measured {format_seconds(result['measured_step_s'])}"
     rows = [[r["what"], r["predicted"], r["compiled"], "-" if r["ratio"] is None else f"{r['ratio']:.4f}"]
             for r in result["rows"]]
-    return [head, table(["quantity", "predicted", "compiled", "predicted/compiled"], rows)]
+    notes = [f"{r['what']}: {r['note']}" for r in result["rows"] if r.get("note")]
+    return [head, table(["quantity", "predicted", "compiled", "predicted/compiled"], rows), *notes]
