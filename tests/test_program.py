@@ -311,3 +311,39 @@ def test_program_refusals():
         Program(ls.training_graph(g), ls.Layout.from_rules("data:8", "batch:data"))
     with pytest.raises(LayoutError, match="3 micro-batches do not divide batch=8"):
         Program(g, ls.Layout.from_rules("data:8", "batch:data"), microbatches=3)
+
+
+def _leaky_attention(leak: bool):
+    """One attention core (scores, softmax, context); with ``leak``, the scores also feed an op outside it."""
+    from layoutsearch.ir.builder import GraphBuilder
+
+    b = GraphBuilder("leaky-attention")
+    batch, seq, kv, d, dk = (b.dim(n, s) for n, s in (("batch", 8), ("seq", 4), ("kv_seq", 4), ("d_model", 8),
+                                                      ("d_kv", 8)))
+    x = b.input("x", [batch, seq, d])
+    q = b.einsum([x, b.parameter("wq", [d, dk])], [batch, seq, dk], name="q")
+    kx = b.rename(x, seq, kv)
+    k, v = (b.einsum([kx, b.parameter(w, [d, dk])], [batch, kv, dk], name=n) for w, n in (("wk", "k"), ("wv", "v")))
+    scores = b.einsum([q, k], [batch, seq, kv], name="scores")
+    c = b.einsum([b.softmax(scores, kv, name="probs"), v], [batch, seq, dk], name="context")
+    if leak:
+        c = b.elementwise("add", [c, b.reduce(scores, [batch, seq], "sum", name="leak")], [batch, seq, dk])
+    return b.build(loss=b.reduce(c, [], "mean", name="loss"))
+
+
+def test_flash_says_which_cores_it_runs_as_standard():
+    """A core whose scores are read outside it cannot recompute them: ``flash`` runs it as standard attention,
+    and says so, since the cost model prices it as flash."""
+    import warnings
+
+    from layoutsearch.backend.program import unflashed_cores
+
+    lay = ls.Layout.from_rules("data:8", "batch:data")
+    assert unflashed_cores(_leaky_attention(False)) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Program(_leaky_attention(False), lay, attention="flash")
+        Program(_leaky_attention(True), lay, attention="standard")
+    assert unflashed_cores(_leaky_attention(True)) == ["context"]
+    with pytest.warns(UserWarning, match=r"1 attention core\(s\) run as standard attention.*: context; the cost"):
+        Program(_leaky_attention(True), lay, attention="flash")

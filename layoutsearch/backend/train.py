@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +44,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from layoutsearch.backend.pipeline import Pipeline
-from layoutsearch.backend.program import Arrays, batch_reduction, init_params, jax_dtype, random_inputs, run_graph
+from layoutsearch.backend.program import (
+    Arrays,
+    batch_reduction,
+    init_params,
+    jax_dtype,
+    random_inputs,
+    run_graph,
+    unflashed_cores,
+)
 from layoutsearch.backend.sharding import jax_mesh
 from layoutsearch.costmodel.fusion import check_attention
 from layoutsearch.devices import jax_devices
@@ -89,7 +98,12 @@ class Program:
     devices); ``batch_dim``: the dim split into micro-batches; ``attention``: ``standard`` (the scores kept
     for the backward pass), ``flash`` (each attention core's backward pass recomputes its scores: a
     flash-attention kernel's memory and FLOPs, see :func:`~layoutsearch.backend.program.flash_cores`) or
-    ``auto`` (flash on accelerators, standard on CPU: as the cost model's ``auto`` prices the presets).
+    ``auto`` (flash on accelerators, standard on CPU: as the cost model's ``auto`` prices the presets);
+    cores flash cannot run (:func:`~layoutsearch.backend.program.unflashed_cores`) run as standard, with a
+    warning.
+
+    The backward pass keeps what the IR's derived backward ops read, as the cost model counts: softmax its
+    output; layer norm, the unary activations and cross-entropy their inputs (not JAX's own intermediates).
     """
 
     def __init__(self, graph: Graph, layout: Layout, *, remat: str = "none", microbatches: int = 1,
@@ -113,6 +127,11 @@ class Program:
         if check_attention(attention, LayoutError) == "auto":
             attention = "standard" if next(iter(self.mesh.devices.flat)).platform == "cpu" else "flash"
         self.attention = attention
+        if attention == "flash" and (standard := unflashed_cores(graph, self.remat)):
+            warnings.warn(f"{len(standard)} attention core(s) run as standard attention, their scores kept for the "
+                          f"backward pass (read outside the core, or split across remat blocks): "
+                          f"{', '.join(standard[:3])}{', ...' if len(standard) > 3 else ''}; the cost model prices "
+                          "them as flash attention", stacklevel=2)
         if not any(d.process_index == jax.process_index() for d in self.mesh.devices.flat):  # multi-process
             raise LayoutError(f"mesh {layout.mesh} has no device of process {jax.process_index()} of "
                               f"{jax.process_count()}: in a multi-process job the mesh must span the devices of "
