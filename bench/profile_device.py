@@ -9,7 +9,8 @@ the script traces a few training steps with the JAX profiler and reads XLA's dum
 * **time**: every kernel of the step (on CPU: every thunk) is traced back to the HLO instruction that launched
   it (the trace's ``hlo_op``) and from there to the IR ops whose ``jax.named_scope`` its fused instructions
   carry; kernels are summed by phase (forward; backward: instructions of JAX's transpose; optimizer: no IR
-  scope) and class (matmul: a dot, a gemm library call or a gemm fusion; other), beside the cost model's
+  scope; xla: no JAX op name, inserted by XLA, such as layout copies) and class (matmul: a dot, a cuBLAS call
+  or a fusion holding a dot; other), beside the cost model's
   compute seconds by phase and class, and the step's wall time beside the kernels' busy time (launch gaps);
 * **memory**: the buffers live at the peak of XLA's buffer assignment (the dump's ``live-range`` file),
   largest first, with the IR ops that produce them, beside the cost model's peak and its breakdown.
@@ -41,8 +42,9 @@ SCOPE = re.compile(r"\[([^\[\]]+)\]")
 """An IR op's ``jax.named_scope`` in an HLO instruction's ``op_name``
 (:func:`layoutsearch.backend.program.scope_name`)."""
 
-GEMM_TARGETS = ("gemm", "matmul", "cublas", "cudnn", "triton")
-"""Substrings of a custom call's target or a fusion's kind that run a matmul."""
+GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+"""Custom-call targets that run a matmul (cuBLAS). A fusion runs one where its computation holds a ``dot``
+(XLA:GPU's Triton gemm fusions do; its Triton softmax fusions do not)."""
 
 
 def instruction_table(hlo_text: str) -> dict[str, dict[str, Any]]:
@@ -52,43 +54,44 @@ def instruction_table(hlo_text: str) -> dict[str, dict[str, Any]]:
     from layoutsearch.backend.hlo import _parse_module
 
     comps, _ = _parse_module(hlo_text)
-    own: dict[str, tuple[list[str], bool, bool]] = {}  # computation -> (scopes, transposed, has a matmul)
+    own: dict[str, tuple[list[str], bool, bool, bool]] = {}  # computation -> (scopes, transposed, matmul, named)
 
-    def summary(comp: str, seen: frozenset[str] = frozenset()) -> tuple[list[str], bool, bool]:
+    def summary(comp: str, seen: frozenset[str] = frozenset()) -> tuple[list[str], bool, bool, bool]:
         if comp in own:
             return own[comp]
-        scopes, back, mm = [], False, False
+        scopes, back, mm, named = [], False, False, False
         for ins in comps.get(comp, []):
-            s, b, m = _instruction(ins, lambda c: summary(c, seen | {comp}) if c not in seen else ([], False, False))
+            s, b, m, n = _instruction(ins, lambda c: summary(c, seen | {comp}) if c not in seen else
+                                      ([], False, False, False))
             scopes += s
-            back |= b
-            mm |= m
-        own[comp] = (list(dict.fromkeys(scopes)), back, mm)
+            back, mm, named = back or b, mm or m, named or n
+        own[comp] = (list(dict.fromkeys(scopes)), back, mm, named)
         return own[comp]
 
     table: dict[str, dict[str, Any]] = {}
     for comp, instrs in comps.items():
         for ins in instrs:
-            scopes, back, mm = _instruction(ins, summary)
+            scopes, back, mm, named = _instruction(ins, summary)
             phase = ("argument" if ins.opcode == "parameter" else "backward" if back else "forward" if scopes
-                     else "optimizer")
+                     else "optimizer" if named else "xla")
             table[ins.name] = {"ops": list(dict.fromkeys(scopes)), "phase": phase, "matmul": mm,
                                "opcode": ins.opcode, "shape": ins.shape[:80]}
     return table
 
 
-def _instruction(ins: Any, called: Any) -> tuple[list[str], bool, bool]:
+def _instruction(ins: Any, called: Any) -> tuple[list[str], bool, bool, bool]:
+    """(IR scopes, under JAX's transpose, runs a matmul, has a JAX op name) of ``ins`` and its callees."""
     name = re.search(r'op_name="([^"]*)"', ins.attrs.get("metadata", ""))
     op_name = name.group(1) if name else ""
     scopes = [s.strip("\\'") for s in SCOPE.findall(op_name)[-1:]]  # a parameter's tree path: ['name']
     back = "transpose(" in op_name
-    target = ins.attrs.get("custom_call_target", "") + ins.attrs.get("backend_config", "")[:200]
-    mm = ins.opcode in ("dot", "convolution") or (ins.opcode in ("custom-call", "fusion")
-                                                  and any(t in target.lower() for t in GEMM_TARGETS))
+    mm = ins.opcode in ("dot", "convolution") or (
+        ins.opcode == "custom-call" and ins.attrs.get("custom_call_target", "").strip('"') in GEMM_TARGETS)
+    named = bool(op_name)
     for callee in re.findall(r"%?([\w.\-]+)", ins.attrs.get("calls", "")):
-        s, b, m = called(callee)
-        scopes, back, mm = scopes + s, back or b, mm or m
-    return scopes, back, mm
+        s, b, m, n = called(callee)
+        scopes, back, mm, named = scopes + s, back or b, mm or m, named or n
+    return scopes, back, mm, named
 
 
 def kernel_events(trace_dir: Path) -> list[dict[str, Any]]:
@@ -133,13 +136,16 @@ def time_table(events: list[dict[str, Any]], table: dict[str, dict[str, Any]], s
 def peak_buffers(live_range: str, table: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The buffers live at the peak of XLA's buffer assignment (a ``*-live-range.txt`` dump), largest first."""
     at = live_range.find("(peak):")
+    if at < 0:
+        return {"error": "no '(peak):' section in the live-range dump"}
     rows = []
     for line in live_range[at:].splitlines()[1:]:
-        m = re.match(r"\s+([\w.\-]+)\{[^}]*\}: (\d+) bytes", line)
+        m = re.match(r"\s+([\w.\-]+)(\{[^}]*\}): (\d+) bytes", line)
         if not m:
             break
         info = table.get(m.group(1), {})
-        rows.append({"buffer": m.group(1), "bytes": int(m.group(2)), "ops": info.get("ops", []),
+        index = m.group(2) if m.group(2) != "{}" else ""  # a tuple's element: the shape is the whole tuple's
+        rows.append({"buffer": m.group(1) + index, "bytes": int(m.group(3)), "ops": info.get("ops", []),
                      "phase": info.get("phase"), "shape": info.get("shape", ""), "opcode": info.get("opcode")})
     rows.sort(key=lambda r: -r["bytes"])
     return {"peak_bytes": sum(r["bytes"] for r in rows), "buffers": len(rows), "top": rows[:30]}
@@ -236,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="start no configuration after this many seconds (default 300)")
     args = ap.parse_args(argv)
-    dump = Path(tempfile.mkdtemp(prefix="xla_dump"))
+    scratch = tempfile.TemporaryDirectory(prefix="xla_dump")  # removed at exit: XLA dumps every fusion's code
+    dump = Path(scratch.name)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
                                " --xla_dump_hlo_module_re=.*train_step.* --xla_gpu_enable_command_buffer=").strip()
     import platform as _platform

@@ -68,8 +68,8 @@ def _jvp_grad(f: Callable[[jax.Array], jax.Array]) -> Callable[..., jax.Array]:
 
 def _keeping_input(f: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array], jax.Array]:
     """``f`` whose backward pass keeps only its input ``x`` and computes ``f'(x) * dy`` from it, as the IR's
-    derived ``fn_grad(x, dy)`` does (and a fused bias-GeLU kernel): JAX's own derivative of ``gelu`` keeps four
-    intermediates of the input's size, of ``exp`` its output, which the cost model does not count."""
+    derived ``fn_grad(x, dy)`` does (and a fused bias-GeLU kernel): JAX's own derivative of the tanh-GeLU
+    keeps several intermediates of the input's size, which the cost model does not count."""
     g = jax.custom_vjp(f)
     g.defvjp(lambda x: (f(x), x), lambda x, dy: (jax.jvp(f, (x,), (dy,))[1],))
     return g
@@ -181,14 +181,14 @@ def matmul(a: tuple[jax.Array, Sequence[str]], b: tuple[jax.Array, Sequence[str]
     out = list(out)
     batch = [d for d in out if d in xd and d in yd]
     size = lambda arr: int(np.prod(arr.shape))  # noqa: E731
-    options = []  # (bytes transposed, lhs, rhs, the order of each one's free dims)
+    options = []  # (elements transposed, lhs, rhs, the order of each one's free dims)
     for (l, ld), (r, rd) in (((x, xd), (y, yd)), ((y, yd), (x, xd))):
         free_l, free_r = [d for d in ld if d not in rd], [d for d in rd if d not in ld]
         lo, ro = [d for d in out if d in free_l], [d for d in out if d in free_r]
         if out == [*batch, *lo, *ro]:  # the result comes out in order once the operands' free dims are
             options.append((size(l) * (free_l != lo) + size(r) * (free_r != ro), (l, ld, lo), (r, rd, ro)))
-        out_bytes = int(np.prod([dict(zip((*ld, *rd), (*l.shape, *r.shape), strict=True))[d] for d in out]))
-        options.append((out_bytes * (out != [*batch, *free_l, *free_r]), (l, ld, free_l), (r, rd, free_r)))
+        out_size = int(np.prod([dict(zip((*ld, *rd), (*l.shape, *r.shape), strict=True))[d] for d in out]))
+        options.append((out_size * (out != [*batch, *free_l, *free_r]), (l, ld, free_l), (r, rd, free_r)))
     _, (l, ld, fl), (r, rd, fr) = min(options, key=lambda o: o[0])
     dt = jnp.result_type(l, r)
     contract = [d for d in ld if d in rd and d not in out]
@@ -253,9 +253,11 @@ _layer_norm.defvjp(lambda x, ax, eps, center: (_normalized(x, ax, eps, center)[0
 
 
 def _cross_entropy_parts(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Log-probabilities over the last dim and the one-hot labels. One-hot form (not take_along_axis): with
-    the class dim split over devices it partitions into local work plus all-reduces, as in Megatron-LM."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
+    """Log-probabilities over the last dim, in float32 whatever the logits' dtype (as Megatron-LM's and
+    MaxText's cross-entropy: :mod:`layoutsearch.ir.precision`), and the one-hot labels. One-hot form (not
+    take_along_axis): with the class dim split over devices it partitions into local work plus all-reduces,
+    as in Megatron-LM."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
     return logp, jax.nn.one_hot(labels, logits.shape[-1], dtype=logp.dtype)
 
 
@@ -500,7 +502,9 @@ def batch_reduction(graph: Graph, batch_dim: str = "batch") -> str:
 
 
 def forward_fn(graph: Graph) -> Callable[[Mapping[str, jax.Array], Mapping[str, jax.Array]], jax.Array]:
-    """``f(params, inputs) -> loss``: the forward graph as a differentiable function."""
+    """``f(params, inputs) -> loss``: the forward graph as a function to differentiate in reverse mode
+    (``jax.grad``, ``jax.vjp``): its softmax, layer norms, activations and cross-entropy have custom VJPs
+    (what their backward passes keep), so forward mode (``jax.jvp``, ``jax.jacfwd``) does not apply."""
     if graph.loss is None:
         raise ValueError(f"graph {graph.name!r} has no loss")
 
