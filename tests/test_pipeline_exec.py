@@ -458,3 +458,33 @@ def test_a_searched_plan_with_unequal_stages_and_1f1b_trains(tmp_path, capsys):
 def test_unknown_schedules_fail_clearly():
     with pytest.raises(LayoutError, match="runs the schedules gpipe, 1f1b, interleaved:V, not 'zero-bubble'"):
         Pipeline(zoo.build("gpt", **SIZES), {"stage": 2}, microbatches=2, schedule="zero-bubble")
+
+
+def test_bf16_pipelines_compile_on_cpu():
+    """Under the ``bf16`` policy the pipeline's parameters enter its ``shard_map`` in bfloat16; the all-reduce
+    of their cotangents (JAX's ``psum_invariant``, whose reduction ends in a ``copy``) aborted XLA:CPU's
+    AllReducePromotion pass, and the process with it. Such programs compile without that pass on CPU (in its
+    own process: a regression would abort the test run)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from layoutsearch.backend.sharding import BF16_SHARD_MAP_ON_CPU, merge_compiler_options
+
+    assert merge_compiler_options({"xla_disable_hlo_passes": "fusion", "a": 1}, None, BF16_SHARD_MAP_ON_CPU,
+                                  {"a": 2}) == {"xla_disable_hlo_passes": "fusion,all-reduce-promotion", "a": 2}
+    code = textwrap.dedent("""
+        import math, layoutsearch as ls
+        from layoutsearch import zoo
+        from layoutsearch.backend.train import Program, train
+        g = zoo.build('gpt', layers=2, d_model=64, heads=4, seq=16, batch=8, vocab=128)
+        lay = ls.Layout.from_rules('data:2,model:2,stage:2', 'batch:data,d_ff:model')
+        for precision in ('bf16', 'mixed'):
+            p = Program(g, lay, precision=precision, stage_axis='stage', microbatches=2)
+            assert (p.pipeline.compiler_options != {}) == (precision == 'bf16')
+            assert math.isfinite(train(p, 2).records[-1].loss)
+        print('trained')
+    """)
+    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0 and "trained" in run.stdout, run.stderr[-2000:]

@@ -146,6 +146,7 @@ from jax.sharding import PartitionSpec as P
 from layoutsearch.backend import tick_tables
 from layoutsearch.backend.one_f_one_b import TickedStep, vary
 from layoutsearch.backend.program import Arrays, Constrain, batch_reduction, jax_dtype, run_graph, selective_saved
+from layoutsearch.backend.sharding import BF16_SHARD_MAP_ON_CPU, merge_compiler_options
 from layoutsearch.backend.stages import IN, check_batch_local, slot_layers, slot_mask, split_graph, stage_counts
 from layoutsearch.costmodel.fusion import check_attention
 from layoutsearch.costmodel.schedule import Schedule
@@ -175,7 +176,8 @@ class Pipeline:
                  remat: bool | str = True, batch_dim: str = "batch", layout: Layout | str | Mapping[str, Any] | None = None,
                  stage_axis: str = "stage", data_axis: str = "data", block_prefix: str = BLOCK_PREFIX,
                  layers_per_stage: Sequence[int] | None = None, devices: list[jax.Device] | None = None,
-                 schedule: str = "gpipe", attention: str = "standard") -> None:
+                 schedule: str = "gpipe", attention: str = "standard", param_dtypes: Sequence[str] | None = None
+                 ) -> None:
         if stage_axis not in mesh_shape:
             raise LayoutError(f"pipeline mesh needs a {stage_axis!r} axis; got {dict(mesh_shape)}")
         if stages is not None and stages != mesh_shape[stage_axis]:
@@ -235,7 +237,10 @@ class Pipeline:
         names = tuple(mesh_shape)
         self.mesh = jax.sharding.Mesh(np.array(devs[:n], dtype=object).reshape(list(mesh_shape.values())), names,
                                       axis_types=(AxisType.Auto,) * len(names))
-        self.step = jax.jit(self.sharded_loss_and_grads)
+        bf16 = "bfloat16" in (param_dtypes if param_dtypes is not None else [t.dtype for t in graph.parameters])
+        self.compiler_options = dict(BF16_SHARD_MAP_ON_CPU) if bf16 and devs[0].platform == "cpu" else {}
+        """XLA options its step compiles with (:data:`~layoutsearch.backend.sharding.BF16_SHARD_MAP_ON_CPU`)."""
+        self.step = jax.jit(self.sharded_loss_and_grads, compiler_options=self.compiler_options or None)
 
     # -- layouts
     def _check_layout(self, layout: Layout | str | Mapping[str, Any] | None, mesh_shape: Mapping[str, int]) -> Layout:
@@ -305,7 +310,8 @@ class Pipeline:
     def compile(self, params: Mapping[str, Any], inputs: Mapping[str, Any],
                 compiler_options: Mapping[str, Any] | None = None) -> Any:
         """The compiled XLA program of :attr:`step` (for ``hlo.summarize(compiled, pipeline.mesh)``)."""
-        return self.step.lower(*self.place(params, inputs)).compile(dict(compiler_options or {}))
+        options = merge_compiler_options(self.compiler_options, compiler_options)
+        return self.step.lower(*self.place(params, inputs)).compile(options or None)
 
     # -- the pipelined loss
     def sharded_loss(self, stacked: Arrays, outer: Arrays, inputs: Arrays) -> jax.Array:

@@ -119,6 +119,23 @@ a layout effect); without it the compiled program counts each op once
 (partitioning, collectives and CSE are unchanged)."""
 
 
+BF16_SHARD_MAP_ON_CPU: dict[str, Any] = {"xla_disable_hlo_passes": "all-reduce-promotion"}
+"""Compiler options for a ``shard_map`` program on CPU devices whose bfloat16 inputs are replicated over a mesh
+axis (the pipeline executor's parameters under the ``bf16`` policy): the transpose of such an input sums its
+cotangent with an all-reduce whose reduction JAX ends in a ``copy`` (``psum_invariant``), and XLA:CPU's
+``AllReducePromotion``, which runs bfloat16 all-reduces in float32, aborts the process on it ("Invalid binary
+instruction opcode copy", JAX 0.10.2 and 0.11.2). Without the pass those all-reduces run in bfloat16."""
+
+
+def merge_compiler_options(*options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Compiler options combined, later ones winning, except ``xla_disable_hlo_passes``, whose passes add up."""
+    out: dict[str, Any] = {}
+    for opts in options:
+        for k, v in (opts or {}).items():
+            out[k] = f"{out[k]},{v}" if k == "xla_disable_hlo_passes" and k in out else v
+    return out
+
+
 FAST_COMPILE: dict[str, Any] = {"xla_backend_optimization_level": 0}
 """Compiler options for programs compiled to be inspected (tests, validation):
 LLVM at -O0 compiles 2-3x faster and changes nothing XLA's HLO passes decide

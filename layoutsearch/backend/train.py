@@ -153,9 +153,11 @@ class Program:
         self._opt_sh = self._opt_shardings()
         rep = NamedSharding(self.mesh, P())
         self._state_sh = TrainState(rep, self._param_sh, self._opt_sh)
+        options = (self.pipeline.compiler_options if self.pipeline is not None else None) or None
         self._step = jax.jit(self._train_step, in_shardings=(self._state_sh, self._input_sh),
-                             out_shardings=(self._state_sh, rep), donate_argnums=(0,))
-        self._loss = jax.jit(self._loss_fn, in_shardings=(self._param_sh, self._input_sh), out_shardings=rep)
+                             out_shardings=(self._state_sh, rep), donate_argnums=(0,), compiler_options=options)
+        self._loss = jax.jit(self._loss_fn, in_shardings=(self._param_sh, self._input_sh), out_shardings=rep,
+                             compiler_options=options)
 
     # -- construction
     def _pipeline(self, layers_per_stage: Sequence[int] | None) -> Pipeline:
@@ -175,7 +177,8 @@ class Program:
         return Pipeline(self.forward, shape, microbatches=self.M, remat=self.remat, batch_dim=self.batch_dim,
                         layout=Layout(mesh, inner), stage_axis=st, data_axis=data or "",  # "": no data axis
                         layers_per_stage=layers_per_stage, devices=list(self.mesh.devices.flat),
-                        schedule=self.schedule, attention=self.attention)
+                        schedule=self.schedule, attention=self.attention,
+                        param_dtypes=[jnp.dtype(d).name for d in self._store.values()])
 
     def _placements(self) -> tuple[Any, dict[str, NamedSharding]]:
         if self.pipeline is not None:
