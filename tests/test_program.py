@@ -313,8 +313,11 @@ def test_program_refusals():
         Program(g, ls.Layout.from_rules("data:8", "batch:data"), microbatches=3)
 
 
-def _leaky_attention(leak: bool):
-    """One attention core (scores, softmax, context); with ``leak``, the scores also feed an op outside it."""
+def _leaky_attention(leak: bool, split: bool = False):
+    """One attention core (scores, softmax, context); with ``leak``, the scores also feed an op outside it;
+    with ``split``, the scores are in one block and the softmax and context in the next."""
+    import contextlib
+
     from layoutsearch.ir.builder import GraphBuilder
 
     b = GraphBuilder("leaky-attention")
@@ -324,8 +327,10 @@ def _leaky_attention(leak: bool):
     q = b.einsum([x, b.parameter("wq", [d, dk])], [batch, seq, dk], name="q")
     kx = b.rename(x, seq, kv)
     k, v = (b.einsum([kx, b.parameter(w, [d, dk])], [batch, kv, dk], name=n) for w, n in (("wk", "k"), ("wv", "v")))
-    scores = b.einsum([q, k], [batch, seq, kv], name="scores")
-    c = b.einsum([b.softmax(scores, kv, name="probs"), v], [batch, seq, dk], name="context")
+    with b.block("layer.0") if split else contextlib.nullcontext():
+        scores = b.einsum([q, k], [batch, seq, kv], name="scores")
+    with b.block("layer.1") if split else contextlib.nullcontext():
+        c = b.einsum([b.softmax(scores, kv, name="probs"), v], [batch, seq, dk], name="context")
     if leak:
         c = b.elementwise("add", [c, b.reduce(scores, [batch, seq], "sum", name="leak")], [batch, seq, dk])
     return b.build(loss=b.reduce(c, [], "mean", name="loss"))
@@ -347,3 +352,5 @@ def test_flash_says_which_cores_it_runs_as_standard():
     assert unflashed_cores(_leaky_attention(True)) == ["context"]
     with pytest.warns(UserWarning, match=r"1 attention core\(s\) run as standard attention.*: context; the cost"):
         Program(_leaky_attention(True), lay, attention="flash")
+    split = _leaky_attention(False, split=True)  # remat runs each block on its own: the core is cut in two
+    assert unflashed_cores(split) == [] and unflashed_cores(split, "full") == ["layer.1/context"]

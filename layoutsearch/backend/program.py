@@ -155,12 +155,14 @@ def flash_cores(graph: Graph) -> dict[str, tuple[O.Op, ...]]:
 def unflashed_cores(graph: Graph, remat: str = "none") -> list[str]:
     """The attention cores of forward ``graph`` (by context einsum) that ``attention="flash"`` runs as standard
     attention, keeping their scores: those whose scores feed an op outside the core (not in
-    :func:`flash_cores`) and, under a remat policy (which runs each block on its own), those whose ops span
-    blocks. The cost model prices every core of :func:`~layoutsearch.costmodel.fusion.attention_cores`."""
+    :func:`flash_cores`) and, under a remat policy (which runs each run of consecutive ops of one block on its
+    own), those whose ops span such runs. The cost model prices every core of
+    :func:`~layoutsearch.costmodel.fusion.attention_cores`."""
     flash = flash_cores(graph)
     cores = [c.context for c in attention_cores(graph) if c.context not in flash]
     if remat != "none":
-        cores += [name for name, core in flash.items() if len({op.block for op in core}) > 1]
+        run_of = {op.name: i for i, run in enumerate(_block_runs(graph.ops)) for op in run}
+        cores += [name for name, core in flash.items() if len({run_of[op.name] for op in core}) > 1]
     return cores
 
 
