@@ -82,10 +82,11 @@ def test_plan_file_errors(tmp_path):
 
 
 def _grads(program, seed=0):
-    """Loss and gradients by the graph's names, through the program's own loss function."""
+    """Loss and gradients by the graph's names, as the program's training step computes them (accumulated over
+    micro-batches; a pipeline's schedule writes its own backward pass)."""
     state = program.init(seed)
     batch = program.random_batch(seed)
-    loss, grads = jax.jit(jax.value_and_grad(program._loss_fn))(state.params, batch)
+    loss, grads = jax.jit(program._loss_and_grads)(state.params, batch)
     if program.pipeline is not None:
         grads = program.pipeline.unstack(grads["stacked"], grads["outer"])
     return float(loss), {k: np.asarray(v) for k, v in grads.items()}
