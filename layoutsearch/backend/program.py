@@ -71,7 +71,7 @@ def _keeping_input(f: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array],
     derived ``fn_grad(x, dy)`` does (and a fused bias-GeLU kernel): JAX's own derivative of the tanh-GeLU
     keeps several intermediates of the input's size, which the cost model does not count."""
     g = jax.custom_vjp(f)
-    g.defvjp(lambda x: (f(x), x), lambda x, dy: (jax.jvp(f, (x,), (dy,))[1],))
+    g.defvjp(lambda x: (f(x), x), lambda x, dy: (_jvp_grad(f)(x, dy),))
     return g
 
 
@@ -187,7 +187,7 @@ def matmul(a: tuple[jax.Array, Sequence[str]], b: tuple[jax.Array, Sequence[str]
     for (l, ld), (r, rd) in (((x, xd), (y, yd)), ((y, yd), (x, xd))):
         free_l, free_r = [d for d in ld if d not in rd], [d for d in rd if d not in ld]
         lo, ro = [d for d in out if d in free_l], [d for d in out if d in free_r]
-        if out == [*batch, *lo, *ro]:  # the result comes out in order once the operands' free dims are
+        if out == [*batch, *lo, *ro]:  # in order once each operand's free dims follow the output's order
             options.append((size(l) * (free_l != lo) + size(r) * (free_r != ro), (l, ld, lo), (r, rd, ro)))
         out_size = int(np.prod([dict(zip((*ld, *rd), (*l.shape, *r.shape), strict=True))[d] for d in out]))
         options.append((out_size * (out != [*batch, *free_l, *free_r]), (l, ld, free_l), (r, rd, free_r)))
