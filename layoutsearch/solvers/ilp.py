@@ -163,7 +163,10 @@ def _run(backend: str, m: _Model, scale: float, limit: float | None, stop_at: fl
                 if backend == "ortools":
                     mdl.add(row, hi=math.floor(rhs))
                 else:
-                    mdl.add(row, hi=rhs + (0.5 if integral else 1e-9 * max(1.0, abs(rhs))))
+                    # an integral row's sum is an integer: at most floor(rhs), with half a unit of slack for
+                    # CBC's tolerances (rhs + 0.5 admitted floor(rhs) + 1 where the limit is fractional)
+                    tol = 1e-9 * max(1.0, abs(rhs))
+                    mdl.add(row, hi=math.floor(rhs + tol) + 0.5 if integral else rhs + tol)
         mdl.objective = {i: c * scale for i, c in m.obj.items()}
     for cut in cuts:
         mdl.add({m.x[n][s]: 1.0 for n, s in enumerate(cut)}, hi=len(cut) - 1)
@@ -241,7 +244,11 @@ def solve(problem: Problem, memory_limit: float | None = None, backend: str = "o
                     if not out and hint is not None and problem.fits(hint, memory_limit):
                         out.append(solution(problem, hint, FEASIBLE, name, time.perf_counter() - t0, res.bound))
                     break
-                active += [int(r) for r in over if int(r) not in active]
+                new = [int(r) for r in over if int(r) not in active]
+                if not new:  # the solver broke a row it was given: asking again would loop forever
+                    raise LayoutSearchError(f"{name} returned a plan over memory rows it was given "
+                                            f"({', '.join(map(str, over[:5]))}): a numerical tolerance")
+                active += new
                 continue
         bound = res.bound if res.status == "feasible" and res.bound is not None else None
         sol = solution(problem, assign, OPTIMAL if res.status == "optimal" else FEASIBLE, name,
