@@ -77,6 +77,26 @@ class Config:
             sizes.update({k: v for k, v in (("kv_heads", 2), ("d_ff", 4 * SMOKE["d_model"])) if k in self.sizes})
         return zoo.build("gpt", **sizes)
 
+    def layout(self, n: int) -> Any:
+        """The layout on ``n`` devices."""
+        from layoutsearch.layout import Layout
+
+        return Layout.from_rules(self.mesh.format(n=n), self.rules)
+
+    def price(self, graph: Any, layout: Any, hw: Any, attention: str | None = None) -> Any:
+        """The cost model's plan of this configuration (with ``attention``, default its own), no memory limit."""
+        from layoutsearch.solvers.search import price_plan
+
+        return price_plan(graph, layout, hw, remat=self.remat, microbatches=self.microbatches, memory_limit=None,
+                          precision=self.precision, attention=attention or self.attention)
+
+    def program(self, graph: Any, layout: Any, devices: list[Any]) -> Any:
+        """The executor's program of this configuration (what ``layoutsearch run`` runs)."""
+        from layoutsearch.backend.train import Program
+
+        return Program(graph, layout, remat=self.remat, microbatches=self.microbatches, precision=self.precision,
+                       devices=devices, attention=self.attention)
+
 
 CONFIGS: tuple[Config, ...] = (
     Config("gpt-0.7b none", GPT_1B),
@@ -92,25 +112,17 @@ CONFIGS: tuple[Config, ...] = (
 """The configurations, in the order they run (the first ones matter most if the budget runs out)."""
 
 
-def _mesh_and_rules(cfg: Config, n: int) -> tuple[str, str]:
-    return cfg.mesh.format(n=n), cfg.rules
-
-
 def measure(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -> dict[str, Any]:
     """One configuration: predicted (with its attention, and with standard attention) and measured."""
-    from layoutsearch.backend.train import Program, train
-    from layoutsearch.layout import Layout
-    from layoutsearch.solvers.search import price_plan
+    from layoutsearch.backend.train import train
 
     graph = cfg.graph(smoke)
-    mesh, rules = _mesh_and_rules(cfg, len(devices))
-    layout = Layout.from_rules(mesh, rules)
-    row: dict[str, Any] = {"config": cfg.name, "sizes": dict(graph.dims), "mesh": mesh, "layout": rules,
+    layout = cfg.layout(len(devices))
+    row: dict[str, Any] = {"config": cfg.name, "sizes": dict(graph.dims), "mesh": str(layout.mesh), "layout": cfg.rules,
                            "remat": cfg.remat, "microbatches": cfg.microbatches, "precision": cfg.precision,
                            "attention": cfg.attention}
-    priced = {attention: price_plan(graph, layout, hw, remat=cfg.remat, microbatches=cfg.microbatches,
-                                    memory_limit=None, precision=cfg.precision, attention=attention)
-              for attention in dict.fromkeys((cfg.attention, "standard"))}
+    priced = {attention: cfg.price(graph, layout, hw, attention) for attention in dict.fromkeys((cfg.attention,
+                                                                                                "standard"))}
     plan = priced[cfg.attention]  # priced as it runs
     row.update({"predicted_step_s": plan.step_s, "predicted_standard_step_s": priced["standard"].step_s,
                 "predicted_memory_bytes": plan.memory_bytes, "model_flops": plan.report.model_flops,
@@ -119,8 +131,7 @@ def measure(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -
         row["skipped"] = f"predicted {plan.memory_bytes / 2**30:.1f} GiB > usable {hw.usable_bytes / 2**30:.1f} GiB"
         return row
     t0 = time.perf_counter()
-    program = Program(graph, layout, remat=cfg.remat, microbatches=cfg.microbatches, precision=cfg.precision,
-                      devices=devices, attention=cfg.attention)
+    program = cfg.program(graph, layout, devices)
     mem = program.memory_analysis()
     row["compile_s"] = time.perf_counter() - t0
     row["compiled_memory_bytes"] = mem["argument"] + mem["output"] + mem["temp"] - mem["alias"]
@@ -136,11 +147,37 @@ def measure(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -
 
 def validate_once(cfg: Config, devices: list[Any], hw: Any, steps: int, smoke: bool) -> dict[str, Any]:
     """``layoutsearch validate`` on ``cfg``: compiled against predicted, and on an accelerator measured."""
-    from layoutsearch.layout import Layout
     from layoutsearch.validate import validate
 
-    mesh, rules = _mesh_and_rules(cfg, len(devices))
-    return validate(cfg.graph(smoke), Layout.from_rules(mesh, rules), hw, precision=cfg.precision, steps=steps)
+    return validate(cfg.graph(smoke), cfg.layout(len(devices)), hw, precision=cfg.precision, steps=steps)
+
+
+def devices_present() -> tuple[list[Any], str, dict[str, Any]]:
+    """The accelerators present (else one CPU device), their hardware preset (``cpu-sim`` for CPU) and the
+    run's facts (date, device, JAX and Python versions)."""
+    import jax
+
+    from layoutsearch.devices import jax_devices, present_hardware
+
+    n = len(jax.devices()) if jax.devices()[0].platform != "cpu" else 1
+    devices = jax_devices(n)
+    preset = present_hardware(devices) or "cpu-sim"
+    return devices, preset, {"date": date.today().isoformat(), "platform": devices[0].platform,
+                             "device_kind": devices[0].device_kind, "devices": n, "hardware": preset,
+                             "jax": jax.__version__, "python": platform.python_version()}
+
+
+def selected(ap: argparse.ArgumentParser, only: list[str] | None) -> list[Config]:
+    """The configurations whose name contains any of ``only`` (all by default); a usage error if none."""
+    configs = [c for c in CONFIGS if only is None or any(text in c.name for text in only)]
+    if not configs:
+        ap.error(f"no configuration matches --only {' / '.join(only or [])}")
+    return configs
+
+
+def failure(e: Exception) -> dict[str, str]:
+    """A failed configuration's record: the error's first line and the traceback."""
+    return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300], "traceback": traceback.format_exc()}
 
 
 def _markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
@@ -183,31 +220,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-validate", action="store_true", help="skip the validate run")
     args = ap.parse_args(argv)
 
-    from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import hardware
 
     start = time.perf_counter()
-    import jax
-
-    n = len(jax.devices()) if jax.devices()[0].platform != "cpu" else 1
-    devices = jax_devices(n)
-    preset = present_hardware(devices) or "cpu-sim"
+    devices, preset, meta = devices_present()
     hw = hardware(preset)
-    meta = {"date": date.today().isoformat(), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
-            "devices": n, "hardware": preset, "jax": jax.__version__, "python": platform.python_version(),
-            "command": "python bench/bench_device.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    meta["command"] = "python bench/bench_device.py " + " ".join(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    configs = [c for c in CONFIGS if args.only is None or any(text in c.name for text in args.only)]
-    if not configs:
-        ap.error(f"no configuration matches --only {' / '.join(args.only)}")
+    configs = selected(ap, args.only)
     rows: list[dict[str, Any]] = []
 
     def write() -> None:
         (out / "device.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
         (out / "device.md").write_text(_markdown(meta, rows))
 
-    print(f"{meta['device_kind']} x{n} ({meta['platform']}), preset {preset}, JAX {meta['jax']}", flush=True)
+    print(f"{meta['device_kind']} x{meta['devices']} ({meta['platform']}), preset {preset}, JAX {meta['jax']}",
+          flush=True)
     for cfg in configs:
         if time.perf_counter() - start > args.budget_s:
             rows.append({"config": cfg.name, "error": f"not run: the {args.budget_s:.0f} s budget was spent"})
@@ -215,8 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             row = measure(cfg, devices, hw, args.steps, args.smoke)
         except Exception as e:  # noqa: BLE001 - a failed configuration is a result to record, not the end
-            row = {"config": cfg.name, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300],
-                   "traceback": traceback.format_exc()}
+            row = {"config": cfg.name, **failure(e)}
         rows.append(row)
         write()
         print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "sizes", "compiled_memory")},
@@ -226,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             meta["validate"] = {"config": small.name, **validate_once(small, devices, hw, args.steps, args.smoke)}
         except Exception as e:  # noqa: BLE001
-            meta["validate"] = {"config": small.name, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300],
-                                "traceback": traceback.format_exc()}
+            meta["validate"] = {"config": small.name, **failure(e)}
         write()
     print(_markdown(meta, rows), flush=True)
     print(f"({time.perf_counter() - start:.0f} s)")

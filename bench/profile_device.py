@@ -164,18 +164,13 @@ def profile(cfg: Any, devices: list[Any], hw: Any, steps: int, smoke: bool, dump
     """One configuration: its step traced and its compiled peak read, beside the cost model's figures."""
     import jax
 
-    from layoutsearch.backend.train import Program, train
-    from layoutsearch.layout import Layout
-    from layoutsearch.solvers.search import price_plan
+    from layoutsearch.backend.train import train
 
     graph = cfg.graph(smoke)
-    mesh, rules = cfg.mesh.format(n=len(devices)), cfg.rules
-    layout = Layout.from_rules(mesh, rules)
-    plan = price_plan(graph, layout, hw, remat=cfg.remat, microbatches=cfg.microbatches, memory_limit=None,
-                      precision=cfg.precision, attention=cfg.attention)
+    layout = cfg.layout(len(devices))
+    plan = cfg.price(graph, layout, hw)
     before = set(dump.rglob("*"))
-    program = Program(graph, layout, remat=cfg.remat, microbatches=cfg.microbatches, precision=cfg.precision,
-                      devices=devices, attention=cfg.attention)
+    program = cfg.program(graph, layout, devices)
     warm = train(program, 2)
     texts = [p for p in set(dump.rglob("*after_optimizations.txt")) - before if "train_step" in p.name]
     hlo = max(texts, key=lambda p: p.stat().st_size)
@@ -187,7 +182,7 @@ def profile(cfg: Any, devices: list[Any], hw: Any, steps: int, smoke: bool, dump
         run = train(program, steps, seed=1)
     wall = time.perf_counter() - t0
     report = plan.report
-    return {"config": cfg.name, "mesh": mesh, "layout": rules, "predicted_step_s": plan.step_s,
+    return {"config": cfg.name, "mesh": str(layout.mesh), "layout": cfg.rules, "predicted_step_s": plan.step_s,
             "predicted_compute": predicted_by_class(report), "predicted_memory": report.memory.to_dict(),
             "measured_step_s": run.median_step_s, "warm_step_s": warm.records[-1].seconds, "traced_wall_s": wall,
             "time": time_table(kernel_events(trace), table, steps),
@@ -246,24 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     dump = Path(scratch.name)
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
                                " --xla_dump_hlo_module_re=.*train_step.* --xla_gpu_enable_command_buffer=").strip()
-    import platform as _platform
-    from datetime import date
+    from bench_device import devices_present, failure, selected
 
-    import jax
-    from bench_device import CONFIGS
-
-    from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import hardware
 
     start = time.perf_counter()
-    n = len(jax.devices()) if jax.devices()[0].platform != "cpu" else 1
-    devices = jax_devices(n)
-    preset = present_hardware(devices) or "cpu-sim"
-    meta = {"date": date.today().isoformat(), "platform": devices[0].platform, "device_kind": devices[0].device_kind,
-            "devices": n, "hardware": preset, "jax": jax.__version__, "python": _platform.python_version()}
-    configs = [c for c in CONFIGS if args.only is None or any(text in c.name for text in args.only)]
-    if not configs:
-        ap.error(f"no configuration matches --only {' / '.join(args.only)}")
+    devices, preset, meta = devices_present()
+    configs = selected(ap, args.only)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -273,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows.append(profile(cfg, devices, hardware(preset), args.steps, args.smoke, dump))
         except Exception as e:  # noqa: BLE001 - a failed configuration is a result to record
-            import traceback
-
-            rows.append({"config": cfg.name, "error": f"{type(e).__name__}: {e}".splitlines()[0][:300],
-                         "traceback": traceback.format_exc()})
+            rows.append({"config": cfg.name, **failure(e)})
         (out / "profile.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
         (out / "profile.md").write_text(_markdown(meta, rows))
         print(_markdown(meta, rows[-1:]), flush=True)
