@@ -18,7 +18,9 @@ from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh, hardware
 from layoutsearch.solvers import dp, ilp
 from layoutsearch.solvers import enumerate as enum
+from layoutsearch.solvers.assemble import Item, Items, assemble, unique_rows
 from layoutsearch.solvers.build import build_space
+from layoutsearch.solvers.clock import Deadline
 from layoutsearch.solvers.pricer import evaluate
 from layoutsearch.solvers.problem import Factor, MemItem, MemRow, Problem, prune, restrict
 from layoutsearch.solvers.rulesets import rule_sets, rules_of
@@ -158,6 +160,35 @@ def test_restrict_evaluates_like_the_original():
         orig = tuple(int(k[s]) for k, s in zip(keep, a, strict=True))
         assert small.cost(a) == pytest.approx(problem.cost(orig), rel=1e-12)
         assert small.memory(a) == pytest.approx(problem.memory(orig), rel=1e-12)
+
+
+def test_unique_rows_of_wide_tables_are_numpys():
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # 30+ columns: past the packed-integer path, the hashed one
+        width, top = int(rng.integers(30, 300)), int(rng.integers(0, 12))
+        proto = rng.integers(-1, top + 1, size=(int(rng.integers(1, 20)), width))
+        rows = proto[rng.integers(0, len(proto), size=int(rng.integers(1, 300)))]
+        uniq, inv = unique_rows(rows)
+        want, want_inv = np.unique(rows, axis=0, return_inverse=True)
+        assert np.array_equal(uniq, want) and np.array_equal(inv, want_inv.reshape(-1))
+
+
+def test_memory_items_of_equal_value_merge_and_price_the_same():
+    """Items of equal bytes live on disjoint pieces of the schedule (the pieces of one shared copy's life)
+    are one item live on both: fewer items and rows, the same peak under every plan."""
+    keys = np.arange(3).reshape(3, 1)
+    items = Items()
+
+    def make(scale):
+        return lambda: Item("store", [(0, keys)], lambda a: float(scale * (1 + a[0][0])))
+    for k, (scale, span) in enumerate([(10, (0, 1)), (10, (2, 3)), (10, (4, 5)), (7, (1, 4))]):
+        items.add_memory(("item", k), make(scale), span)
+    points = [f"p{i}" for i in range(6)]
+    problem = assemble(["n"], [3], items, points, ["c"] * 6, Deadline())
+    assert len(problem.mem_items) == 2
+    assert len(problem.mem_rows) == 1  # where both are live: that row dominates every other
+    for s in range(3):
+        assert problem.memory([s]) == pytest.approx(17 * (1 + s))
 
 
 def test_dp_refuses_a_problem_that_is_not_a_chain():
