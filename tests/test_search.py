@@ -358,7 +358,7 @@ def accumulating():
     return g, mesh, hw, limit, cands[0]
 
 
-def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None):
+def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None, overlap="auto"):
     """Every (rule set, remat policy) in ``pick`` (default: all) priced as an accumulated step by
     ``price_plan``, independently of the search's bounds."""
     from layoutsearch.layout import Layout
@@ -370,7 +370,7 @@ def _accumulated_plans(g, mesh, hw, limit, cands, M, policies, pick=None):
         for policy in policies:
             try:
                 yield k, policy, price_plan(g, Layout(mesh, rules), hw, remat=policy, microbatches=M,
-                                            memory_limit=limit)
+                                            memory_limit=limit, overlap=overlap)
             except LayoutSearchError:
                 continue
 
@@ -400,16 +400,43 @@ def test_accumulation_bounds_never_exceed_the_accumulated_step(accumulating, M):
             assert M * rs.lb[k] <= plan.step_s * (1 + 1e-9)
 
 
+def test_without_overlap_the_accumulation_bound_is_the_accumulated_step(accumulating):
+    """Where no collective overlaps compute (overlap 0), the search's bound of an accumulated step is the step
+    itself: M - 1 micro-batches summed over their ops without the optimizer and the once-per-step gradient
+    all-reduces, plus the sum with them."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rules_search import RulesSearch
+
+    g, mesh, hw, limit, cands = accumulating
+    M = 4
+    micro = training_step(resized(g, {"batch": g.dims["batch"] // M}))
+    pick = np.random.default_rng(5).choice(len(cands), 40, replace=False)
+    rs = RulesSearch(micro, mesh, hw, Pricer(micro, mesh, hw), (cands, np.zeros(len(cands))), "selective")
+    without = dict(zip(pick.tolist(), rs.overlap_bounds(pick, optimizer=False, serial=True)[0], strict=True))
+    whole = dict(zip(pick.tolist(), rs.overlap_bounds(pick, serial=True)[0], strict=True))
+    plans = list(_accumulated_plans(g, mesh, hw, None, cands, M, ("selective",), pick.tolist(), overlap=0.0))
+    assert len(plans) > 20
+    for k, _, plan in plans:
+        assert whole[k] > without[k]  # the optimizer and the gradient all-reduce, once
+        assert whole[k] + (M - 1) * without[k] == pytest.approx(plan.step_s, rel=1e-9)
+
+
 @pytest.mark.slow
 def test_accumulated_plan_is_the_best_of_every_rule_set_and_policy(accumulating):
     """The search's accumulated plan equals brute force: every rule set under every remat policy applied to
-    every block alike priced as an accumulated step (7,000 plans, about a minute)."""
+    every block alike priced as an accumulated step (7,000 plans, about a minute; with and without overlap)."""
     g, mesh, hw, limit, cands = accumulating
-    plan = search(g, mesh, memory_limit=limit, hardware=hw, microbatches=2, baselines=False, top=1)
     alike = ("none", "selective", "full")  # (the block groups full:N are searched without accumulation)
-    fitting = [p for _, _, p in _accumulated_plans(g, mesh, hw, limit, cands, 2, alike) if p.fits]
-    assert plan.optimal and plan.chosen.microbatches == 2
-    assert plan.chosen.step_s == pytest.approx(min(p.step_s for p in fitting), rel=1e-12)
+    for overlap in ("auto", 0.0):  # (0: the accumulated step bounded by itself)
+        plan = search(g, mesh, memory_limit=limit, hardware=hw, microbatches=2, baselines=False, top=1,
+                      overlap=overlap)
+        fitting = [p for _, _, p in _accumulated_plans(g, mesh, hw, limit, cands, 2, alike, overlap=overlap)
+                   if p.fits]
+        assert plan.optimal and plan.chosen.microbatches == 2
+        assert plan.chosen.step_s == pytest.approx(min(p.step_s for p in fitting), rel=1e-12)
 
 
 @settings(max_examples=60, deadline=None)

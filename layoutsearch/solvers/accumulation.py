@@ -53,6 +53,7 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, searches: list[R
     proven = True
     policies = tuple(rs.remat for rs in searches)
     floors: dict[str, dict[int, float]] = {}  # policy -> candidate -> a lower bound of its accumulated step
+    serial = overlap != "auto" or not hw.async_collectives  # priced with no collective overlapping compute
     for i, (policy, rs) in enumerate(zip(policies, searches, strict=True)):
         if out and deadline.passed():
             proven = False
@@ -74,7 +75,7 @@ def accumulated(graph: Graph, mesh: Mesh, hw: Hardware, M: int, searches: list[R
         bound = min(upper if upper is not None else math.inf, steps[top - 1] if len(steps) >= top else math.inf)
         later = [other for other in searches[i + 1:] if recomputes_within(policy, other.remat)]
         plans, ok = accumulated_top(rs, M, price, limit, top, bound if bound < math.inf else None, deadline,
-                                    progress, floors, later)
+                                    progress, floors, later, serial)
         if pruning is not None:
             pruning[f"{M} micro-batches, remat {policy}"] = rs.pruning(limit)
         out += plans

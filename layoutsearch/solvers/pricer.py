@@ -63,17 +63,19 @@ class Pricer:
         self.streams = {s: 1 + i for i, s in enumerate(streams)}
         """Communicator (a tuple of mesh axes) -> its entry in a bound vector (see :meth:`bound`)."""
 
-    def bound(self, optimizer: bool = True) -> Pricer:
+    def bound(self, optimizer: bool = True, serial: bool = False) -> Pricer:
         """A copy (sharing this pricer's caches) whose prices are vectors: entry 0 the compute and the critical
         collectives, entry ``streams[axes]`` the collectives over the communicator ``axes``. Summed over a
         step, each entry is a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap` schedules:
         compute runs on one stream and a critical collective holds it for at least its time; each
         communicator runs its collectives one at a time, and the step ends after the last. So is the largest
-        entry. ``optimizer=False`` leaves out the optimizer's ops and the gradient all-reduces that run once
-        per step (:func:`~layoutsearch.costmodel.overlap.once_per_step`): a lower bound of one micro-batch's
-        share of a gradient-accumulation step, which runs them once for all micro-batches."""
+        entry. ``serial``: seconds instead (compute and every collective, as this pricer's), the step itself
+        where no collective overlaps compute (overlap 0, or hardware without asynchronous collectives).
+        ``optimizer=False`` leaves out the optimizer's ops and the gradient all-reduces that run once per step
+        (:func:`~layoutsearch.costmodel.overlap.once_per_step`): a lower bound of one micro-batch's share of a
+        gradient-accumulation step, which runs them once for all micro-batches."""
         other = copy.copy(self)
-        other.counted = "bound"
+        other.counted = "all" if serial else "bound"
         other.optimizer = optimizer
         return other
 
@@ -90,7 +92,8 @@ class Pricer:
         """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor`` for an op that
         is a matmul or not, ``matmul``): seconds, or a bound vector."""
         if self.counted == "all":
-            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
+            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms
+                       if self.optimizer or not once_per_step(x, self.classes))
         v = np.zeros(1 + len(self.streams))
         for x in comms:
             if tensor is not None:

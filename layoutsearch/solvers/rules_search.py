@@ -236,14 +236,16 @@ class RulesSearch:
             self.cost[idx], self.mem[idx] = strategy_values(space.problem)
             self.rows = max(self.rows, len(space.problem.mem_rows))
 
-    def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True, serial: bool = False
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """Lower bounds of the overlapped steps of candidates ``idx``: the largest entry of their bound
         vectors (:meth:`~.pricer.Pricer.bound`; ``optimizer=False``: one micro-batch's share of an
-        accumulated step), and of their peaks (the peak itself with the optimizer, recorded in :attr:`mem`;
+        accumulated step; ``serial``: the sum of every op's compute and collectives, the step where nothing
+        overlaps), and of their peaks (the peak itself with the optimizer, recorded in :attr:`mem`;
         without, the optimizer's operand copies are left out)."""
         idx = np.asarray(idx, dtype=np.int64)
         space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx),
-                            pricer=self.pricer.bound(optimizer), remat=self.remat)
+                            pricer=self.pricer.bound(optimizer, serial), remat=self.remat)
         values, peak = strategy_values(space.problem)
         if optimizer:
             self.mem[idx] = peak
@@ -469,7 +471,7 @@ def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced
 def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], Costed | None],
                     limit: float | None, top: int, upper: float | None, deadline: Deadline,
                     progress: Progress | None, floors: dict[str, dict[int, float]] | None = None,
-                    later: Sequence[RulesSearch] = ()) -> tuple[list[Costed], bool]:
+                    later: Sequence[RulesSearch] = (), serial: bool = False) -> tuple[list[Costed], bool]:
     """The ``top`` fastest fitting plans of a gradient-accumulation step over ``microbatches`` micro-batches
     whose layout is a rules candidate of ``rs`` (the rules space of ONE micro-batch's step), priced by
     ``price(k)`` (candidate ``k`` as the accumulated step: None when it cannot be); with ``upper``, only
@@ -479,7 +481,9 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
     passes ``M`` times (compute on one stream, a critical collective holding it, each communicator running
     its collectives one at a time) and the optimizer and gradient all-reduces once, so ``M`` times the
     micro-batch's roofline bound (:func:`_compute_bounds`) and ``M`` times the largest entry of its bound
-    vector without those (:meth:`~.pricer.Pricer.bound` with ``optimizer=False``) are lower bounds of it;
+    vector without those (:meth:`~.pricer.Pricer.bound` with ``optimizer=False``) are lower bounds of it
+    (``serial``, where no collective overlaps compute: the step itself instead, ``M - 1`` times the sum of
+    the micro-batch's ops without those plus the sum with them);
     and its peak holds the micro-batch's peak (computed with the second bound) plus the gradient
     accumulators, so a candidate whose micro-batch does not fit cannot. Candidates whose first bound is
     below the cut get the second, and are priced in the order of the second bound
@@ -522,13 +526,17 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         ahead[other.may_fit_among(np.nonzero(wanted)[0], limit)] = True
     ahead[near] = False
     idx = np.concatenate([near, np.nonzero(ahead)[0]])
-    bounds, peaks = rs.overlap_bounds(idx, optimizer=False)
+    bounds, peaks = rs.overlap_bounds(idx, optimizer=False, serial=serial)
+    if serial:  # the step itself: M - 1 micro-batches without the once-per-step work, the last with it
+        lows = rs.overlap_bounds(idx, serial=True)[0] + (M - 1) * bounds
+    else:
+        lows = M * bounds
     if floors is not None:
         for policy in {rs.remat, *(other.remat for other in later)}:
-            floors.setdefault(policy, {}).update(zip(idx.tolist(), (M * bounds).tolist(), strict=True))
-    bounds, peaks = bounds[:len(near)], peaks[:len(near)]
+            floors.setdefault(policy, {}).update(zip(idx.tolist(), lows.tolist(), strict=True))
+    lows, peaks = lows[:len(near)], peaks[:len(near)]
     fit = peaks <= limit * (1 + 1e-12) if limit is not None else np.ones(len(near), bool)
-    lower = sorted(zip((M * bounds[fit]).tolist(), near[fit].tolist(), strict=True))
+    lower = sorted(zip(lows[fit].tolist(), near[fit].tolist(), strict=True))
     proven = not rs.cut_short
     for low, k in lower:
         if k in plans:
