@@ -343,6 +343,12 @@ def test_cost_command_prices_gradient_accumulation(capsys):
     assert d["stage_axis"] is None and d["microbatches"] == 2 and d["stages"] == 1
     code, out, _ = run(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--microbatches", "2")
     assert code == 0 and "2 micro-batches of gradient accumulation" in out
+    # overlap 0 (as Megatron-LM 2021 reduced gradients: after the backward pass) prices it as the Python API does
+    flat = run_json(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", "--microbatches", "2",
+                    "--overlap", "0")
+    want = estimate_pipeline(zoo.build("gpt"), Layout.from_rules("data:2,model:4", d["inner_layout"]), "h100",
+                             stage_axis=None, microbatches=2, overlap=0)
+    assert flat["step_s"] == pytest.approx(want.step_s) and flat["step_s"] > d["step_s"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -355,6 +361,7 @@ def test_cost_command_prices_gradient_accumulation(capsys):
     (["--stage-axis", "pipe", "--microbatches", "2"], "unknown mesh axis 'pipe'"),
     (["--top", "-1"], "--top must be at least 0"),
     (["--overlap", "1.5"], "expected 'auto' or a number in [0, 1]"),
+    (["--overlap", "0.5", "--microbatches", "2"], "--overlap takes 'auto' or 0 with --microbatches"),
     (["--remat", "full:0"], "unknown remat policy 'full:0'"),
     (["--remat", "partial"], "full:N (the first N blocks full, the rest none)"),
     (["--remat", "full:9"], "has 2 blocks, not 9"),

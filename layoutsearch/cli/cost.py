@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> Result:
         report = estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
                           attention=args.attention, overlap=args.overlap)
         return {**report.to_dict(), "explain": explain(report, graph)}
-    if args.overlap != "auto":
-        raise LayoutSearchError("--overlap takes only 'auto' with --microbatches or --stage-axis (the schedule "
-                                "decides what overlaps)")
+    if args.overlap not in ("auto", 0):
+        raise LayoutSearchError("--overlap takes 'auto' or 0 with --microbatches or --stage-axis (the schedule "
+                                f"decides what overlaps; 0: nothing does), got {args.overlap}")
     rep = estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
                             schedule=schedule, remat=args.remat, optimizer=args.optimizer, precision=args.precision,
-                            attention=args.attention)
+                            attention=args.attention, overlap=args.overlap)
     return {**rep.to_dict(), "gantt": rep.gantt() if args.stage_axis is not None else None}
 
 
