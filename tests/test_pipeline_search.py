@@ -141,14 +141,23 @@ def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count
     layouts = _stage_layouts(inner, trained, inner_mesh, Deadline(), beat=1e30, loop=lambda split: 1.0)
     assert len(layouts) >= 2 and {r for r, _ in layouts} == set(rooflines)
     assert all(b >= rooflines[r] for r, b in layouts) and any(b > 1.05 * rooflines[r] for r, b in layouts)
-    for rules, bound in layouts:
-        layout = Layout(Mesh.parse(f"{stage}:{K}," + ",".join(f"{a}:{s}" for a, s in inner_mesh.axes)), rules)
-        for M in (2, 8):
-            for remat in ("none", "full"):
-                try:
-                    step = microbatch_step(GPT, layout, hw, stage_axis=stage, microbatches=M, schedule=schedule,
-                                           remat=remat)
-                except LayoutSearchError:
-                    continue  # micro-batches this layout cannot split
-                priced = step.report(*choose_stages(step)).step_s
-                assert bound / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)
+    # with no collective overlapping compute (overlap 0): the serial step's sum, sharper still
+    serial = dict(_stage_layouts(inner, trained, inner_mesh, Deadline(), beat=1e30, loop=lambda split: 1.0,
+                                 serial=True))
+    assert all(serial[r] >= b * (1 - 1e-9) for r, b in layouts)
+    if hw.async_collectives:
+        assert any(serial[r] > b for r, b in layouts)
+    else:  # every collective in line: the compute stream's entry is the serial sum (once-per-step work left out)
+        assert all(serial[r] == pytest.approx(b, rel=1e-12) for r, b in layouts)
+    for overlap, bounds in (("auto", layouts), (0, serial.items())):
+        for rules, bound in bounds:
+            layout = Layout(Mesh.parse(f"{stage}:{K}," + ",".join(f"{a}:{s}" for a, s in inner_mesh.axes)), rules)
+            for M in (2, 8):
+                for remat in ("none", "full"):
+                    try:
+                        step = microbatch_step(GPT, layout, hw, stage_axis=stage, microbatches=M, schedule=schedule,
+                                               remat=remat, overlap=overlap)
+                    except LayoutSearchError:
+                        continue  # micro-batches this layout cannot split
+                    priced = step.report(*choose_stages(step)).step_s
+                    assert bound / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)

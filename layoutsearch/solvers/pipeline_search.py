@@ -185,7 +185,8 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
             splitting the batch ``split`` ways."""
             return min((sched.steps(K, mb) / mb / K for mb in counts if tried(mb, split)), default=math.inf)
 
-        for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, beat, loop, batch_dim):
+        for rules, bound in _stage_layouts(inner, trained_graph, inner_mesh, deadline, beat, loop, batch_dim,
+                                           serial=overlap != "auto" or not hw.async_collectives):
             layout = Layout(full_mesh, rules)
             split = full_mesh.group_size(layout.rules_layout((batch_dim,)).get(batch_dim, ()))
             for mb in counts:
@@ -269,7 +270,7 @@ def _inner_space(trained: Graph, inner_mesh: Mesh, hw: Hardware, attention: str
 
 def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, trained: Graph, inner_mesh: Mesh,
                    deadline: Deadline, beat: float = math.inf, loop: Callable[[int], float] = lambda split: 0.0,
-                   batch_dim: str = "batch") -> list[tuple[tuple, float]]:
+                   batch_dim: str = "batch", serial: bool = False) -> list[tuple[tuple, float]]:
     """Candidates for the layout inside a stage, each with a lower bound of its full-batch step: the best two
     rule sets of the serial objective (the step without overlap, remat none, no memory limit) of the
     ``inner`` space (:func:`_inner_space`) among those that may beat ``beat``, by bound-and-price (each
@@ -288,7 +289,7 @@ def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, tra
     beat it, the larger of that and the largest entry of their bound vector without the optimizer
     (:meth:`~.rules_search.RulesSearch.overlap_bounds`, one build for all of them: the compute and critical
     collectives, or one communicator's collectives, of the forward and backward passes; no more than the
-    serial step either)."""
+    serial step either; ``serial``, where no collective overlaps compute: the serial step itself)."""
     if inner is None:
         return [((), 0.0)]
     pricer, (cands, lb) = inner
@@ -301,7 +302,7 @@ def _stage_layouts(inner: tuple[Pricer, tuple[RuleSets, np.ndarray]] | None, tra
         below = np.nonzero(lb * least < beat)[0]
         if len(below):
             vectors, _ = RulesSearch(trained, inner_mesh, pricer.hw, pricer, (cands, lb)).overlap_bounds(
-                below, optimizer=False)
+                below, optimizer=False, serial=serial)
             lb = lb.copy()
             lb[below] = np.maximum(vectors, lb[below])
         may_beat = lb * least < beat

@@ -91,18 +91,20 @@ class Pricer:
                     tensor: str | None = None) -> float | np.ndarray:
         """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor`` for an op that
         is a matmul or not, ``matmul``): seconds, or a bound vector."""
+        if self.counted == "all" and self.optimizer:
+            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
+        if tensor is not None:
+            comms = [dataclasses.replace(x, tensor=tensor) for x in comms]
+        if not self.optimizer:  # one micro-batch's share: the gradient all-reduces run once per step
+            comms = [x for x in comms if not once_per_step(x, self.classes)]
         if self.counted == "all":
-            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms
-                       if self.optimizer or not once_per_step(x, self.classes))
+            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
         v = np.zeros(1 + len(self.streams))
         for x in comms:
-            if tensor is not None:
-                x = dataclasses.replace(x, tensor=tensor)
             t = self.collective(x.kind, x.bytes, x.axes)
             if self.critical(x, op_name, matmul):
                 v[0] += t
-            if self.optimizer or not once_per_step(x, self.classes):
-                v[self.streams[x.axes]] += t
+            v[self.streams[x.axes]] += t
         return v
 
     def collective(self, kind: str, nbytes: int, axes: Axes) -> float:
