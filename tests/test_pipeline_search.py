@@ -161,3 +161,53 @@ def test_the_roofline_bound_of_an_inner_layout_holds_for_every_micro_batch_count
                         continue  # micro-batches this layout cannot split
                     priced = step.report(*choose_stages(step)).step_s
                     assert bound / K * Schedule.parse(schedule).steps(K, M) / M <= priced * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_stages_are_the_fastest_split_that_fits_with_each_stages_own_micro_batches(schedule):
+    """The stage split (``choose_stages``) against every split of the units into K contiguous stages, each
+    priced by the pipeline report: the one it picks fits the limit, and no split that fits has a slower
+    slowest stage (the cost DAG's loads: unit times plus the transfers across the stage's cuts). Under 1F1B the
+    last stages hold fewer micro-batches (K - k), so at a limit the first stage's count would rule every split
+    out, some fit; below every split, the error names the smallest largest-stage memory."""
+    import itertools
+
+    from layoutsearch.costmodel.pipeline import microbatch_step
+    from layoutsearch.errors import PartitionError
+    from layoutsearch.layout import Layout
+    from layoutsearch.solvers.pipeline_search import choose_stages
+
+    g = zoo.build("gpt", layers=6, batch=8, seq=256, d_model=128, heads=4, vocab=64, tie_embeddings=0)
+    K = 3
+    step = microbatch_step(g, Layout.from_rules(f"pipe:{K},data:2", "batch:data"), "h100", stage_axis="pipe",
+                           microbatches=4, schedule=schedule)
+    dag = step.costdag()
+    names = [n.name for n in dag.nodes]
+    into = {e.dst: e.transfer_s for e in dag.edges}
+
+    def load(group):
+        edges = [into.get(group[0], 0.0)] + [into.get(names[names.index(group[-1]) + 1], 0.0)
+                                             if group[-1] != names[-1] else 0.0]
+        return sum(dag.nodes[names.index(u)].compute_s for u in group) + sum(edges)
+
+    splits = []
+    for cuts in itertools.combinations(range(1, len(names)), K - 1):
+        groups = [tuple(names[a:b]) for a, b in zip((0, *cuts), (*cuts, len(names)), strict=True)]
+        rep = step.report(groups)
+        splits.append((max(load(gr) for gr in groups), max(s.memory_bytes for s in rep.stages),
+                       [s.memory_bytes for s in rep.stages], groups))
+    fastest = min(splits)
+    least = min(m for _, m, _, _ in splits)
+    limit = (least + fastest[1]) / 2  # the fastest split does not fit, the leanest does
+    groups, method, optimal = choose_stages(step, limit)
+    chosen = step.report(groups, method, optimal)
+    assert optimal and chosen.memory_bytes <= limit and chosen.num_stages == K
+    fitting = [s for s in splits if s[1] <= limit]
+    assert max(load(gr) for gr in groups) == pytest.approx(min(s[0] for s in fitting), rel=1e-12)
+    if schedule == "1f1b":  # with every stage holding the first stage's K micro-batches, none would fit
+        def as_first(groups, mems):
+            return max(m + (K - (K - k)) * sum(step.priced.units[u].saved for u in gr)
+                       for k, (m, gr) in enumerate(zip(mems, groups, strict=True)))
+        assert all(as_first(gr, mem) > limit for _, _, mem, gr in fitting)
+    with pytest.raises(PartitionError, match=f"smallest achievable largest-stage memory is {int(least)} B"):
+        choose_stages(step, least - 1)

@@ -62,8 +62,8 @@ head and loss). This module prices given stages
 them is the solvers' work:
 :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline` partitions the
 chain ``pre, layer.0, ..., post`` (:meth:`MicrobatchStep.costdag`, a
-:class:`~layoutsearch.costdag.CostDAG`) with the exact partitioner, minimizing
-the slowest stage under the memory limit.
+:class:`~layoutsearch.costdag.CostDAG`) exactly, minimizing the slowest stage
+under the memory limit (:func:`~layoutsearch.solvers.pipeline_search.choose_stages`).
 """
 
 from __future__ import annotations
@@ -159,7 +159,8 @@ def pipeline_costdag(graph: Graph, inner: Layout, stage_axis: str, hardware: Har
                      ) -> tuple[CostDAG, CostReport, dict]:
     """The chain of pipeline units as a cost DAG, priced by the inner cost model on one micro-batch.
 
-    Node memory: parameters, optimizer state, gradients, the recomputation workspace and the working set
+    Node memory: parameters, optimizer state, gradients (and their accumulator when M > 1), the
+    recomputation workspace and the working set
     (``memory_bytes``) and the saved activations per micro-batch (``activation_bytes``; the partitioner
     multiplies them by the micro-batches in flight). Returns the DAG, the inner report on the micro-batch
     graph and the units."""
@@ -313,7 +314,7 @@ def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh) -> CostDAG:
     nodes, edges = [], []
     for u in p.chain:
         d = p.units[u]
-        fixed = d.parameters + d.optimizer_state + d.gradients + d.workspace + d.working
+        fixed = d.parameters + d.optimizer_state + d.gradients + d.accumulator + d.workspace + d.working
         nodes.append(Node(u, _unit_seconds(p, u, hw), fixed, d.parameters, d.saved))
     for a, b in itertools.pairwise(p.chain):
         nbytes = p.units[b].boundary

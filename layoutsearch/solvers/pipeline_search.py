@@ -3,9 +3,8 @@ axis, K, micro-batches, remat and inner layout.
 
 :func:`estimate_pipeline` prices a micro-batched step with the pipeline cost
 model (:mod:`layoutsearch.costmodel.pipeline`, which prices given stages),
-choosing the stages, when not given, with the exact partitioner
-(:func:`~layoutsearch.solvers.partition.partition`: the slowest stage
-minimized under the memory limit).
+choosing the stages, when not given, exactly (:func:`choose_stages`: the
+slowest stage minimized under the memory limit).
 
 :func:`search_pipeline`: for each mesh axis that may carry stages (K = its
 size), candidate layouts over the other axes come from
@@ -48,6 +47,7 @@ from layoutsearch.solvers.dispatch import solve
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.rules_search import RulesSearch, dims_mask, rules_candidates
 from layoutsearch.solvers.rulesets import RuleSets, rules_of
+from layoutsearch.solvers.stage_chain import split_chain
 
 
 def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *,
@@ -69,7 +69,7 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
     >>> g = ls.zoo.gpt(layers=2, d_model=64, heads=4, seq=16, batch=8, vocab=128)
     >>> rep = estimate_pipeline(g, ls.Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=4)
     >>> rep.num_stages, rep.partition_method
-    (2, 'dp')
+    (2, 'chain dp')
     """
     step = microbatch_step(graph, layout, hardware, stage_axis=stage_axis, microbatches=microbatches,
                            schedule=schedule, remat=remat, optimizer=optimizer, precision=precision,
@@ -83,11 +83,28 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
 def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
                   ) -> tuple[tuple[tuple[str, ...], ...], str, bool]:
     """The stages of a pipelined ``step``: its units split into ``step.chunks`` contiguous groups minimizing
-    the slowest stage (with the first stage's micro-batches in flight) under ``memory_limit``, by the exact
-    partitioner. Returns (groups, the partitioner's method, whether proven optimal)."""
+    the slowest stage under ``memory_limit``, exactly: each stage holding its own micro-batches in flight
+    where the schedule runs one stage per device (1F1B: ``min(K - k, M)``; :func:`.stage_chain.split_chain`),
+    else (interleaved chunks) every chunk holding the first stage's, by the exact partitioner. Returns
+    (groups, the method, whether proven optimal)."""
+    dag = step.costdag()
+    if step.chunks == step.devices:
+        names = [node.name for node in dag.nodes]
+        transfers = [0.0] * len(names)
+        for edge in dag.edges:
+            transfers[names.index(edge.dst)] = edge.transfer_s
+        in_flight = [max(step.schedule.in_flight(k, step.devices, step.microbatches), 1.0)
+                     for k in range(step.devices)]
+        units = [step.priced.units[name] for name in names]  # memory as the stage report counts it
+        firsts, _ = split_chain([node.compute_s for node in dag.nodes], transfers,
+                                [u.parameters + u.optimizer_state + u.gradients + u.accumulator for u in units],
+                                [u.saved for u in units], in_flight, memory_limit,
+                                ([u.workspace for u in units], [u.working for u in units]))
+        ends = [*firsts[1:], len(names)]
+        return tuple(tuple(names[a:b]) for a, b in zip(firsts, ends, strict=True)), "chain dp", True
     from layoutsearch.solvers.partition import partition
 
-    part = partition(step.costdag(), step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
+    part = partition(dag, step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
                      memory_limit=memory_limit)
     return tuple(tuple(s) for s in part.stages), part.method, part.optimal
 
