@@ -351,6 +351,19 @@ def test_cost_command_prices_gradient_accumulation(capsys):
     assert flat["step_s"] == pytest.approx(want.step_s) and flat["step_s"] > d["step_s"]
 
 
+def test_cost_command_picks_the_fastest_stage_split_that_fits_the_device(capsys):
+    base = ["cost", "gpt", "--set", "layers=6", "--set", "seq=256", "--set", "d_model=128", "--set", "vocab=64",
+            "--set", "tie_embeddings=0", "--mesh", "pipe:3,data:2", "--layout", "batch:data", "--hardware", "h100",
+            "--stage-axis", "pipe", "--microbatches", "4", "--hw", "memory_reserved=0"]
+    free = run_json(capsys, *base)
+    assert free["fits"]
+    tight = run_json(capsys, *base, "--hw", f"hbm_bytes={free['memory_bytes'] - 1}")  # the fastest split no longer fits
+    assert tight["fits"] and tight["memory_bytes"] < free["memory_bytes"] and tight["step_s"] > free["step_s"]
+    assert [s["units"] for s in tight["stage_costs"]] != [s["units"] for s in free["stage_costs"]]
+    none = run_json(capsys, *base, "--hw", "hbm_bytes=1000")  # nothing fits: the fastest split, not fitting
+    assert not none["fits"] and none["step_s"] == pytest.approx(free["step_s"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp8"], "invalid choice"),
     (["--attention", "paged"], "invalid choice"),

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from layoutsearch.cli.common import Result, add_case_args, case_of, command, overlap_arg, remat_arg, table
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, PartitionError
 from layoutsearch.units import format_bytes, format_seconds
 
 
@@ -58,9 +58,16 @@ def run(args: argparse.Namespace) -> Result:
     if args.overlap not in ("auto", 0):
         raise LayoutSearchError("--overlap takes 'auto' or 0 with --microbatches or --stage-axis (the schedule "
                                 f"decides what overlaps; 0: nothing does), got {args.overlap}")
-    rep = estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
-                            schedule=schedule, remat=args.remat, optimizer=args.optimizer, precision=args.precision,
-                            attention=args.attention, overlap=args.overlap)
+    def priced(limit: float | None) -> Any:
+        return estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
+                                 schedule=schedule, remat=args.remat, optimizer=args.optimizer,
+                                 precision=args.precision, attention=args.attention, overlap=args.overlap,
+                                 memory_limit=limit)
+
+    try:  # the stages: the fastest split that fits the device, else the fastest (reported as not fitting)
+        rep = priced(hw.usable_bytes if args.stage_axis is not None else None)
+    except PartitionError:
+        rep = priced(None)
     return {**rep.to_dict(), "gantt": rep.gantt() if args.stage_axis is not None else None}
 
 
