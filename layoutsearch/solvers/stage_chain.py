@@ -63,10 +63,11 @@ def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Seque
             m = int(np.argmin(value))
             best[k, i], start[k, i] = value[m], j[m]
     if not math.isfinite(best[K, n]):
+        held = ", ".join(f"{f:g}" for f in in_flight)
         raise PartitionError(f"no split of {n} pipeline units into {K} stages fits the memory limit of "
-                             f"{fmt_bytes(limit or 0)} with the stages holding {', '.join(f'{f:g}' for f in in_flight)} "
-                             f"micro-batches' activations: the smallest achievable largest-stage memory is {fmt_bytes(peak[K, n])}; "
-                             "raise the limit, use more stages or fewer micro-batches")
+                             f"{fmt_bytes(limit or 0)} with the stages holding {held} micro-batches' activations: "
+                             f"the smallest achievable largest-stage memory is {fmt_bytes(peak[K, n])}; raise the "
+                             "limit, use more stages or fewer micro-batches")
     firsts, i = [], n
     for k in range(K, 0, -1):
         i = int(start[k, i])
