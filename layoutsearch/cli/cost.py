@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> Result:
                                  precision=args.precision, attention=args.attention, overlap=args.overlap,
                                  memory_limit=limit)
 
-    try:  # the stages: the fastest split that fits the device, else the fastest (reported as not fitting)
+    try:  # the stages: the split with the fastest slowest stage that fits the device, else regardless of memory
         rep = priced(hw.usable_bytes if args.stage_axis is not None else None)
     except PartitionError:
         rep = priced(None)

@@ -6,11 +6,13 @@ Under 1F1B (PipeDream-flush, Narayanan et al. 2021) stage ``k`` of ``K`` holds t
 put more layers on later stages, which is what fits when the first stage's memory binds.
 
 **Problem.** Cut the chain of units ``u_0 .. u_{n-1}`` into ``K`` non-empty contiguous stages minimizing the
-slowest stage's load, stage ``k`` within ``limit``: load = its units' times plus the transfer of each edge
+slowest stage's load, stage ``k`` within ``limit``. Load = its units' times plus the transfer of each edge
 crossing its boundary (an edge between units ``i - 1`` and ``i`` is paid by both stages it joins, as
 :func:`~.partition.instance.evaluate` prices a cut); memory = its units' fixed bytes plus ``in_flight[k]``
 times their activation bytes plus the largest of its units' peak buffers (as
-:mod:`layoutsearch.costmodel.pipeline` prices a stage).
+:mod:`layoutsearch.costmodel.pipeline` prices a stage). The slowest stage sets the loop (``steps`` times
+it); like the general partitioner's throughput objective, the choice leaves out what each stage runs once
+per step (the optimizer, the gradient all-reduces), which decides the step only when the loop is short.
 
 **Recurrence.** ``best[k][i] = min over j < i of max(best[k - 1][j], load(j, i))`` over the ``j`` whose
 stage ``u_j .. u_{i-1}`` fits as stage ``k - 1``; ``best[0][0] = 0``; the answer is ``best[K][n]``. ``O(K n^2)``
@@ -55,7 +57,7 @@ def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Seque
         for i in range(k, n - (K - k) + 1):
             j = np.arange(k - 1, i)
             load = T[i] - T[j] + e[j] + e[i]
-            mem = F[i] - F[j] + in_flight[k - 1] * (A[i] - A[j])
+            mem = F[i] - F[j] + np.floor(in_flight[k - 1] * (A[i] - A[j]))  # (whole bytes, as the report)
             for p in P:  # the largest of units j .. i - 1, for every j
                 mem = mem + np.maximum.accumulate(p[k - 1:i][::-1])[::-1]
             peak[k, i] = np.min(np.maximum(peak[k - 1, j], mem))
