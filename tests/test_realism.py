@@ -349,6 +349,7 @@ def test_cost_command_prices_gradient_accumulation(capsys):
     want = estimate_pipeline(zoo.build("gpt"), Layout.from_rules("data:2,model:4", d["inner_layout"]), "h100",
                              stage_axis=None, microbatches=2, overlap=0)
     assert flat["step_s"] == pytest.approx(want.step_s) and flat["step_s"] > d["step_s"]
+    assert (flat["overlap"], d["overlap"]) == (0, "auto")
 
 
 def test_cost_command_picks_the_fastest_stage_split_that_fits_the_device(capsys):

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> Result:
         rep = priced(hw.usable_bytes if args.stage_axis is not None else None)
     except PartitionError:
         rep = priced(None)
-    return {**rep.to_dict(), "gantt": rep.gantt() if args.stage_axis is not None else None}
+    return {**rep.to_dict(), "overlap": args.overlap, "gantt": rep.gantt() if args.stage_axis is not None else None}
 
 
 def render(result: Result, args: argparse.Namespace) -> list[Any]:
