@@ -211,3 +211,29 @@ def test_stages_are_the_fastest_split_that_fits_with_each_stages_own_micro_batch
         assert all(as_first(gr, mem) > limit for _, _, mem, gr in fitting)
     with pytest.raises(PartitionError, match=f"smallest achievable largest-stage memory is {int(least)} B"):
         choose_stages(step, least - 1)
+
+
+def test_interleaved_stages_that_leave_a_device_over_the_limit_are_split_again_within_it():
+    """Interleaved chunks: the partitioner holds each chunk to the whole limit, while a device runs V of them;
+    when its split leaves a device over the limit, the chunks are split again with each held to limit / V
+    (every device then fits). Checked against every split of a 6-layer GPT into 2 x 2 chunks."""
+    import itertools
+    import math
+
+    from layoutsearch.costmodel.pipeline import microbatch_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.solvers.partition import partition
+    from layoutsearch.solvers.pipeline_search import choose_stages
+
+    g = zoo.build("gpt", layers=6, batch=8, seq=256, d_model=128, heads=4, vocab=64, tie_embeddings=0)
+    step = microbatch_step(g, Layout.from_rules("pipe:2,data:2", "batch:data"), "h100", stage_axis="pipe",
+                           microbatches=4, schedule="interleaved:2")
+    names = list(step.units)
+    peaks = [step.report([names[a:b] for a, b in zip((0, *cuts), (*cuts, len(names)), strict=True)]).memory_bytes
+             for cuts in itertools.combinations(range(1, len(names)), 3)]
+    limit = min(peaks) + 0.25 * (max(peaks) - min(peaks))
+    held_whole = partition(step.costdag(), 4, objective="throughput", microbatches=math.ceil(step.in_flight),
+                           memory_limit=limit)  # every chunk held to the whole limit: a device over it
+    assert step.report(held_whole.stages).memory_bytes > limit
+    groups, method, optimal = choose_stages(step, limit)
+    assert step.report(groups).memory_bytes <= limit and method == "chain dp (limit / 2 per chunk)" and not optimal

@@ -34,7 +34,7 @@ from layoutsearch.costmodel.overlap import collective_class, once_per_step
 from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
 from layoutsearch.costmodel.report import OpReport
 from layoutsearch.costmodel.step import training_step
-from layoutsearch.errors import LayoutSearchError
+from layoutsearch.errors import LayoutSearchError, PartitionError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
 from layoutsearch.ir.training import Optimizer
@@ -83,30 +83,46 @@ def estimate_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "
 def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
                   ) -> tuple[tuple[tuple[str, ...], ...], str, bool]:
     """The stages of a pipelined ``step``: its units split into ``step.chunks`` contiguous groups minimizing
-    the slowest stage under ``memory_limit``, exactly: each stage holding its own micro-batches in flight
-    where the schedule runs one stage per device (1F1B: ``min(K - k, M)``; :func:`.stage_chain.split_chain`),
-    else (interleaved chunks) every chunk holding the first stage's, by the exact partitioner. Returns
-    (groups, the method, whether proven optimal)."""
-    dag = step.costdag()
+    the slowest stage under ``memory_limit``. Where the schedule runs one stage per device, exactly, each
+    stage holding its own micro-batches in flight (1F1B: ``min(K - k, M)``; :func:`_chain_split`). With
+    interleaved chunks (a device runs ``V`` of them), by the exact partitioner with every chunk held to the
+    whole limit and the first device's in-flight count; when its split leaves a device over the limit,
+    split again with every chunk held to ``limit / V`` and its device's in-flight count (every device then
+    fits; not proven fastest) if such a split exists. Returns (groups, the method, whether proven optimal)."""
     if step.chunks == step.devices:
-        names = [node.name for node in dag.nodes]
-        transfers = [0.0] * len(names)
-        for edge in dag.edges:
-            transfers[names.index(edge.dst)] = edge.transfer_s
-        in_flight = [max(step.schedule.in_flight(k, step.devices, step.microbatches), 1.0)
-                     for k in range(step.devices)]
-        units = [step.priced.units[name] for name in names]  # memory as the stage report counts it
-        firsts, _ = split_chain([node.compute_s for node in dag.nodes], transfers,
-                                [u.parameters + u.optimizer_state + u.gradients + u.accumulator for u in units],
-                                [u.saved for u in units], in_flight, memory_limit,
-                                ([u.workspace for u in units], [u.working for u in units]))
-        ends = [*firsts[1:], len(names)]
-        return tuple(tuple(names[a:b]) for a, b in zip(firsts, ends, strict=True)), "chain dp", True
+        return _chain_split(step, memory_limit), "chain dp", True
     from layoutsearch.solvers.partition import partition
 
-    part = partition(dag, step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
+    part = partition(step.costdag(), step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
                      memory_limit=memory_limit)
-    return tuple(tuple(s) for s in part.stages), part.method, part.optimal
+    groups = tuple(tuple(s) for s in part.stages)
+    if memory_limit is None or step.report(groups).memory_bytes <= memory_limit:
+        return groups, part.method, part.optimal
+    V = step.chunks // step.devices
+    try:  # (a byte per chunk spare: the report rounds a device's activations down once, not per chunk)
+        return _chain_split(step, memory_limit / V - V), f"chain dp (limit / {V} per chunk)", False
+    except PartitionError:
+        return groups, part.method, part.optimal
+
+
+def _chain_split(step: MicrobatchStep, limit: float | None) -> tuple[tuple[str, ...], ...]:
+    """The units of ``step`` split into ``step.chunks`` contiguous groups by :func:`.stage_chain.split_chain`,
+    chunk ``c`` holding device ``c mod K``'s micro-batches in flight within ``limit``, its memory counted as
+    the stage report counts a device's."""
+    dag = step.costdag()
+    names = [node.name for node in dag.nodes]
+    transfers = [0.0] * len(names)
+    for edge in dag.edges:
+        transfers[names.index(edge.dst)] = edge.transfer_s
+    K = step.devices
+    in_flight = [max(step.schedule.in_flight(c % K, K, step.microbatches), 1.0) for c in range(step.chunks)]
+    units = [step.priced.units[name] for name in names]
+    firsts, _ = split_chain([node.compute_s for node in dag.nodes], transfers,
+                            [u.parameters + u.optimizer_state + u.gradients + u.accumulator for u in units],
+                            [u.saved for u in units], in_flight, limit,
+                            ([u.workspace for u in units], [u.working for u in units]))
+    ends = [*firsts[1:], len(names)]
+    return tuple(tuple(names[a:b]) for a, b in zip(firsts, ends, strict=True))
 
 
 @dataclass(frozen=True)
