@@ -441,19 +441,19 @@ def test_accumulated_plan_is_the_best_of_every_rule_set_and_policy(accumulating)
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 5), min_size=3, max_size=3), min_size=1, max_size=60),
-       st.integers(1, 9))
-def test_the_undominated_live_points_are_exactly_those_no_other_point_covers(rows, chunk):
-    """The points the live-set bound maximizes over: the rows no other distinct row is at least in every
-    column, whatever the chunking."""
+       st.integers(1, 9), st.sampled_from([1, 7, 1 << 24]))
+def test_the_undominated_live_points_are_exactly_those_no_other_point_covers(rows, chunk, budget):
+    """The points the live-set bound and the memory rows maximize over: the rows no other distinct row is at
+    least in every column, whatever the chunking and the comparison budget."""
     import numpy as np
 
-    from layoutsearch.solvers.rules_search import _undominated
+    from layoutsearch.solvers.assemble import undominated
 
     points = np.unique(np.array(rows, dtype=float), axis=0)
     want = {tuple(p) for i, p in enumerate(points)
             if not any(j != i and np.all(q >= p) for j, q in enumerate(points))}
-    got = _undominated(points, chunk)
-    assert {tuple(p) for p in got} == want and len(got) == len(want)
+    got = undominated(points, chunk, budget)
+    assert {tuple(p) for p in points[got]} == want and len(got) == len(want) == len(set(got.tolist()))
 
 
 def test_a_candidates_split_of_some_dims_is_the_product_of_the_axes_its_projection_uses(gpt):

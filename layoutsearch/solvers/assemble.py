@@ -212,6 +212,35 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     return Problem(names, unary, factors, mems, rows)
 
 
+def undominated(points: np.ndarray, chunk: int = 256, budget: int = 1 << 24) -> np.ndarray:
+    """Indices, in decreasing order of row sum, of the rows of ``points`` (distinct rows of nonnegative
+    numbers) that no other row is at least in every column: with nonnegative weights, the largest weighted
+    sum is always on one of them.
+
+    A row can only be dominated by a row of larger sum (distinct rows of equal sum do not dominate each
+    other), and a row dominated by any earlier row is dominated by a kept one (dominance is transitive); so,
+    in order of decreasing sum, a chunk at a time, a row is kept unless a kept row or an earlier row of its
+    chunk dominates it. Comparisons run on at most about ``budget`` elements at once."""
+    order = np.argsort(-points.sum(axis=1), kind="stable")
+    width = max(points.shape[1], 1)
+    chunk = max(1, min(chunk, int(budget ** 0.5 / width ** 0.5)))
+    kept = np.zeros(0, dtype=np.int64)
+    earlier = np.tri(chunk, k=-1, dtype=bool).T  # earlier[j, i]: row j comes before row i in the chunk
+    for c in range(0, len(order), chunk):
+        idx = order[c:c + chunk]
+        block = points[idx]
+        alive = np.ones(len(idx), bool)
+        step = max(1, budget // (len(idx) * width))
+        for k in range(0, len(kept), step):
+            over = points[kept[k:k + step]]
+            alive &= ~np.any(np.all(over[:, None, :] >= block[None, :, :], axis=2), axis=0)
+        idx, block = idx[alive], block[alive]
+        n = len(idx)
+        above = np.all(block[:, None, :] >= block[None, :, :], axis=2) & earlier[:n, :n]
+        kept = np.concatenate([kept, idx[~above.any(axis=0)]])
+    return kept
+
+
 def _signature(value: Unary | Table) -> tuple:
     """What an evaluated memory item contributes, as a key: equal keys, equal bytes under every plan."""
     if isinstance(value, Unary):
@@ -276,19 +305,12 @@ def memory_rows(spans: list[list[Span]], n_points: int, points: list[str], class
     for p in sorted(candidates):
         seen.setdefault(counts[p].tobytes(), p)
     cand = np.array(sorted(seen.values()), dtype=np.int64)
-    order = cand[np.argsort(-counts[cand].sum(axis=1, dtype=np.int64), kind="stable")]
-    kept: list[int] = []
-    for p in order:
-        row = counts[p]
-        if kept and (counts[kept] >= row).all(axis=1).any():
-            continue
-        kept.append(int(p))
     out = []
-    for p in sorted(kept):
+    for p in sorted(cand[undominated(counts[cand])].tolist()):
         row = counts[p]
         out.append(MemRow(0.0, tuple((int(c), int(row[c])) for c in np.nonzero(row)[0]), points[p]))
     return out
 
 
 __all__ = ["Item", "Items", "Pending", "Roles", "Span", "Table", "Unary", "ValueFn", "assemble", "evaluate",
-           "memory_rows", "unique_rows"]
+           "memory_rows", "undominated", "unique_rows"]

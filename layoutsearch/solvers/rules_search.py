@@ -26,6 +26,7 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.solvers.assemble import undominated
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline, Progress
 from layoutsearch.solvers.dispatch import solve, solver_for
@@ -85,7 +86,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     Every point counts: the live bytes of each group of tensors with the same dims (split alike by any
     candidate) at every point come from a running sum over the lifetimes' starts and ends; the live set only
     grows where a lifetime starts, so those points suffice, and of those only the points no other point
-    exceeds in every group (:func:`_undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
+    exceeds in every group (:func:`~.assemble.undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
     584 undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
     group's split), maximized over the points, in chunks of ``chunk`` points; candidates that split every
     group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985). ``at`` (an op's index in
@@ -110,7 +111,8 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     np.add.at(delta, (group, end - lo + 1), -nbytes)
     if at is None:
         live = np.cumsum(delta, axis=1)[:, np.unique(start - lo)].T  # points x groups
-        live = _undominated(np.unique(np.maximum(live, 0.0), axis=0))
+        live = np.unique(np.maximum(live, 0.0), axis=0)
+        live = live[undominated(live)]
     else:
         live = np.maximum(np.cumsum(delta, axis=1)[:, [min(max(at - lo, 0), span - 1)]].T, 0.0)
     inv = np.empty((len(groups), len(cands)))
@@ -124,28 +126,6 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     for c in range(0, len(live), chunk):
         best = np.maximum(best, (live[c:c + chunk] @ inv).max(axis=0))
     return best[of.reshape(-1)]
-
-
-def _undominated(points: np.ndarray, chunk: int = 256) -> np.ndarray:
-    """The rows of ``points`` (distinct rows of nonnegative numbers) that no other row is at least in every
-    column: with nonnegative weights, the largest weighted sum is always on one of them.
-
-    A row can only be dominated by a row of larger sum (distinct rows of equal sum do not dominate each
-    other), and a row dominated by any earlier row is dominated by a kept one (dominance is transitive); so,
-    in order of decreasing sum, a chunk at a time, a row is kept unless a kept row or an earlier row of its
-    chunk dominates it."""
-    order = np.argsort(-points.sum(axis=1), kind="stable")
-    kept = points[order[:0]]
-    earlier = np.tri(chunk, k=-1, dtype=bool).T  # earlier[j, i]: row j comes before row i in the chunk
-    for c in range(0, len(order), chunk):
-        block = points[order[c:c + chunk]]
-        n = len(block)
-        if len(kept):
-            block = block[~np.any(np.all(kept[:, None, :] >= block[None, :, :], axis=2), axis=0)]
-            n = len(block)
-        above = np.all(block[:, None, :] >= block[None, :, :], axis=2) & earlier[:n, :n]
-        kept = np.concatenate([kept, block[~above.any(axis=0)]])
-    return kept
 
 
 def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
