@@ -206,7 +206,7 @@ def test_stages_are_the_fastest_split_that_fits_with_each_stages_own_micro_batch
     assert max(load(gr) for gr in groups) == pytest.approx(min(s[0] for s in fitting), rel=1e-12)
     if schedule == "1f1b":  # with every stage holding the first stage's K micro-batches, none would fit
         def as_first(groups, mems):
-            return max(m + (K - (K - k)) * sum(step.priced.units[u].saved for u in gr)
+            return max(m + k * sum(step.priced.units[u].saved for u in gr)  # stage k holds K - k, k short of K
                        for k, (m, gr) in enumerate(zip(mems, groups, strict=True)))
         assert all(as_first(gr, mem) > limit for _, _, mem, gr in fitting)
     with pytest.raises(PartitionError, match=f"smallest achievable largest-stage memory is {int(least)} B"):

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> Result:
     if args.overlap not in ("auto", 0):
         raise LayoutSearchError("--overlap takes 'auto' or 0 with --microbatches or --stage-axis (the schedule "
                                 f"decides what overlaps; 0: nothing does), got {args.overlap}")
+
     def priced(limit: float | None) -> Any:
         return estimate_pipeline(graph, layout, hw, stage_axis=args.stage_axis, microbatches=args.microbatches,
                                  schedule=schedule, remat=args.remat, optimizer=args.optimizer,

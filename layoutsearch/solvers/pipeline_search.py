@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from layoutsearch.costdag import CostDAG
 from layoutsearch.costmodel.memory import REMAT_POLICIES, remat_plan
 from layoutsearch.costmodel.overlap import collective_class, once_per_step
 from layoutsearch.costmodel.pipeline import MicrobatchStep, PipelineReport, Schedule, microbatch_step
@@ -89,27 +90,27 @@ def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
     whole limit and the first device's in-flight count; when its split leaves a device over the limit,
     split again with every chunk held to ``limit / V`` and its device's in-flight count (every device then
     fits; not proven fastest) if such a split exists. Returns (groups, the method, whether proven optimal)."""
+    dag = step.costdag()
     if step.chunks == step.devices:
-        return _chain_split(step, memory_limit), "chain dp", True
+        return _chain_split(step, dag, memory_limit), "chain dp", True
     from layoutsearch.solvers.partition import partition
 
-    part = partition(step.costdag(), step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
+    part = partition(dag, step.chunks, objective="throughput", microbatches=math.ceil(step.in_flight),
                      memory_limit=memory_limit)
     groups = tuple(tuple(s) for s in part.stages)
     if memory_limit is None or step.report(groups).memory_bytes <= memory_limit:
         return groups, part.method, part.optimal
     V = step.chunks // step.devices
     try:  # (a byte per chunk spare: the report rounds a device's activations down once, not per chunk)
-        return _chain_split(step, memory_limit / V - V), f"chain dp (limit / {V} per chunk)", False
+        return _chain_split(step, dag, memory_limit / V - V), f"chain dp (limit / {V} per chunk)", False
     except PartitionError:
         return groups, part.method, part.optimal
 
 
-def _chain_split(step: MicrobatchStep, limit: float | None) -> tuple[tuple[str, ...], ...]:
-    """The units of ``step`` split into ``step.chunks`` contiguous groups by :func:`.stage_chain.split_chain`,
-    chunk ``c`` holding device ``c mod K``'s micro-batches in flight within ``limit``, its memory counted as
-    the stage report counts a device's."""
-    dag = step.costdag()
+def _chain_split(step: MicrobatchStep, dag: CostDAG, limit: float | None) -> tuple[tuple[str, ...], ...]:
+    """The units of ``step`` (``dag``: :meth:`~MicrobatchStep.costdag`) split into ``step.chunks`` contiguous
+    groups by :func:`.stage_chain.split_chain`, chunk ``c`` holding device ``c mod K``'s micro-batches in
+    flight within ``limit``, its memory counted as the stage report counts a device's."""
     names = [node.name for node in dag.nodes]
     transfers = [0.0] * len(names)
     for edge in dag.edges:
@@ -117,10 +118,10 @@ def _chain_split(step: MicrobatchStep, limit: float | None) -> tuple[tuple[str, 
     K = step.devices
     in_flight = [max(step.schedule.in_flight(c % K, K, step.microbatches), 1.0) for c in range(step.chunks)]
     units = [step.priced.units[name] for name in names]
-    firsts, _ = split_chain([node.compute_s for node in dag.nodes], transfers,
-                            [u.parameters + u.optimizer_state + u.gradients + u.accumulator for u in units],
-                            [u.saved for u in units], in_flight, limit,
-                            ([u.workspace for u in units], [u.working for u in units]))
+    firsts = split_chain([node.compute_s for node in dag.nodes], transfers,
+                         [u.parameters + u.optimizer_state + u.gradients + u.accumulator for u in units],
+                         [u.saved for u in units], in_flight, limit,
+                         ([u.workspace for u in units], [u.working for u in units]))
     ends = [*firsts[1:], len(names)]
     return tuple(tuple(names[a:b]) for a, b in zip(firsts, ends, strict=True))
 

@@ -91,9 +91,7 @@ class Pricer:
                     tensor: str | None = None) -> float | np.ndarray:
         """The price of collectives ``comms`` (of op ``op_name``, or of a reshard of ``tensor`` for an op that
         is a matmul or not, ``matmul``): seconds, or a bound vector."""
-        if self.counted == "all" and self.optimizer:
-            return sum(self.collective(x.kind, x.bytes, x.axes) for x in comms)
-        if tensor is not None:
+        if tensor is not None and (self.counted == "bound" or not self.optimizer):  # (classified by tensor)
             comms = [dataclasses.replace(x, tensor=tensor) for x in comms]
         if not self.optimizer:  # one micro-batch's share: the gradient all-reduces run once per step
             comms = [x for x in comms if not once_per_step(x, self.classes)]

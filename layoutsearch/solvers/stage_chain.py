@@ -32,13 +32,13 @@ from layoutsearch.solvers.partition.instance import fmt_bytes
 
 def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Sequence[float],
                 activations: Sequence[float], in_flight: Sequence[float], limit: float | None,
-                peaks: Sequence[Sequence[float]] = ()) -> tuple[list[int], float]:
+                peaks: Sequence[Sequence[float]] = ()) -> list[int]:
     """The exact split of the chain (see the module docstring): ``transfers[i]`` the edge between units
     ``i - 1`` and ``i`` (``transfers[0]`` unused); ``in_flight[k]`` the micro-batches stage ``k`` holds
     (``K = len(in_flight)`` stages); ``peaks``: per-unit bytes of which a stage holds the largest of its
     units' (a buffer one unit at a time uses: a remat workspace, an op's working set), each added to its
-    memory. Returns (the first unit of each stage, the slowest stage's load). PartitionError when no split
-    fits, naming the smallest achievable largest-stage memory."""
+    memory. Returns the first unit of each stage. PartitionError when no split fits, naming the smallest
+    achievable largest-stage memory."""
     n, K = len(times), len(in_flight)
     if K > n:
         raise PartitionError(f"cannot split {n} pipeline units into {K} non-empty stages")
@@ -74,7 +74,7 @@ def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Seque
     for k in range(K, 0, -1):
         i = int(start[k, i])
         firsts.append(i)
-    return firsts[::-1], float(best[K, n])
+    return firsts[::-1]
 
 
 __all__ = ["split_chain"]
