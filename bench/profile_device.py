@@ -108,7 +108,8 @@ def kernel_events(trace_dir: Path) -> list[dict[str, Any]]:
 
 def time_table(events: list[dict[str, Any]], table: dict[str, dict[str, Any]], steps: int,
                module: str = "train_step") -> dict[str, Any]:
-    """Kernel seconds per step by phase and class, and the kernels and IR ops that took longest."""
+    """Kernel seconds per step by phase and class, the kernels and IR ops that took longest, and every IR op some
+    kernel was traced back to."""
     by_class: dict[str, float] = defaultdict(float)
     by_kernel: dict[tuple[str, str], float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
@@ -130,7 +131,7 @@ def time_table(events: list[dict[str, Any]], table: dict[str, dict[str, Any]], s
     return {"kernel_s": sum(by_class.values()) + unknown, "unattributed_s": unknown, "kernels": count / steps,
             "by_class": dict(by_class),
             "top_kernels": [{"hlo_op": k[0], "kernel": k[1], "seconds": v, **table[k[0]]} for k, v in top],
-            "top_ops": sorted(by_op.items(), key=lambda kv: -kv[1])[:25]}
+            "top_ops": sorted(by_op.items(), key=lambda kv: -kv[1])[:25], "ops_traced": sorted(by_op)}
 
 
 def peak_buffers(live_range: str, table: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -43,8 +43,9 @@ def test_the_device_profile_traces_kernels_back_to_ir_ops(tmp_path):
     assert t["kernels"] > 0 and t["kernel_s"] > 0 and t["unattributed_s"] <= 0.01 * t["kernel_s"]
     assert {"forward matmul", "backward matmul"} <= set(t["by_class"]) <= set(row["predicted_compute"]) | {
         "forward other", "backward other", "optimizer other", "xla other"}
-    ops = {op for op, _ in t["top_ops"]}
+    ops = set(t["ops_traced"])  # every op, not the timed top list: which ops take longest depends on the machine
     assert "logits" in ops and any(op.startswith("layer.0/") for op in ops)
+    assert {op for op, _ in t["top_ops"]} <= ops
     mem = row["memory"]
     assert mem["peak_bytes"] > 0 and mem["top"][0]["bytes"] >= mem["top"][-1]["bytes"]
     assert "### gpt-0.3b none" in (tmp_path / "profile.md").read_text()
