@@ -229,7 +229,7 @@ def test_ilp_time_limit_returns_best_so_far_with_a_gap():
     except PartitionError as e:  # a very slow machine may find nothing in time
         assert "time limit" in str(e)
         return
-    assert not part.optimal and 0 < part.gap <= 1
+    assert part.optimal or 0 < part.gap <= 1  # (proven within 0.5 s only on a much faster machine)
     assert sorted(n for s in part.stages for n in s) == sorted(n.name for n in nodes)
 
 

@@ -528,8 +528,8 @@ def test_the_latency_ilp_is_exact_never_worse_than_its_heuristic_and_bounded_bel
 @pytest.mark.parametrize("name", ["bert24_inference", "gnmt_inference"])
 def test_a_stopped_latency_ilp_keeps_the_better_of_itself_and_its_heuristic_and_states_its_gap(name):
     dag = load_costdag(PLACEMENT / "latency-inputs" / "LayerGraphs" / f"{name}.json")
-    heur = partition(dag, objective="latency", solver="local", time_limit=2.0)
     part = partition(dag, objective="latency", solver="ilp-ortools", time_limit=3.0)
+    heur = partition(dag, objective="latency", solver="local", time_limit=1.5)  # the time the ILP gives its own
     devs = devices_of(dag)
     place = placement_of(part, devs)
     assert feasible(dag, place, devs, True, True)
@@ -649,6 +649,7 @@ def test_the_path_bound_charges_the_skip_tensor_hand_solved():
     full, _ = reduced_instances(dag, True)
     assert brute_force(dag, devices_of(dag), "latency", True, True) == 10.0
     assert path_bound(full, refine_s=0.0) == 9.0
-    assert path_bound(full) == pytest.approx(10.0, rel=1e-6) and path_bound(full) <= 10.0
+    tight = path_bound(full, refine_s=60)  # (not the default's 2 s: a stalled machine may stop it early)
+    assert tight == pytest.approx(10.0, rel=1e-6) and tight <= 10.0
     part = partition(dag, objective="latency", solver="ilp-ortools")
     assert part.objective == 10.0 and part.optimal
