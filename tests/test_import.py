@@ -274,6 +274,101 @@ def test_cli_import_bad_input_is_one_line_exit_2(tmp_path, capsys, target, spec,
     assert code == 2 and match in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def _user_module(folder, name: str) -> None:
+    """``folder/NAME.py``: MODULE's loss; a test importing it drops it from sys.modules after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(MODULE)
+
+
+SPEC = {"args": [{"w1": {"dims": ["d_model", "d_ff"], "shape": [64, 256]},
+                  "w2": {"dims": ["d_ff", "d_model"], "shape": [256, 64]}},
+                 {"dims": ["batch", "d_model"], "shape": [32, 64]}]}
+
+
+def test_cli_import_finds_the_module_in_the_current_directory(tmp_path, capsys, monkeypatch) -> None:
+    """``layoutsearch import mymodel:loss`` run from mymodel.py's folder, as ``python -c`` would find it (no
+    PYTHONPATH); sys.path is as before after."""
+    _user_module(tmp_path, "cwdmodel_imp")
+    (tmp_path / "dims.json").write_text(json.dumps(SPEC))
+    monkeypatch.chdir(tmp_path)
+    path = list(sys.path)
+    try:
+        res = run_json(capsys, "import", "cwdmodel_imp:loss", "--dims", "dims.json", "--out", "g.json")
+    finally:
+        sys.modules.pop("cwdmodel_imp", None)
+    assert res["dims"] == {"d_model": 64, "d_ff": 256, "batch": 32} and (tmp_path / "g.json").exists()
+    assert sys.path == path
+
+
+def test_cli_import_takes_a_py_file_that_imports_its_neighbours(tmp_path, capsys, monkeypatch) -> None:
+    src = tmp_path / "src"
+    _user_module(src, "filemodel_helper")
+    (src / "filemodel_imp.py").write_text("from filemodel_helper import loss\n")
+    (tmp_path / "dims.json").write_text(json.dumps(SPEC))
+    monkeypatch.chdir(tmp_path)
+    try:
+        res = run_json(capsys, "import", "src/filemodel_imp.py:loss", "--dims", "dims.json")
+        code, _, err = run(capsys, "import", "src/nosuchfile.py:loss", "--dims", "dims.json")
+    finally:
+        sys.modules.pop("filemodel_imp", None)
+        sys.modules.pop("filemodel_helper", None)
+    assert res["parameters"] == ["w1", "w2"] and res["graph"] == "loss"
+    assert code == 2 and "no file 'src/nosuchfile.py'" in err
+
+
+def _import_error(tmp_path, capsys, monkeypatch, module: str, spec: dict) -> str:
+    """``layoutsearch import MODULE:loss`` of MODULE's code with ``spec``: a one-line error, exit 2."""
+    _user_module(tmp_path, module)
+    (tmp_path / "dims.json").write_text(json.dumps(spec))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code, _, err = run(capsys, "import", f"{module}:loss", "--dims", "dims.json")
+    finally:
+        sys.modules.pop(module, None)
+    assert code == 2 and "internal error" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_cli_import_spec_missing_an_entry_names_the_argument(tmp_path, capsys, monkeypatch) -> None:
+    spec = {"args": [{"w1": SPEC["args"][0]["w1"]}, SPEC["args"][1]]}
+    err = _import_error(tmp_path, capsys, monkeypatch, "missmodel_imp", spec)
+    assert "missmodel_imp:loss failed when traced with the shapes from dims.json: KeyError: 'w2'" in err
+    assert "argument 'params' has no spec for 'w2'" in err and "missmodel_imp.py:6" in err
+
+
+def test_cli_import_spec_missing_an_argument_names_it(tmp_path, capsys, monkeypatch) -> None:
+    err = _import_error(tmp_path, capsys, monkeypatch, "argmodel_imp", {"args": SPEC["args"][:1]})
+    assert "argument 'x' of argmodel_imp:loss has no spec" in err and "takes params, x" in err
+    err = _import_error(tmp_path, capsys, monkeypatch, "argmodel_imp", {"args": SPEC["args"] * 2})
+    assert "has 4 entries, more than the arguments" in err
+
+
+def test_cli_import_shape_mismatch_is_a_tracing_failure_of_the_function(tmp_path, capsys, monkeypatch) -> None:
+    spec = json.loads(json.dumps(SPEC))
+    spec["args"][0]["w1"]["shape"] = [60, 256]
+    err = _import_error(tmp_path, capsys, monkeypatch, "shapemodel_imp", spec)
+    assert "shapemodel_imp:loss failed when traced with the shapes from dims.json: TypeError: dot_general " in err
+    assert "(at shapemodel_imp.py:5: h = jnp.tanh(x @ params[\"w1\"]))" in err
+
+
+def test_cli_import_internal_bug_is_still_an_internal_error(tmp_path, capsys, monkeypatch) -> None:
+    """Only the user's function is excused: a bug of the importer past tracing stays exit 1."""
+    from layoutsearch.importer import patterns
+
+    def broken(nodes):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(patterns, "rewrite", broken)
+    _user_module(tmp_path, "bugmodel_imp")
+    (tmp_path / "dims.json").write_text(json.dumps(SPEC))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code, _, err = run(capsys, "import", "bugmodel_imp:loss", "--dims", "dims.json")
+    finally:
+        sys.modules.pop("bugmodel_imp", None)
+    assert code == 1 and "internal error: KeyError: 'bug'" in err
+
+
 def test_mixed_precision_flax_and_custom_vjp_import() -> None:
     """Flax layers computing in bfloat16 (``dtype=``) cast their float32 parameters: the casts are
     identity ops writing bfloat16 tensors; a ``custom_vjp`` function is inlined (its primal)."""

@@ -12,7 +12,9 @@ from layoutsearch.errors import LayoutSearchError
 def add(sub: Any) -> None:
     p = command(sub, "import", run, "a JAX/Flax loss function of your code as a graph file (traced, dims named "
                 "from the spec file; see docs/import.md)", render=render)
-    p.add_argument("target", metavar="MODULE:FUNCTION", help="the loss function, importable (e.g. mymodel:loss)")
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="the loss function: MODULE:FUNCTION, the module looked up in the current directory, then on "
+                        "the Python path (e.g. mymodel:loss), or PATH.py:FUNCTION, a file (e.g. src/mymodel.py:loss)")
     p.add_argument("--dims", required=True, metavar="SPEC.json",
                    help='the example arguments: {"args": [{"dims": [...], "shape": [...]}, ...], "splits": {...}}')
     p.add_argument("--out", metavar="GRAPH.json", help="write the graph file (for cost, search, run ...)")

@@ -8,10 +8,15 @@ its loss: ``ls.estimate``, ``ls.search`` and ``Plan.compile`` take it like a zoo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+import sys
+import sysconfig
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,7 @@ import jax
 
 from layoutsearch.errors import GraphError
 from layoutsearch.importer import patterns
-from layoutsearch.importer.trace import Node, Var, flatten
+from layoutsearch.importer.trace import Node, Program, Var, flatten, flatten_jaxpr
 from layoutsearch.importer.translate import BLOCK_PATTERN, Translator, block_of
 from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
@@ -44,6 +49,12 @@ def from_jax(fn: Callable[..., Any], *args: Any, dims: Any, params_argnums: Sequ
         raise GraphError("from_jax needs example arguments: from_jax(fn, params, batch, dims=...)")
     leaves = _named_leaves(args, dims, set(params_argnums), _arg_names(fn, len(args)))
     program, _ = flatten(fn, args)
+    return _translate(fn, program, leaves, splits, name)
+
+
+def _translate(fn: Callable[..., Any], program: Program, leaves: list[tuple[str, Any, str]],
+               splits: Mapping[str, Sequence[str]] | None, name: str | None) -> Graph:
+    """The graph of ``program``, the flattened trace of ``fn``, whose inputs are ``leaves`` (:func:`_named_leaves`)."""
     if len(leaves) != len(program.inputs):
         raise GraphError(f"internal: {len(leaves)} argument arrays for {len(program.inputs)} jaxpr inputs")
     loss = program.outputs[0] if program.outputs else None
@@ -111,24 +122,67 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
     import``): ``{"args": [ARG, ...], "params_argnums": [0], "splits": {"d_model": ["heads", "d_kv"]}}``
     where each ARG is an array ``{"dims": ["batch", "d_model"], "shape": [8, 512], "dtype": "float32"}``
     (dtype optional) or an object or list of them (a pytree, e.g. the parameters). Arrays are not
-    allocated: the function is traced on shapes only."""
-    fn = _importable(target)
-    doc = strictjson.loads(strictjson.read_text(spec_path, "import spec", GraphError), str(spec_path), GraphError)
-    if not isinstance(doc, dict) or not isinstance(doc.get("args"), list):
-        raise GraphError(f"{spec_path}: expected an object with an \"args\" list (one entry per argument)")
-    unknown = set(doc) - {"args", "params_argnums", "splits"}
-    if unknown:
-        raise GraphError(f"{spec_path}: unknown keys {sorted(unknown)} (known: args, params_argnums, splits)")
-    argnums = doc.get("params_argnums", [0])
-    if not isinstance(argnums, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in argnums):
-        raise GraphError(f"{spec_path}: params_argnums must be a list of argument indices")
-    splits = doc.get("splits", {})
-    if not isinstance(splits, dict) or not all(
-            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in splits.values()):
-        raise GraphError(f"{spec_path}: splits must map dim names to lists of dim names")
-    args, dims = zip(*(_spec_arg(a, f"args[{k}]") for k, a in enumerate(doc["args"])), strict=True) if doc[
-        "args"] else ((), ())
-    return from_jax(fn, *args, dims=tuple(dims), params_argnums=argnums, splits=splits, name=name)
+    allocated: the function is traced on shapes only.
+
+    ``target`` is ``MODULE:FUNCTION``, the module looked up in the current directory first, then on the
+    Python path (as ``python -c`` does), or ``PATH.py:FUNCTION``, that file imported with its directory
+    first on the path (as ``python PATH.py`` does). Raises :class:`~layoutsearch.errors.GraphError` where
+    the spec does not fit the function: an argument the spec gives nothing for, or the function failing
+    when traced with the spec's shapes (the message quotes the error and its line)."""
+    module, attr, directory, file = _split_target(target)
+    with _first_on_path(directory):
+        fn = _importable(target, module, attr, file)
+        doc = strictjson.loads(strictjson.read_text(spec_path, "import spec", GraphError), str(spec_path),
+                               GraphError)
+        if not isinstance(doc, dict) or not isinstance(doc.get("args"), list):
+            raise GraphError(f"{spec_path}: expected an object with an \"args\" list (one entry per argument)")
+        unknown = set(doc) - {"args", "params_argnums", "splits"}
+        if unknown:
+            raise GraphError(f"{spec_path}: unknown keys {sorted(unknown)} (known: args, params_argnums, splits)")
+        argnums = doc.get("params_argnums", [0])
+        if not isinstance(argnums, list) or not all(isinstance(k, int) and not isinstance(k, bool)
+                                                    for k in argnums):
+            raise GraphError(f"{spec_path}: params_argnums must be a list of argument indices")
+        splits = doc.get("splits", {})
+        if not isinstance(splits, dict) or not all(
+                isinstance(v, list) and all(isinstance(n, str) for n in v) for v in splits.values()):
+            raise GraphError(f"{spec_path}: splits must map dim names to lists of dim names")
+        pairs = [_spec_arg(a, f"args[{k}]") for k, a in enumerate(doc["args"])]
+        args, dims = tuple(a for a, _ in pairs), tuple(d for _, d in pairs)
+        _check_arity(fn, target, len(args), spec_path)
+        if not args:
+            raise GraphError(f"{spec_path}: \"args\" is empty: {target} needs an argument (the parameters)")
+        arg_names = _arg_names(fn, len(args))
+        leaves = _named_leaves(args, dims, set(argnums), arg_names)
+        program = flatten_jaxpr(_trace_spec(fn, args, target, spec_path, arg_names))
+    return _translate(fn, program, leaves, splits, name)
+
+
+def _split_target(target: str) -> tuple[str, str, str, Path | None]:
+    """(module name, attribute path, the directory searched first, the file or None) of ``MODULE:FUNCTION``
+    (the current directory) or ``PATH.py:FUNCTION`` (the file's directory)."""
+    module, sep, attr = target.rpartition(":")
+    if not sep or not module or not attr:
+        raise GraphError(f"expected MODULE:FUNCTION or PATH.py:FUNCTION (e.g. mymodel:loss), got {target!r}")
+    if not module.endswith(".py"):
+        return module, attr, os.getcwd(), None
+    path = Path(module)
+    if not path.is_file():
+        raise GraphError(f"cannot import {target!r}: no file {module!r}")
+    path = path.resolve()
+    return path.stem, attr, str(path.parent), path
+
+
+@contextlib.contextmanager
+def _first_on_path(directory: str) -> Iterator[None]:
+    """``directory`` first on ``sys.path`` while the user's module is imported and its function traced."""
+    sys.path.insert(0, directory)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(directory)
 
 
 def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
@@ -153,21 +207,112 @@ def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
     raise GraphError(f"{where}: expected an array {{\"dims\": ..., \"shape\": ...}}, an object or a list")
 
 
-def _importable(target: str) -> Callable[..., Any]:
-    module, sep, attr = target.partition(":")
-    if not sep or not module or not attr:
-        raise GraphError(f"expected MODULE:FUNCTION (e.g. mypkg.model:loss), got {target!r}")
+def _importable(target: str, module: str, attr: str, file: Path | None) -> Callable[..., Any]:
+    """The function ``attr`` of ``module`` (imported from ``file`` where ``target`` names a file)."""
+    shown = target.rpartition(":")[0]
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # the user's module failed to import: say why, whatever it raised
-        raise GraphError(f"cannot import module {module!r}: {type(e).__name__}: {e}") from None
+        hint = ""
+        if isinstance(e, ModuleNotFoundError) and e.name and (module + ".").startswith(e.name + "."):
+            hint = (" (looked in the current directory, then on the Python path; give a file as "
+                    "PATH.py:FUNCTION or set PYTHONPATH)")
+        raise GraphError(f"cannot import module {shown!r}: {type(e).__name__}: {e}{hint}") from e
+    found = getattr(obj, "__file__", None)
+    if file is not None and (not found or Path(found).resolve() != file):
+        raise GraphError(f"cannot import {shown!r}: the module name {module!r} is taken by "
+                         f"{found or 'a built-in module'}: rename the file")
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise GraphError(f"module {module!r} has no attribute {attr!r}")
+            raise GraphError(f"module {shown!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
         raise GraphError(f"{target} is not a function")
     return obj
+
+
+def _check_arity(fn: Callable[..., Any], target: str, n: int, spec_path: str | Path) -> None:
+    """Refuse a spec whose ``n`` arguments do not fit ``fn``'s signature, naming the arguments without a spec."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return  # no signature to check against: tracing says what is wrong
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes = f"{target} takes {', '.join(p.name for p in positional) or 'no positional arguments'}"
+    missing = [p.name for p in positional[n:] if p.default is p.empty]
+    missing += [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
+    if missing:
+        which = ", ".join(repr(m) for m in missing)
+        raise GraphError(f"argument{'s' if len(missing) > 1 else ''} {which} of {target} ha"
+                         f"{'ve' if len(missing) > 1 else 's'} no spec: \"args\" of {spec_path} has {n} "
+                         f"entr{'ies' if n != 1 else 'y'} ({takes}; one entry per argument, in order)")
+    if n > len(positional) and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        raise GraphError(f"\"args\" of {spec_path} has {n} entries, more than the arguments of the function "
+                         f"({takes}; one entry per argument, in order)")
+
+
+def _trace_spec(fn: Callable[..., Any], args: tuple[Any, ...], target: str, spec_path: str | Path,
+                arg_names: list[str]) -> Any:
+    """The jaxpr of ``fn`` traced on the spec's shapes. Only the user's function (and JAX on its behalf) runs
+    here: whatever it raises means the spec does not fit the function, a user error."""
+    try:
+        return jax.make_jaxpr(fn)(*args)
+    except Exception as e:  # noqa: BLE001 -- raised by the user's function while traced: say what and where
+        raise GraphError(_trace_failure(e, args, target, spec_path, arg_names)) from e
+
+
+def _trace_failure(e: Exception, args: tuple[Any, ...], target: str, spec_path: str | Path,
+                   arg_names: list[str]) -> str:
+    """One line: the function failed when traced with the spec's shapes, the error's first line, the user's
+    line it came from and, for a key the spec does not give, the argument lacking it."""
+    first = next((line for line in str(e).splitlines() if line.strip()), "")
+    msg = f"{target} failed when traced with the shapes from {spec_path}: {type(e).__name__}" + (
+        f": {first.strip()}" if first else "")
+    frame = _user_frame(e)
+    if frame is not None:
+        code = f": {frame.line.strip()}" if frame.line else ""
+        msg += f" (at {_shown_path(frame.filename)}:{frame.lineno}{code})"
+    key = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else None
+    if isinstance(key, str):
+        objects = [k for k, a in enumerate(args) if _dicts(a)]
+        if objects and not any(key in d for a in args for d in _dicts(a)):
+            if len(objects) == 1:
+                k = objects[0]
+                msg += f"; argument {arg_names[k]!r} has no spec for {key!r}: add it to args[{k}]"
+            else:
+                msg += f"; no argument has a spec for {key!r}"
+    return msg
+
+
+def _dicts(tree: Any) -> list[dict[str, Any]]:
+    """The objects (dicts) of a spec argument, at any depth."""
+    if isinstance(tree, dict):
+        return [tree, *(d for v in tree.values() for d in _dicts(v))]
+    if isinstance(tree, list):
+        return [d for v in tree for d in _dicts(v)]
+    return []
+
+
+def _user_frame(e: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``e``'s traceback in the user's code: not JAX's, layoutsearch's, the standard
+    library's or an installed package's."""
+    paths = sysconfig.get_paths()
+    skip = tuple(os.path.join(os.path.realpath(d), "") for d in (
+        *(paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+        os.path.dirname(jax.__file__), os.path.dirname(os.path.dirname(__file__))) if d)
+    for frame in reversed(traceback.extract_tb(e.__traceback__)):
+        if not os.path.realpath(frame.filename).startswith(skip) and not frame.filename.startswith("<frozen"):
+            return frame
+    return None
+
+
+def _shown_path(filename: str) -> str:
+    """``filename`` relative to the current directory where it is inside it."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
 
 
 def _needed(nodes: list[Node], loss: Var) -> list[Node]:
@@ -191,7 +336,8 @@ def _arg_names(fn: Callable[..., Any], n: int) -> list[str]:
     return [ps[k] if k < len(ps) else f"arg{k}" for k in range(n)]
 
 
-def _named_leaves(args: tuple[Any, ...], dims: Any, params: set[int], arg_names: list[str]) -> list[tuple[str, Any, str]]:
+def _named_leaves(args: tuple[Any, ...], dims: Any, params: set[int],
+                  arg_names: list[str]) -> list[tuple[str, Any, str]]:
     """(tensor name, dim names or None, role) per array leaf of ``args``, in jaxpr input order."""
     if not isinstance(dims, tuple | list) or len(dims) != len(args):
         raise GraphError(f"dims must have one entry per argument ({len(args)}), got {type(dims).__name__}"

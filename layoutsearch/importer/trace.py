@@ -218,7 +218,12 @@ def _literal(value: Any, what: str) -> Lit:
 def flatten(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Program, Any]:
     """Trace ``fn(*args)`` and flatten it; returns the program and the output pytree structure."""
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    return flatten_jaxpr(closed), jax.tree_util.tree_structure(out_shape)
+
+
+def flatten_jaxpr(closed: Any) -> Program:
+    """Flatten the traced program ``closed`` (a ``ClosedJaxpr``, e.g. of :func:`jax.make_jaxpr`)."""
     flat = _Flattener()
     inputs = [_var(v.aval) for v in closed.jaxpr.invars]
     outputs = flat.run(closed.jaxpr, closed.consts, inputs, "", None)
-    return Program(inputs, outputs, flat.nodes, closed), jax.tree_util.tree_structure(out_shape)
+    return Program(inputs, outputs, flat.nodes, closed)
