@@ -198,6 +198,12 @@ class Layout:
             out[t.role] = out.get(t.role, 0) + self.local_bytes(t)
         return out
 
+    def restricted(self, graph: Graph) -> Layout:
+        """The layout with only the per-tensor entries of tensors ``graph`` has (a per-op plan of the training
+        graph lays out its backward tensors too; the forward graph a program runs lacks them)."""
+        kept = tuple((n, e) for n, e in self.tensors if n in graph.tensors)
+        return self if len(kept) == len(self.tensors) else Layout(self.mesh, self.rules, kept)
+
     def check(self, graph: Graph) -> Layout:
         """Raise LayoutError if the layout does not fit ``graph``; return self."""
         for dim, axes in self.rules:

@@ -85,3 +85,20 @@ def test_mismatched_or_broken_plan_files(capsys, plan_file, tmp_path):
     bad.write_bytes(b"\xff\xfe{")
     code, _, err = run(capsys, "export", bad, "--format", "specs")
     assert code == 2 and "bad.json: not UTF-8 text: byte 0xff at offset 0" in err
+
+
+def test_a_per_op_plan_from_the_ops_space_runs_and_exports(capsys, tmp_path):
+    """An ops-space plan lays out backward tensors too (``grad/...``), which the forward graph saved with it
+    lacks: it loads, runs with the forward tensors' layouts, and exports them."""
+    path = tmp_path / "ops.json"
+    run_json(capsys, "search", "gpt", *SIZES, "--mesh", "data:2,model:4", "--space", "ops", "--remat", "none",
+             "--microbatches", "1", "--top", "1", "--out", path)
+    overrides = json.loads(path.read_text())["plan"]["layout"]["overrides"]
+    assert any(name.startswith("grad/") for name in overrides)
+    plan = ls.Plan.load(path)
+    ran = run_json(capsys, "run", path, "--steps", "2")
+    assert len(ran["steps"]) == 2
+    specs = json.loads(run_json(capsys, "export", path, "--format", "specs")["text"])
+    assert not any(name.startswith("grad/") for name in specs)
+    wi = plan.model.tensors["layer.0/wi"]
+    assert specs["layer.0/wi"] == [list(s) if isinstance(s, tuple) else s for s in plan.chosen.layout.spec(wi)]

@@ -96,6 +96,9 @@ def render_microbatched(r: Result) -> list[Any]:
     rows = [["step", format_seconds(r["step_s"]),
              f"micro-batch loop {format_seconds(r['pipeline_s'])} + once per step {format_seconds(once)}"
              + (f" + tied-weight all-reduce {format_seconds(r['tied_s'])}" if r["tied_s"] else "")],
+            ["MFU", f"{r['mfu']:.1%}", "model FLOPs of every micro-batch over the mesh's peak for the step"],
+            ["compute", format_seconds(r["compute_s"]),
+             f"the busiest stage's over the step; communication {format_seconds(r['comm_s'])}, hidden or not"],
             ["bubble", f"{r['bubble_fraction']:.1%}", "idle fraction of the loop with equal stages"],
             ["peak memory", format_bytes(r["memory_bytes"]), f"{fits} in {format_bytes(r['usable_bytes'])} usable of "
              f"{format_bytes(r['hbm_bytes'])} HBM (the largest stage)"],

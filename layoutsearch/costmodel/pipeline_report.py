@@ -45,13 +45,19 @@ class StageReport:
 
     chunks: tuple[tuple[str, ...], ...] = ()
     """The contiguous groups of units the device runs (one, or V with the interleaved schedule)."""
+    compute_s: float = 0.0
+    """The device's compute over the step: every micro-batch's, the optimizer once."""
+    comm_s: float = 0.0
+    """The device's communication over the step, hidden or not: every micro-batch's collectives and
+    transfers, the once-per-step reductions once."""
 
     def to_dict(self) -> dict[str, Any]:
         colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
         return {"units": list(self.units), "chunks": [list(c) for c in self.chunks or (self.units,)],
                 "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
                 "once_s": self.once_s, "in_flight": self.in_flight, "memory_bytes": self.memory_bytes,
-                "memory": dict(self.memory), "collectives": colls}
+                "compute_s": self.compute_s, "comm_s": self.comm_s, "memory": dict(self.memory),
+                "collectives": colls}
 
 
 @dataclass(frozen=True)
@@ -97,9 +103,25 @@ class PipelineReport:
         return self.memory_bytes <= self.inner.hardware.usable_bytes
 
     @property
+    def compute_s(self) -> float:
+        """Compute per device over the step: the busiest stage's (every micro-batch, the optimizer once)."""
+        return max(s.compute_s for s in self.stages)
+
+    @property
+    def comm_s(self) -> float:
+        """Communication per device over the step, hidden or not: the busiest stage's."""
+        return max(s.comm_s for s in self.stages)
+
+    @property
     def model_flops(self) -> float:
         """The step's model FLOPs (as :attr:`CostReport.model_flops`): every micro-batch's."""
         return self.inner.model_flops * self.microbatches
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilization of the step over every device of the mesh (as :attr:`CostReport.mfu`)."""
+        peak = self.mesh.size * self.inner.hardware.peak_flops * self.step_s
+        return self.model_flops / peak if peak > 0 else 0.0
 
     def layers_per_stage(self, prefix: str = BLOCK_PREFIX) -> tuple[int, ...]:
         """How many ``prefix.i`` blocks each stage runs, the partition as the executor takes it
@@ -117,7 +139,8 @@ class PipelineReport:
             "schedule": str(self.schedule), "stages": self.num_stages, "microbatches": self.microbatches,
             "remat": self.remat, "inner_layout": self.inner_layout, "step_s": self.step_s,
             "pipeline_s": self.pipeline_s, "tied_s": self.tied_s, "memory_bytes": self.memory_bytes,
-            "bubble_fraction": self.bubble_fraction, "fits": self.fits,
+            "bubble_fraction": self.bubble_fraction, "fits": self.fits, "compute_s": self.compute_s,
+            "comm_s": self.comm_s, "model_flops": self.model_flops, "mfu": self.mfu,
             "hbm_bytes": self.inner.hardware.hbm_bytes, "usable_bytes": self.inner.hardware.usable_bytes,
             "hardware": self.inner.hardware.name,
             "precision": self.inner.precision, "attention": self.inner.attention,

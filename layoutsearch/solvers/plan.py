@@ -77,11 +77,12 @@ class Costed:
     def from_microbatched(cls, name: str, layout: Layout, rep: Any, limit: float | None,
                           usable_bytes: float) -> Costed:
         """A micro-batched step's :class:`~layoutsearch.costmodel.pipeline.PipelineReport` (gradient accumulation
-        or a pipeline) as a plan: compute and communication are the micro-batch's times the micro-batches; it
-        fits ``limit`` (``usable_bytes``, the device's, without one)."""
+        or a pipeline) as a plan: compute and communication per device over the step (the busiest stage's:
+        every micro-batch's, the optimizer and once-per-step reductions once); it fits ``limit``
+        (``usable_bytes``, the device's, without one)."""
         M = rep.microbatches
         fit = limit if limit is not None else usable_bytes
-        return cls(name, layout, layout.rules, rep.step_s, rep.inner.compute_s * M, rep.inner.comm_s * M,
+        return cls(name, layout, layout.rules, rep.step_s, rep.compute_s, rep.comm_s,
                    rep.memory_bytes, rep.memory_bytes <= fit, None, rep, remat=rep.remat, microbatches=M,
                    stage_axis=rep.stage_axis, schedule=str(rep.schedule) if rep.stage_axis is not None else None)
 
@@ -213,7 +214,7 @@ class Plan:
         if self.model is None:
             raise LayoutSearchError("this plan has no forward graph to run (build it with search())")
         c = self.chosen
-        return Program(self.model, c.layout, remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
+        return Program(self.model, c.layout.restricted(self.model), remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
                        layers_per_stage=self.layers_per_stage, schedule=c.schedule, precision=self.precision,
                        optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices,
                        attention=resolve_attention(self.attention, self.hardware))
@@ -253,14 +254,15 @@ class Plan:
             overrides = tuple((n, tuple((k, tuple(v)) for k, v in e.items()))
                               for n, e in (lay.get("overrides") or {}).items())
             rules = tuple((r[0], tuple(r[1])) for r in lay["rules"]) if lay.get("rules") is not None else ()
-            layout = Layout(mesh, rules, overrides).check(model)
+            train = training_step(model, settings["optimizer"], settings["precision"])
+            layout = Layout(mesh, rules, overrides).check(train)  # (per-op layouts name backward tensors too)
             if lay.get("rules") is None:  # per-op layouts: the saved figures
                 chosen = Costed.from_summary({**d, "name": "", "rules": None}, layout)
             else:
                 chosen = price_plan(model, layout, hw, remat=d["remat"], microbatches=d["microbatches"],
                                     stage_axis=d["stage_axis"], schedule=d["schedule"],
                                     memory_limit=d["memory_limit"], **settings)
-            plan = cls(training_step(model, settings["optimizer"], settings["precision"]), hw, d["space"],
+            plan = cls(train, hw, d["space"],
                        d["solver"], chosen, d["optimal"], d["gap"], d["memory_limit"], d.get("search_s", 0.0),
                        tuple(Costed.from_summary(r, layout) for r in d["runner_ups"]),
                        tuple(Baseline(b["name"], Costed.from_summary(b, layout) if b["applies"] else None,
