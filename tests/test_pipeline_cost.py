@@ -104,9 +104,23 @@ def test_bad_pipeline_requests_get_clear_errors():
         estimate_pipeline(GPT, layout(2), "h100", stage_axis="stage", microbatches=3)
     with pytest.raises(CostModelError, match="into 16 stages"):
         estimate_pipeline(GPT, Layout.from_rules("stage:16", ""), "h100", stage_axis="stage", microbatches=1)
+    with pytest.raises(CostModelError, match=r"splits over the stage axis 'stage' \(batch:stage\)"):
+        estimate_pipeline(GPT, Layout.from_rules("stage:2,data:2", "batch:stage"), "h100", stage_axis="stage",
+                          microbatches=2)  # (the rule was dropped: a replicated stage priced)
     ffn = zoo.build("mtf-ffn")
     with pytest.raises(CostModelError, match="no repeated blocks"):
         estimate_pipeline(ffn, Layout.from_rules("stage:2", ""), "h100", stage_axis="stage", microbatches=2)
+
+
+def test_per_tensor_entries_apply_inside_the_stages():
+    """A layout's per-tensor entries lay out those tensors inside each stage (they were dropped)."""
+    wi = GPT.tensors["layer.0/wi"]
+    base = Layout.from_rules("stage:2,data:2", "batch:data")
+    split = Layout(base.mesh, base.rules, (("layer.0/wi", (("d_ff", ("data",)),)),))
+    plain, per_tensor = (estimate_pipeline(GPT, lay, "h100", stage_axis="stage", microbatches=2)
+                         for lay in (base, split))
+    assert split.local_bytes(wi) * 2 == base.local_bytes(wi)
+    assert per_tensor.stages[0].memory["parameters"] < plain.stages[0].memory["parameters"]
 
 
 def test_costdag_command_writes_a_dag_the_partitioner_reads(tmp_path, capsys):
@@ -123,3 +137,19 @@ def test_costdag_command_writes_a_dag_the_partitioner_reads(tmp_path, capsys):
     assert len(load_costdag(out).edges) == 5
     code = cli.main(["partition", str(out), "--stages", "2", "--objective", "gpipe", "--microbatches", "2", "--json"])
     assert code == 0 and len(json.loads(capsys.readouterr().out)["stages"]) == 2
+
+
+def test_step_compute_counts_the_optimizer_once_and_each_stage_its_own_ops():
+    """A micro-batched step's compute per device was the whole micro-batch step's (every stage's ops, the
+    optimizer) times M: above the step itself for gradient accumulation, K times a stage's for pipelines."""
+    M = 4
+    acc = estimate_pipeline(GPT, Layout.from_rules("data:2", "batch:data"), "h100", stage_axis=None, microbatches=M)
+    optimizer = sum(o.compute_s for o in acc.inner.ops if o.phase == "optimizer")
+    assert optimizer > 0
+    assert acc.compute_s == pytest.approx(M * acc.inner.compute_s - (M - 1) * optimizer, rel=1e-9)
+    assert acc.compute_s <= acc.step_s * (1 + 1e-9)
+    pipe = estimate_pipeline(GPT, layout(4), "h100", stage_axis="stage", microbatches=8)
+    assert pipe.compute_s < 8 * pipe.inner.compute_s / 2  # a stage runs about a quarter of the ops
+    assert pipe.compute_s <= pipe.step_s and 0 < pipe.mfu < 1
+    d = pipe.to_dict()
+    assert d["mfu"] == pipe.mfu and d["compute_s"] == pipe.compute_s and d["comm_s"] == pipe.comm_s

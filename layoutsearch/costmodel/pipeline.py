@@ -272,7 +272,13 @@ def microbatch_step(graph: Graph, layout: Layout, hardware: Hardware | str = "cp
     else:
         K = mesh.axis_size(stage_axis)
         inner_mesh = Mesh(tuple((a, s) for a, s in mesh.axes if a != stage_axis))
-        inner = Layout(inner_mesh, tuple((d, ax) for d, ax in layout.rules if stage_axis not in ax))
+        staged = [f"{d}:{'+'.join(ax)}" for d, ax in layout.rules if stage_axis in ax] + [
+            f"tensor {n!r} ({d}:{'+'.join(ax)})" for n, e in layout.tensors for d, ax in e if stage_axis in ax]
+        if staged:
+            raise CostModelError(f"the layout splits over the stage axis {stage_axis!r} ({', '.join(staged)}): that "
+                                 "axis holds the pipeline's stages, and the layout applies inside each stage over "
+                                 "the other axes; drop it from the layout or choose another stage axis")
+        inner = Layout(inner_mesh, layout.rules, layout.tensors)
     sched.check(K, microbatches)
     p = _price(graph, inner, hw, microbatches, remat, optimizer, precision, attention, batch_dim)
     step = MicrobatchStep(p, hw, mesh, stage_axis, inner, sched, K, microbatches, remat)
@@ -364,7 +370,9 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
         for c in o.collectives:
             colls.append((c.kind, c.axes, c.bytes, 1 if once_per_step(c, p.classes) else microbatches))
     return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
-                       int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids))
+                       int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids),
+                       compute_s=(microbatches - 1) * plain.compute_s + last.compute_s,
+                       comm_s=(microbatches - 1) * plain.comm_s + last.comm_s + microbatches * transfer)
 
 
 def _permutes(sends: list[int], stage_axis: str | None, sched: Schedule, K: int, microbatches: int
