@@ -249,6 +249,9 @@ class Hardware:
                                      for t in tile):
             raise HardwareError(f"matmul_tile must be three positive integers (m, n, k), got {self.matmul_tile!r}")
         object.__setattr__(self, "matmul_tile", tile)
+        if self.memory_reserved >= self.hbm_bytes:
+            raise HardwareError(f"hardware {self.name!r}: memory_reserved ({self.memory_reserved:.4g} bytes) must be "
+                                f"below hbm_bytes ({self.hbm_bytes:.4g}): nothing would be left for a step")
 
     def replace(self, **changes: Any) -> Hardware:
         """A copy with some figures changed, e.g. ``hw.replace(peak_flops=300e12)``.

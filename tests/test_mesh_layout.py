@@ -43,6 +43,9 @@ def test_hardware_figures_are_overridable():
     assert links["model"] is hw.slow_link and links["data"] is hw.fast_link
     with pytest.raises(HardwareError, match="unknown hardware figure 'peak_flop'"):
         hardware("h100", peak_flop=1)
+    for change in ({"memory_reserved": 1e12}, {"hbm_bytes": 5e8}):  # (a negative usable memory was accepted)
+        with pytest.raises(HardwareError, match=r"memory_reserved \(.*\) must be below hbm_bytes"):
+            hardware("h100", **change)
 
 
 def test_axes_beyond_one_node_use_slow_links():
