@@ -143,10 +143,11 @@ def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
 
 def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
                 ) -> tuple[RuleSets, np.ndarray]:
-    """The rules space's candidates (``extra`` appended) and their roofline bounds without remat (a
-    :class:`RulesSearch` adds those of the einsums its policy runs again)."""
+    """The rules space's candidates (``extra`` appended; one candidate per distinct layout) and their
+    roofline bounds without remat (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
     cands = rule_sets(g, mesh)
     cands = cands.concat(extra) if extra is not None else cands
+    cands = cands.take(cands.distinct(g))
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
 
 

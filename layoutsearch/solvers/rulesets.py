@@ -75,6 +75,19 @@ class RuleSets:
             proj = np.where(apply[:, None] & fa, fb[:, None], proj)
         return proj.astype(np.int32)
 
+    def distinct(self, graph: Graph) -> np.ndarray:
+        """The first candidate of each distinct layout of ``graph``: candidates giving every tensor and every
+        op the same axis maps (:meth:`project`) are one layout (e.g. a fallback on axes that split nothing
+        else, and that dim's primary choice on them), priced alike."""
+        dims = list(graph.dims)
+        spaces = {frozenset(t.dim_names) for t in graph.tensors.values()}
+        spaces |= {frozenset(op.iteration_dims(graph.tensors)) for op in graph.ops}
+        masks = [np.isin(np.arange(len(dims)), [dims.index(d) for d in sp]) for sp in spaces]
+        if not masks or not len(self):
+            return np.arange(len(self))
+        _, first = np.unique(np.concatenate([self.project(m) for m in masks], axis=1), axis=0, return_index=True)
+        return np.sort(first)
+
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
         return RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])

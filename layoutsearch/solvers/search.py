@@ -365,7 +365,8 @@ def _search_remat(found: _Found, rs: RulesSearch, limit: float | None, space: st
     at_least = floor if why and floor < math.inf else None
     if not plans and not why and limit is not None:  # (the smallest peak itself is priced only when needed)
         least = float(np.min(rs.peak_floors()))
-        why = f"nothing fits the memory limit: every layout needs at least {format_bytes(least, 'GiB')}"
+        why = (f"nothing fits the memory limit in one micro-batch (the whole batch at once): every layout needs at "
+               f"least {format_bytes(least, 'GiB')}")
     found.add(plans, proven, pgap)
     found.decisions.append(_decision("remat", policy, plans[0] if plans else None, None, why, at_least))
 
