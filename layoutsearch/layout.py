@@ -258,14 +258,16 @@ CONVENTIONAL_DIMS: dict[str, tuple[str, ...]] = {
 """Model dims a tensor-parallel (Megatron) or expert axis splits."""
 
 
-def conventional_rules(graph: Graph, mesh: Mesh, stage_axis: str | None = None) -> str:
+def conventional_rules(graph: Graph, mesh: Mesh, stage_axis: str | None = None,
+                       notes: list[str] | None = None) -> str:
     """The layout practitioners write for ``mesh`` by its axis names (:data:`AXIS_ROLES`), as rules for
     ``graph``'s dims: data and FSDP axes split ``batch``; FSDP axes also split ``d_model`` (parameters,
     gradients and optimizer state sharded, ZeRO-3; MaxText's ``embed: fsdp``); sequence axes split
     ``seq``; tensor-parallel axes split ``heads``, ``kv_heads``, ``q_per_kv``, ``d_ff`` and ``vocab``
     (Megatron-LM) and, where a tensor has none of them, ``seq`` (sequence parallelism, Korthikanti et
     al. 2022); expert axes split ``experts``. ``stage_axis`` and axes of unknown names split nothing.
-    Rules whose split would not divide the dim are left out."""
+    Rules whose split would not divide the dim are left out. ``notes`` (when given) gets one line per axis of
+    unknown name and per rule left out."""
     role = {}
     for axis in mesh.names:
         for r, names in AXIS_ROLES.items():
@@ -273,10 +275,18 @@ def conventional_rules(graph: Graph, mesh: Mesh, stage_axis: str | None = None) 
                 role[axis] = r
     by_role = {r: [a for a in mesh.names if role.get(a) == r] for r in AXIS_ROLES}
     rules: list[tuple[str, tuple[str, ...]]] = []
+    said = [] if notes is None else notes
+    for axis in mesh.names:
+        if axis not in role and axis != stage_axis and mesh.axis_size(axis) > 1:
+            said.append(f"mesh axis {axis!r} has no conventional role, so the default layout splits nothing over "
+                        f"it (conventional names: {', '.join(sorted({n for ns in AXIS_ROLES.values() for n in ns}))}"
+                        "); give --layout to use it")
+
+    left: list[tuple[str, tuple[str, ...]]] = []
 
     def rule(dim: str, axes: list[str]) -> None:
-        if axes and dim in graph.dims and graph.dims[dim] % mesh.group_size(axes) == 0:
-            rules.append((dim, tuple(axes)))
+        if axes and dim in graph.dims:
+            (rules if graph.dims[dim] % mesh.group_size(axes) == 0 else left).append((dim, tuple(axes)))
 
     rule("batch", by_role["data"] + by_role["fsdp"])
     rule("seq", by_role["seq"])
@@ -286,6 +296,11 @@ def conventional_rules(graph: Graph, mesh: Mesh, stage_axis: str | None = None) 
     rule("d_model", by_role["fsdp"])
     if not by_role["seq"]:
         rule("seq", by_role["model"])
+    for dim, axes in left:  # (unless every tensor with the dim has another dim split over those axes)
+        if any(all(a not in xs for d, xs in rules if d in t.dim_names) for a in axes
+               for t in graph.tensors.values() if dim in t.dim_names):
+            said.append(f"the default layout leaves out {dim}:{'+'.join(axes)}: {dim}={graph.dims[dim]} is not "
+                        f"divisible by {mesh.group_size(axes)}")
     return format_rules(rules)
 
 

@@ -57,6 +57,10 @@ def test_search_out_then_run_and_export(capsys, tmp_path):
     code, text, _ = run(capsys, "export", path, "--format", "maxtext", "--out", tmp_path / "mt.yml")
     assert code == 0 and yaml.safe_load(text) == yaml.safe_load((tmp_path / "mt.yml").read_text())
     assert yaml.safe_load(text)["ici_tensor_parallelism"] == 4
+    code, _, err = run(capsys, "export", path, "--format", "flax", "--slices", "2")  # (was ignored)
+    assert code == 2 and "slices applies to the maxtext format only, not flax" in err
+    code, _, err = run(capsys, "export", path, "--format", "maxtext", "--dim-name", "foo=bar")
+    assert code == 2 and "dim_names names 'foo', which model 'gpt' lacks" in err
 
 
 @pytest.mark.parametrize("argv, message", [

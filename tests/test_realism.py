@@ -379,6 +379,9 @@ def test_cost_command_picks_the_fastest_stage_split_that_fits_the_device(capsys)
     (["--remat", "full:0"], "unknown remat policy 'full:0'"),
     (["--remat", "partial"], "full:N (the first N blocks full, the rest none)"),
     (["--remat", "full:9"], "has 2 blocks, not 9"),
+    (["--schedule", "gpipe", "--microbatches", "2"], "--schedule gpipe applies to pipelines: add --stage-axis"),
+    (["--stage-axis", "data", "--microbatches", "2", "--layout", "batch:data"],
+     "the layout splits over the stage axis 'data' (batch:data)"),
 ])
 def test_bad_realism_options_are_one_clear_error(capsys, args, message):
     code, out, err = run(capsys, "cost", "gpt", "--mesh", "data:2,model:4", "--hardware", "h100", *args)
@@ -398,3 +401,15 @@ def test_precision_and_layout_errors_from_python_are_layoutsearch_errors():
         estimate(GPT, TP, "h100", precision="fp64")
     with pytest.raises(LayoutSearchError, match="overlap of a micro-batched step"):
         estimate_pipeline(GPT, PIPE, "h100", stage_axis="stage", microbatches=4, overlap=0.5)
+
+
+def test_the_default_layout_says_what_it_leaves_out(capsys):
+    """An axis of unknown name, or a conventional rule that would not divide its dim, was dropped silently."""
+    code, _, err = run(capsys, "cost", "gpt", "--mesh", "data:3,model:4", "--json")
+    assert code == 0 and "note: the default layout leaves out batch:data: batch=8 is not divisible by 3" in err
+    code, _, err = run(capsys, "cost", "gpt", "--mesh", "foo:2,model:4", "--json")
+    assert code == 0 and "mesh axis 'foo' has no conventional role" in err
+    code, _, err = run(capsys, "cost", "gpt", "--set", "preset=llama3-8b", "--mesh", "data:2,model:8", "--json")
+    assert code == 0 and "note" not in err  # q_per_kv left out where kv_heads takes the axis: nothing to say
+    code, _, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:4", "--schedule", "gpipe")
+    assert code == 2 and "--schedule gpipe applies to pipelined plans: add --pipeline" in err

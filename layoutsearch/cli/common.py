@@ -157,7 +157,10 @@ def layout_of(args: argparse.Namespace, graph: Graph) -> Layout:
     mesh = mesh_of(args)
     rules = args.layout
     if rules is None:
-        rules = conventional_rules(graph, mesh, getattr(args, "stage_axis", None))
+        notes: list[str] = []
+        rules = conventional_rules(graph, mesh, getattr(args, "stage_axis", None), notes)
+        for line in notes:
+            print(f"layoutsearch: note: {line}", file=sys.stderr)
     elif rules.strip() in ("replicated", "-"):
         rules = ""
     return Layout.from_rules(mesh, rules).check(graph)

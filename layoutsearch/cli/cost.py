@@ -32,8 +32,9 @@ def add(sub: Any) -> None:
                         "accumulation (default 1)")
     p.add_argument("--stage-axis", metavar="AXIS",
                    help="pipeline stages over this mesh axis (the layout's rules apply inside each stage)")
-    p.add_argument("--schedule", default="1f1b", metavar="S",
-                   help="pipeline schedule: gpipe, 1f1b (default) or interleaved:V (V virtual stages per device)")
+    p.add_argument("--schedule", metavar="S",
+                   help="pipeline schedule (with --stage-axis): gpipe, 1f1b (default) or interleaved:V (V virtual "
+                        "stages per device)")
 
 
 def run(args: argparse.Namespace) -> Result:
@@ -46,7 +47,10 @@ def run(args: argparse.Namespace) -> Result:
         raise LayoutSearchError(f"--top must be at least 0, got {args.top}")
     if args.microbatches < 1:
         raise LayoutSearchError(f"--microbatches must be a positive integer, got {args.microbatches}")
-    schedule = Schedule.parse(args.schedule)
+    if args.schedule is not None and args.stage_axis is None:
+        raise LayoutSearchError(f"--schedule {args.schedule} applies to pipelines: add --stage-axis AXIS "
+                                "(without one, --microbatches is gradient accumulation, which has no schedule)")
+    schedule = Schedule.parse(args.schedule or "1f1b")
     if args.stage_axis is not None:
         layout.mesh.axis_size(args.stage_axis)  # a clear error for an axis the mesh lacks
     if args.stage_axis is None and args.microbatches == 1:

@@ -72,8 +72,8 @@ def add(sub: Any) -> None:
     p.add_argument("--microbatches", default="auto", metavar="N|auto",
                    help="micro-batches per step: gradient accumulation, or a pipeline's micro-batches (default auto: "
                         "searched; accumulation is tried when the memory limit binds)")
-    p.add_argument("--schedule", default="1f1b", metavar="S",
-                   help="schedule of a pipelined plan: gpipe, 1f1b (default) or interleaved:V")
+    p.add_argument("--schedule", metavar="S",
+                   help="schedule of a pipelined plan (with --pipeline): gpipe, 1f1b (default) or interleaved:V")
     p.add_argument("--out", metavar="PLAN.json",
                    help="save the plan (model, hardware, settings, layout, costs) for `layoutsearch run` and "
                         "`layoutsearch export`, or ls.Plan.load")
@@ -91,13 +91,15 @@ def run(args: argparse.Namespace) -> Result:
     hw = hardware_of(args) or hardware("cpu-sim")
     mesh = mesh_of(args)
     pipeline = _pipeline_arg(args.pipeline)
+    if args.schedule is not None and pipeline == "off":
+        raise LayoutSearchError(f"--schedule {args.schedule} applies to pipelined plans: add --pipeline auto (or K)")
     microbatches = "auto" if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
     progress = SearchProgress()
     try:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
                       optimizer=args.optimizer, precision=args.precision, attention=args.attention,
                       overlap=args.overlap, remat=args.remat, microbatches=microbatches, pipeline=pipeline,
-                      schedule=args.schedule, top=args.top, time_limit=args.time_limit, progress=progress)
+                      schedule=args.schedule or "1f1b", top=args.top, time_limit=args.time_limit, progress=progress)
     except InfeasibleError as e:
         if not e.options:
             raise
@@ -143,7 +145,7 @@ def _next_command(args: argparse.Namespace, result: Result) -> list[str]:
     if result["layout"]["rules_text"] is None:
         for flag, value, default in (("--memory-limit", args.memory_limit, "auto"), ("--remat", args.remat, "auto"),
                                      ("--microbatches", args.microbatches, "auto"),
-                                     ("--pipeline", args.pipeline, "off"), ("--schedule", args.schedule, "1f1b"),
+                                     ("--pipeline", args.pipeline, "off"), ("--schedule", args.schedule, None),
                                      ("--overlap", str(args.overlap), "auto")):
             if value != default:
                 words += [flag, value]

@@ -112,6 +112,11 @@ def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", micro
         raise LayoutSearchError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
     check_remat(remat, LayoutError)
     layout.check(graph)
+    given = [name for name, v in (("dim_names", dim_names), ("axis_map", axis_map), ("slices", slices != 1),
+                                  ("dcn_axis", dcn_axis)) if v]
+    if fmt != "maxtext" and given:
+        raise LayoutSearchError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the maxtext format "
+                                f"only, not {fmt}")
     if fmt == "maxtext":
         return maxtext_yaml(layout, graph, dim_names=dim_names, axis_map=axis_map, remat=remat,
                             microbatches=microbatches, stage_axis=stage_axis, schedule=schedule, slices=slices,

@@ -182,6 +182,10 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     inner = without_stage_rules(layout, stage_axis)
     if graph is not None:
         inner.check(graph)
+        unknown = sorted(set(dim_names or ()) - set(graph.dims))
+        if unknown:
+            raise LayoutError(f"dim_names names {', '.join(map(repr, unknown))}, which model {graph.name!r} lacks "
+                              f"(dims: {', '.join(graph.dims)})")
     rules = logical_rules(inner)  # per-tensor entries raise before any other check
     out: dict[str, Any] = {"mesh_axes": list(MAXTEXT_MESH_AXES)}
     out.update(_maxtext_parallelism(mesh, names, slices, dcn_axis))
