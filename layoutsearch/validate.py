@@ -81,6 +81,10 @@ GPU_FLOPS_NOTE = ("not compared: XLA:GPU's cost analysis leaves out the matmuls 
                   "0.19 of the predicted FLOPs, bench/RESULTS_device.md)")
 """Why ``validate`` gives no FLOP ratio on a GPU."""
 
+CPU_BF16_NOTE = ("XLA:CPU emulates bf16 (converts around every bf16 op), which the compiled FLOPs and memory "
+                 "include (tests/test_xla_mixed.py lists the ratios); --precision fp32 compares like with like")
+"""Why ``validate`` on CPU with a bf16 precision policy shows FLOPs and memory below the compiled program's."""
+
 
 def _backend_hardware(hw: Hardware, platform: str) -> Hardware:
     """``hw`` with the compiler behaviour of the backend that compiled the program."""
@@ -136,6 +140,8 @@ def validate(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim",
         r["ratio"] = (p / c) if c else (1.0 if not p else None)
     if platform == "gpu":
         flops.update(ratio=None, note=GPU_FLOPS_NOTE)
+    elif platform == "cpu" and Precision.of(precision).name != "fp32":
+        flops["note"] = CPU_BF16_NOTE
     timed = estimate(g, layout, hw, attention=COMPILED_ATTENTION)
     out: dict[str, Any] = {"model": graph.name, "mesh": str(layout.mesh), "layout": layout.describe(),
                            "precision": timed.precision, "hardware": hw.name, "platform": platform, "rows": rows,

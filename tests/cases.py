@@ -49,6 +49,10 @@ GPT_VARIANTS: dict[str, dict[str, Any]] = {
     # multi-query attention, relu MLP, no position embedding
     "gpt-mqa": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 4, "kv_heads": 1, "layers": 1,
                 "mlp": "relu", "position": "none"},
+    # grouped-query attention (8 query heads, 2 KV heads) and a SwiGLU MLP, GPT's layer norm, positions and biases
+    # otherwise (`--set mlp=swiglu --set kv_heads=2`)
+    "gpt-gqa": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "kv_heads": 2, "layers": 1,
+                "mlp": "swiglu"},
     # Megatron-LM's dropout: 0.1 on the attention probabilities and on the attention and MLP outputs
     "gpt-dropout": {"batch": 8, "seq": 16, "vocab": 64, "d_model": 32, "heads": 8, "layers": 1, "dropout": 0.1},
 }
@@ -140,6 +144,11 @@ CASES: tuple[Case, ...] = (
     _v("gpt-llama", "2d", "data:4,model:2", "batch:data,kv_heads:model,d_ff:model,vocab:model"),
     _v("gpt-llama", "2d", "data:2,model:4", "batch:data,q_per_kv:model,d_ff:model,vocab:model", "-groups"),
     _v("gpt-llama", "2d", "data:2,model:4", "batch:data,d_model:model", "-dmodel"),
+    # the conventional layout of data:2,model:4 (`layoutsearch validate gpt --mesh data:2,model:4`): Megatron's
+    # tensor parallelism with sequence parallelism on the same axis (seq:model applies where a tensor has none of
+    # heads, d_ff, vocab: layer-norm inputs and outputs, residuals, pos_embed), and its llama-style variant
+    _c("gpt", "2d", "data:2,model:4", "batch:data," + _TRANSFORMER_MP + ",seq:model", "-seq"),
+    _v("gpt-gqa", "2d", "data:2,model:4", "batch:data,q_per_kv:model,d_ff:model,vocab:model,seq:model", "-seq"),
     # GPT with dropout: the masks are drawn per device block, the same as unsharded
     _v("gpt-dropout", "2d", "data:2,model:4", "batch:data," + _TRANSFORMER_MP),
     # mixture of experts

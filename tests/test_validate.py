@@ -27,6 +27,9 @@ def test_validate_command_prints_a_table_and_json(capsys):
     assert "all-gather over data (bytes)" in kinds  # FSDP: weights gathered for use
     code, out, _ = run(capsys, "validate", "mtf-ffn", "--mesh", "data:8", "--layout", "batch:data")
     assert code == 0 and "predicted/compiled" in out
+    assert "XLA:CPU emulates bf16" in out  # (mixed, the default: the compiled FLOPs and memory are inflated)
+    fp32 = run_json(capsys, "validate", "mtf-ffn", "--mesh", "data:8", "--layout", "batch:data", "--precision", "fp32")
+    assert not any(r.get("note") for r in fp32["rows"])
 
 
 def test_validate_rejects_a_layout_the_model_cannot_take(capsys):

@@ -23,6 +23,7 @@ back inside the tolerance fails too (remove it from the list).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,7 +38,14 @@ from layoutsearch.backend.hlo import CompiledSummary, summarize
 from layoutsearch.backend.program import ELEMENTWISE_IMPL
 from layoutsearch.backend.sharding import FAST_COMPILE, UNFUSED
 from layoutsearch.costmodel.memory import memory_profile
-from layoutsearch.costmodel.ops import ELEMENTWISE_FLOPS, FORWARD_SHARED_FLOPS, OpRules, integer_pow_flops, op_flops
+from layoutsearch.costmodel.ops import (
+    ELEMENTWISE_FLOPS,
+    FORWARD_SHARED_FLOPS,
+    OpRules,
+    dedupe_shared,
+    integer_pow_flops,
+    op_flops,
+)
 from layoutsearch.ir import Graph, LayerNorm, LayerNormGrad, Optimizer, Tensor
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
@@ -89,6 +97,12 @@ KNOWN_DEVIATIONS: tuple[Deviation, ...] = (
     # memory: predicted / compiled (default pipeline, donated) - 1, measured on these sizes
     Deviation("memory", ("mlp/mp-alternating", "moe/ep-gshard"), -0.36, -0.20,
               "model-parallel activations, all-reduced and sliced or all-gathered: " + _UNSLICED_KEPT),
+    Deviation("memory", ("gpt/2d-seq", "gpt-gqa/2d-seq"), -0.22, -0.14,
+              "sequence parallelism on the tensor-parallel axis (measured -19.0% and -16.6%): not analysed in "
+              "detail. Two known parts: XLA partitions the embedding gradient as index passthrough (see "
+              "XLA_CHOICES: the whole [vocab,d_model] table and its all-reduces live, 8 KiB each, where the memory "
+              "model holds the vocab slice), and every layer-norm output is all-gathered over model before its "
+              "matmul: " + _UNSLICED_KEPT),
     Deviation("memory", ("gpt-llama/2d-dmodel",), -0.28, -0.20,
               "d_model split over model (every projection all-reduces its partial sums, attention runs replicated "
               "over model): not analysed yet. Not caused by the Llama options: the plain gpt case sizes under the "
@@ -96,6 +110,55 @@ KNOWN_DEVIATIONS: tuple[Deviation, ...] = (
               "predicted peak (smaller keys and values) where XLA's stays put (measured -24.1% with 2 KV heads, "
               "-13.5% with 8)."),
 )
+
+
+@dataclass(frozen=True)
+class XlaChoice:
+    """An op of the listed cases that XLA compiles otherwise than the op rules price it, and why (``how``:
+    ``updates-passthrough``, a scatter-add XLA's SPMD partitioner keeps in its updates' layout, see
+    :meth:`OpRules._updates_passthrough`; ``rename-cse``, a reshape that only renames dims, whose output reshard
+    XLA computes once with the same reshard of its input for an einsum, where the op rules and the search's
+    spaces price it apart). The case must disagree as predicted and agree exactly (within the tolerances) once
+    the listed ops are priced as XLA compiles them: nothing else of the case may differ."""
+
+    cases: tuple[str, ...]
+    op: str
+    how: str
+    reason: str
+
+    def covers(self, case: str) -> bool:
+        return any(fnmatch.fnmatchcase(case, p) for p in self.cases)
+
+
+XLA_CHOICES: tuple[XlaChoice, ...] = (
+    XlaChoice(
+        ("gpt/2d-seq", "gpt-gqa/2d-seq"), "grad/tok_embedded/0", "updates-passthrough",
+        "the token-embedding gradient (scatter-add of grad/tok_embedded [batch,seq,d_model], stored "
+        "{batch:data,seq:model}, into embed's vocab:model layout). The rules take the cheaper candidate in bytes: "
+        "gather the updates and ids over model (8,192 + 256 B), scatter locally into the vocab slice, all-reduce it "
+        "over data (2,048 B). XLA's partitioner (gather_scatter_handler.cc, jaxlib 0.10.2; its VLOG prints both) "
+        "orders its candidates by its own estimate of the memory of the partitioned instructions first and bytes "
+        "second: index passthrough (the whole table on every device: 10,304 B estimated, 38,912 B of "
+        "communication) before the trivially sliced operand (24,576 B, 16,896 B), so it all-reduces the whole "
+        "[vocab,d_model] table over model and over data (8,192 B each). The choice flips with the sizes (at "
+        "batch 8, seq 16 on data:2,model:4: vocab < 156 rows index passthrough, else the sliced table, whatever "
+        "d_model), and XLA's memory estimate (masking selects, clamped ids, resharding chains) is no quantity the "
+        "cost model has: not modelled. The same ordering makes XLA gather the whole embed table for the forward "
+        "lookup at the zoo's default sizes (vocab 128) where the rules gather the ids."),
+    XlaChoice(
+        ("gpt/2d-seq", "gpt-gqa/2d-seq"), "layer.0/attn_kv_input", "rename-cse",
+        "the keys' and values' input renames ln_attn_biased's seq to kv_seq (no instruction: the same array). "
+        "Stored {batch:data,seq:model}, it is all-gathered over model for the query projection and, renamed, for "
+        "the key and value projections: XLA computes one all-gather (CSE); the op rules price the rename's own "
+        "(8,192 B). Not modelled: the search's spaces price each tensor's reshards apart, and the rules must "
+        "price what they do (a shared reshard across a rename would need the spaces to relabel dims between "
+        "tensors)."),
+)
+"""XLA's gather/scatter partitioning choices the op rules do not reproduce, listed per case and op."""
+
+
+def xla_choice(case: str) -> tuple[XlaChoice, ...]:
+    return tuple(c for c in XLA_CHOICES if c.covers(case))
 
 
 def deviation(what: str, case: str) -> Deviation | None:
@@ -115,9 +178,31 @@ class Predicted:
 
 
 @cache
-def predicted(case: Case, optimizer: Optimizer = SGD) -> Predicted:
+def predicted(case: Case, optimizer: Optimizer = SGD, as_xla_chose: bool = False) -> Predicted:
+    """The op rules' prediction (``as_xla_chose``: with the ops of :data:`XLA_CHOICES` priced in XLA's layout)."""
     g, lay = case.training(optimizer), case.layout()
-    costs = OpRules(g, lay.mesh, reduce_scatter=False).step_costs(lay)
+    rules = OpRules(g, lay.mesh, reduce_scatter=False)
+    if as_xla_chose:
+        chosen = {c.op: c.how for c in xla_choice(case.name)}
+        t = g.tensors
+        costs = []
+        for op in g.ops:
+            if op.name not in chosen:
+                costs.append(rules.cost_under(op, lay))
+            elif chosen[op.name] == "rename-cse":
+                assert isinstance(op, O.Reshape), op
+                cost = rules.cost_under(op, lay)
+                kept = tuple(c for c in cost.comms if not c.cause.startswith(f"{op.output} stored differently"))
+                assert len(kept) < len(cost.comms), f"{op.name}: its output is not resharded"
+                costs.append(dataclasses.replace(cost, comms=kept))
+            else:
+                assert chosen[op.name] == "updates-passthrough" and isinstance(op, O.ScatterAdd), op
+                inputs = [lay.dim_layout(t[i]) for i in op.inputs]
+                costs.append(rules._cost(op, rules._updates_passthrough(op, inputs), inputs,
+                                         lay.dim_layout(t[op.output])))
+        costs = dedupe_shared(costs)
+    else:
+        costs = rules.step_costs(lay)
     by: dict[tuple[str, tuple[str, ...]], int] = defaultdict(int)
     for c in costs:
         for x in c.comms:
@@ -130,9 +215,17 @@ def summary(case: Case, optimizer: Optimizer = SGD, fused: bool = False) -> Comp
     return summarize(*compiled(case, optimizer, fused=fused))
 
 
+def _off(want: dict, got: dict) -> list:
+    return [k for k in sorted(set(want) | set(got), key=str) if abs(got.get(k, 0) - want.get(k, 0)) > BYTES_RTOL
+            * want.get(k, 0)]
+
+
 def _check_collectives(case: Case, optimizer: Optimizer) -> None:
-    want, got = summary(case, optimizer).bytes_by(), predicted(case, optimizer).bytes_by
+    want = summary(case, optimizer).bytes_by()
     assert None not in {a for _, a in want}, f"{case.name}: a compiled collective is not over mesh axes: {want}"
+    if xla_choice(case.name):  # the listed op as XLA partitions it, and only it, makes the difference
+        assert _off(want, predicted(case, optimizer).bytes_by), f"{case.name}: agrees now: unlist it in XLA_CHOICES"
+    got = predicted(case, optimizer, bool(xla_choice(case.name))).bytes_by
     for key in sorted(set(want) | set(got), key=str):
         w, g = want.get(key, 0), got.get(key, 0)
         assert abs(g - w) <= BYTES_RTOL * w, f"{case.name} {key}: predicted {g} bytes, compiled {w}"
@@ -215,6 +308,12 @@ def test_known_deviations_name_existing_cases():
         for p in d.cases:
             assert fnmatch.filter(CASES_BY_NAME, p), f"deviation {d.what}: pattern {p!r} matches no case"
         assert d.reason and d.low <= d.high
+    for c in XLA_CHOICES:
+        for p in c.cases:
+            assert fnmatch.filter(CASES_BY_NAME, p), f"XLA choice {c.op}: pattern {p!r} matches no case"
+            for name in fnmatch.filter(CASES_BY_NAME, p):
+                assert c.op in {op.name for op in CASES_BY_NAME[name].training(SGD).ops}, (name, c.op)
+        assert c.reason
 
 
 def test_reduce_scatter_profile_differs_only_where_outputs_stay_split():

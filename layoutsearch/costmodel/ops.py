@@ -55,7 +55,12 @@ conceivable choice:
   for the forward and the backward matmul) is done once (:attr:`Comm.shared`,
   :meth:`OpRules.step_costs`) — on XLA:CPU; on GPU/TPU
   (``Hardware.regather_weights``) once per phase: FSDP releases a gathered
-  weight after the forward pass and gathers it again for the backward pass;
+  weight after the forward pass and gathers it again for the backward pass (a reshape that only renames dims,
+  ``seq`` -> ``kv_seq``, is the same array in the compiled program, and XLA gathers it once with its source;
+  the op rules price the rename's reshard apart, as the search's spaces do: one more all-gather per layer
+  under sequence parallelism, listed in ``tests/test_xla_agreement.py``);
+* a compile-time constant (:func:`constant_tensors`: the loss seed's broadcast) is built in whatever layout an op
+  needs: no collective;
 * FLOPs are counted as XLA's cost analysis counts the backend's lowering
   (:func:`op_flops`): transcendentals apart, constants folded, shared
   sub-expressions of a forward op and its gradient counted once, one FLOP per
@@ -270,6 +275,8 @@ class OpRules:
             produced, need = reshape_layout(op, need, g, mesh)
             comms += reshard(t[op.inputs[0]], src, need, mesh, f"reshape {op.name} input")
             comms += reshard(out, produced, output, mesh, f"{op.output} stored differently")
+            if op.output in self.constant:  # folded at compile time: a constant is laid out anyhow for free
+                comms = []
             moved = local_bytes(out, produced, mesh)
             return OpCost(op.name, op.kind, op.phase, op.block, 0.0, 2.0 * moved, False,
                           tuple(self.promoted(comms)), (moved,), moved, out.dtype)
@@ -280,7 +287,10 @@ class OpRules:
                 reads.append(0)
                 continue
             want = restrict(iteration, t[name].dim_names)
-            more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {fmt_layout(want)}")
+            if name in self.constant:  # a compile-time constant (the loss seed's broadcast): built in any layout
+                more = []
+            else:
+                more = reshard(t[name], stored, want, mesh, f"{op.name} needs {name} as {fmt_layout(want)}")
             if isinstance(op, O.Einsum):  # the same operand reshard feeding several dots: XLA does it once
                 key = ("reshard", name, layout_key(stored), layout_key(want))
                 if self.regather_weights:  # ... once per phase: not kept from the forward to the backward pass
@@ -310,6 +320,8 @@ class OpRules:
                                            self.reduce_scatter, cause, kept_first=isinstance(op, O.Einsum))
             comms += more
         comms += reshard(out, produced, output, mesh, f"{op.output} stored as {fmt_layout(output)}")
+        if op.output in self.constant:  # folded at compile time: a constant is laid out anyhow for free
+            comms = []
         write = local_bytes(out, produced, mesh)
         comms = on_mesh(comms, mesh)
         # XLA counts one FLOP per element an all-reduce (or reduce-scatter) sums

@@ -270,15 +270,21 @@ class _Builder(SpaceNodes):
                       (o, self.store_keys(o, t[op.output]))]
             roles += [(self.owner[x], self.store_keys(self.owner[x], t[x])) for x in op.inputs]
 
+        seen: dict[tuple, int] = {}  # each op's buffers depend on its own keys only: the table is their product
+
+        def value(i: int, op: O.Op, keys: list[np.ndarray]) -> int:
+            key = (i, *(x.tobytes() for x in keys))
+            if key not in seen:
+                own, shared = self.transient(op, self.f_whole(op, keys[0], keys[2:], keys[1]), keys[1])
+                seen[key] = own if op is at else own + sum(shared.values())
+            return seen[key]
+
         def fn(a: list[np.ndarray]) -> float:
             k = 0
             vals = []
-            for op in every:
-                it, out = a[k], a[k + 1]
-                ins = a[k + 2:k + 2 + len(op.inputs)]
+            for i, op in enumerate(every):
+                vals.append(value(i, op, a[k:k + 2 + len(op.inputs)]))
                 k += 2 + len(op.inputs)
-                own, shared = self.transient(op, self.f_whole(op, it, ins, out), out)
-                vals.append(own if op is at else own + sum(shared.values()))
             return float(max(0, max(vals[1:]) - vals[0]))
 
         return Item("recompute", roles, fn)
@@ -346,6 +352,8 @@ class _Builder(SpaceNodes):
         for k, op in enumerate(g.ops):
             if isinstance(op, O.Einsum) and (self.p.optimizer or op.phase != "optimizer"):
                 for i, x in enumerate(op.inputs):
+                    if x in self.p.rules.constant:
+                        continue  # a compile-time constant is built in the layout it is read in (the op rules)
                     readers[(x, op.phase if self.hw.regather_weights else "")].append((k, i, op))
         for (x, _), slots in readers.items():
             t = g.tensors[x]
