@@ -115,7 +115,8 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
     """
     opt = Optimizer.of(optimizer)
     if forward.loss is None:
-        raise GraphError(f"graph {forward.name!r} has no loss: build it with builder.build(loss)")
+        raise GraphError(f"graph {forward.name!r} has no loss: a graph file names it (\"loss\": TENSOR, a scalar "
+                         "tensor); in Python, builder.build(loss)")
     derived = [op.name for op in forward.ops if op.phase != "forward"]
     derived += [t.name for t in forward.tensors.values() if t.role in ("gradient", "optimizer_state")]
     if derived:

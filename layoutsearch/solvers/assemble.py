@@ -137,8 +137,9 @@ def _zeros(v: float, width: int) -> np.ndarray:
     return np.zeros(width)
 
 
-def evaluate(item: Item) -> Unary | Table:
-    """An item's values, computed once per distinct combination of the keys its nodes give it."""
+def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
+    """An item's values, computed once per distinct combination of the keys its nodes give it (a table over
+    several nodes may take long: ``deadline`` is checked as it fills)."""
     roles, fn = item.roles, item.fn
     nodes = sorted({n for n, _ in roles})
     where = [(nodes.index(n), rows.shape[1]) for n, rows in roles]
@@ -164,7 +165,9 @@ def evaluate(item: Item) -> Unary | Table:
         vals = np.array(got, dtype=float)
         return Unary(nodes[0], vals[inv[0]])
     table = np.empty([len(u) for u in uniq])
-    for idx in itertools.product(*(range(len(u)) for u in uniq)):
+    for n, idx in enumerate(itertools.product(*(range(len(u)) for u in uniq))):
+        if deadline is not None and n % 4096 == 4095:
+            deadline.check()
         table[idx] = call([u[i] for u, i in zip(uniq, idx, strict=True)])
     return Table(tuple(nodes), inv, table)
 
@@ -179,7 +182,7 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     for k, pending in enumerate(items.cost.values()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make())
+        value = evaluate(pending.make(), deadline)
         if isinstance(value, Unary):
             add, u = pending.count * value.values, unary[value.node]
             if add.ndim != u.ndim:  # bound vectors (Pricer.bound) beside scalars
@@ -193,7 +196,7 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     for k, pending in enumerate(items.memory.values()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make())
+        value = evaluate(pending.make(), deadline)
         if not value.any():
             continue
         sig = _signature(value)

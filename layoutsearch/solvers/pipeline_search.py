@@ -259,8 +259,9 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                         break
     ok = [(c, r) for c, r in priced if c.fits]
     if not ok:
-        raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} fits: "
-                                + _why_none(reasons, bounded, bool(priced)))
+        why = _why_none(reasons, bounded, bool(priced))
+        raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} "
+                                + (why if why.startswith("none can beat") else f"fits: {why}"))
     best = min(ok, key=lambda cr: cr[0].step_s)
     return PipelinePlan(best[1], tuple(c for c, _ in priced))
 
