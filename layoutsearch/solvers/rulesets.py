@@ -85,8 +85,12 @@ class RuleSets:
         masks = [np.isin(np.arange(len(dims)), [dims.index(d) for d in sp]) for sp in spaces]
         if not masks or not len(self):
             return np.arange(len(self))
-        _, first = np.unique(np.concatenate([self.project(m) for m in masks], axis=1), axis=0, return_index=True)
-        return np.sort(first)
+        maps = np.concatenate([self.project(m) for m in masks], axis=1)
+        packed = np.ascontiguousarray(maps, dtype=np.int8 if len(dims) < 127 else np.int32)
+        first: dict[bytes, int] = {}  # (hashing rows: np.unique's sort of wide rows took seconds)
+        for r, row in enumerate(map(bytes, packed)):
+            first.setdefault(row, r)
+        return np.fromiter(first.values(), dtype=np.int64, count=len(first))
 
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
