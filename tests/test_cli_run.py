@@ -106,3 +106,16 @@ def test_a_per_op_plan_from_the_ops_space_runs_and_exports(capsys, tmp_path):
     assert not any(name.startswith("grad/") for name in specs)
     wi = plan.model.tensors["layer.0/wi"]
     assert specs["layer.0/wi"] == [list(s) if isinstance(s, tuple) else s for s in plan.chosen.layout.spec(wi)]
+
+
+def test_a_plan_priced_on_a_hardware_profile_is_its_own_reference(capsys, tmp_path):
+    """A profile (calibrate's) describes the devices it was measured on: measured/predicted is against the plan's
+    prediction, not against the preset of these devices (it was against cpu-sim)."""
+    from layoutsearch.hwprofile import save_profile
+    from layoutsearch.mesh import hardware
+
+    profile = tmp_path / "hw.json"
+    save_profile(hardware("cpu-sim").replace(name="calibrated-here", peak_flops=5e10), profile)
+    out = run_json(capsys, "run", "gpt", *SIZES, "--mesh", "data:8", "--hardware", profile, "--steps", "3")
+    assert out["predicted"]["hardware"] == "calibrated-here" and out["predicted_here"] is None
+    assert out["measured_over_predicted"] == pytest.approx(out["median_step_s"] / out["predicted"]["step_s"])

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> Result:
     """Search (MODEL) or load (PLAN.json) the plan, compile it on the devices present, run ``--steps``."""
     from layoutsearch.backend.train import train
     from layoutsearch.devices import jax_devices, present_hardware
-    from layoutsearch.mesh import hardware
+    from layoutsearch.mesh import PRESETS, hardware
     from layoutsearch.solvers.search import price_plan, search
 
     if args.steps < 1:
@@ -104,7 +104,10 @@ def run(args: argparse.Namespace) -> Result:
     program = plan.compile(devices)
     c = plan.chosen
     predicted_here = None
-    if here is not None and here != plan.hardware.name:
+    # a hardware profile (calibrate's, or any not a preset) describes the devices it was written for: the plan's
+    # own prediction is the reference; a preset other than these devices' is priced again as theirs
+    profiled = plan.hardware.name not in PRESETS
+    if here is not None and here != plan.hardware.name and not profiled:
         predicted_here = price_plan(plan.model, c.layout, here, remat=c.remat, microbatches=c.microbatches,
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
                                     optimizer=plan.optimizer, precision=plan.precision, attention=program.attention,
@@ -115,7 +118,7 @@ def run(args: argparse.Namespace) -> Result:
 
     step = measured.median_step_s
     reference = predicted_here.step_s if predicted_here is not None else \
-        plan.step_s if here == plan.hardware.name else None
+        plan.step_s if here == plan.hardware.name or profiled else None
     return {
         "model": plan.model.name, "mesh": str(mesh), "devices": mesh.size, "processes": jax.process_count(),
         "platform": devices[0].platform, "device_kind": devices[0].device_kind, "hardware_here": here,
