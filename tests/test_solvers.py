@@ -18,7 +18,8 @@ from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh, hardware
 from layoutsearch.solvers import dp, ilp
 from layoutsearch.solvers import enumerate as enum
-from layoutsearch.solvers.assemble import Item, Items, assemble, unique_rows
+from layoutsearch.solvers.assemble import Excess, Item, Items, assemble, unique_rows
+from layoutsearch.solvers.assemble import evaluate as evaluate_item
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline
 from layoutsearch.solvers.pricer import evaluate
@@ -344,3 +345,22 @@ def test_spaces_price_plans_exactly_as_the_cost_model_with_remat(remat, kind, hw
                               overlap=0.0)
             assert report.step_s == pytest.approx(comp + comm, rel=REL)
             assert report.memory_bytes == mem
+
+
+def test_an_excess_table_equals_calling_it_on_every_combination():
+    """:class:`Excess` (a recomputation's buffers: the largest later term above the first) is evaluated term by
+    term and broadcast; the table must be the item's value on every combination of its nodes' keys."""
+    rng = np.random.default_rng(3)
+    keys = {n: rng.integers(-1, 3, size=(12, 2)) for n in range(4)}
+    roles = [(0, keys[0]), (1, keys[1]), (1, keys[1][:, :1]), (2, keys[2]), (3, keys[3]), (0, keys[0][:, 1:])]
+    weight = rng.random((6, 2))
+
+    def linear(which: list[int]):
+        return lambda a: float(sum(weight[r] @ np.resize(x, 2) for r, x in zip(which, a, strict=True)))
+
+    fn = Excess(((2, linear([0, 1])), (2, linear([2, 3])), (2, linear([4, 5]))))
+    table = evaluate_item(Item("recompute", roles, fn))
+    for s in itertools.product(range(12), repeat=4):
+        want = fn([rows[s[n]] for n, rows in roles])
+        got = table.table[tuple(k[s[i]] for i, k in enumerate(table.keys))]
+        assert got == pytest.approx(want, abs=1e-12)

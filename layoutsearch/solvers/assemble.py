@@ -43,6 +43,24 @@ class Item:
 
 
 @dataclass(frozen=True)
+class Excess:
+    """A value function over a few terms, each a function of its own run of roles: the largest of the later
+    terms' values above the first's (zero when none is above). :func:`evaluate` computes each term once per
+    combination of its own nodes' keys and the table by broadcasting, not once per combination of every node's
+    (a recomputation's buffers over a block's ops: ~10^5 combinations where each term has a few)."""
+
+    terms: tuple[tuple[int, ValueFn], ...]
+    """(how many roles, the function of their keys), in role order."""
+
+    def __call__(self, a: list[np.ndarray]) -> float:
+        vals, k = [], 0
+        for n, fn in self.terms:
+            vals.append(fn(a[k:k + n]))
+            k += n
+        return float(max(0.0, max(vals[1:]) - vals[0]))
+
+
+@dataclass(frozen=True)
 class Unary:
     """An evaluated item over one node: its value per strategy of the node."""
     node: int
@@ -164,12 +182,40 @@ def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
             got = [v if isinstance(v, np.ndarray) else _zeros(v, len(vectors[0])) for v in got]
         vals = np.array(got, dtype=float)
         return Unary(nodes[0], vals[inv[0]])
+    if isinstance(fn, Excess):
+        return Table(tuple(nodes), inv, _excess_table(fn, roles, nodes, uniq, deadline))
     table = np.empty([len(u) for u in uniq])
     for n, idx in enumerate(itertools.product(*(range(len(u)) for u in uniq))):
         if deadline is not None and n % 4096 == 4095:
             deadline.check()
         table[idx] = call([u[i] for u, i in zip(uniq, idx, strict=True)])
     return Table(tuple(nodes), inv, table)
+
+
+def _excess_table(fn: Excess, roles: Roles, nodes: list[int], uniq: list[np.ndarray],
+                  deadline: Deadline | None) -> np.ndarray:
+    """The table of an :class:`Excess` over ``nodes`` (distinct keys ``uniq``, each node's roles' columns side by
+    side in role order), each term evaluated over its own nodes and broadcast."""
+    cols: list[tuple[int, int, int]] = []  # per role: (node position, first column, width)
+    offset = [0] * len(nodes)
+    for n, rows in roles:
+        j = nodes.index(n)
+        cols.append((j, offset[j], rows.shape[1]))
+        offset[j] += rows.shape[1]
+    shape = [len(u) for u in uniq]
+    tables, k = [], 0
+    for count, term in fn.terms:
+        mine = cols[k:k + count]
+        k += count
+        own = sorted({j for j, _, _ in mine})
+        t = np.empty([shape[j] for j in own])
+        for idx in itertools.product(*(range(shape[j]) for j in own)):
+            pick = dict(zip(own, idx, strict=True))
+            t[idx] = term([uniq[j][pick[j]][c:c + w] for j, c, w in mine])
+        if deadline is not None:
+            deadline.check()
+        tables.append(t.reshape([shape[j] if j in own else 1 for j in range(len(nodes))]))
+    return np.maximum(0.0, np.maximum.reduce(np.broadcast_arrays(*tables[1:])) - tables[0])
 
 
 def assemble(names: list[str], sizes: list[int], items: Items, points: list[str], classes: list[Any],

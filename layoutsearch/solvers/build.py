@@ -45,7 +45,7 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.tensor import Tensor
 from layoutsearch.mesh import Hardware, Mesh
-from layoutsearch.solvers.assemble import Item, Items, Roles, assemble
+from layoutsearch.solvers.assemble import Excess, Item, Items, Roles, assemble
 from layoutsearch.solvers.axismaps import NONE, project
 from layoutsearch.solvers.blocks import strip_block
 from layoutsearch.solvers.clock import Deadline
@@ -270,23 +270,13 @@ class _Builder(SpaceNodes):
                       (o, self.store_keys(o, t[op.output]))]
             roles += [(self.owner[x], self.store_keys(self.owner[x], t[x])) for x in op.inputs]
 
-        seen: dict[tuple, int] = {}  # each op's buffers depend on its own keys only: the table is their product
-
-        def value(i: int, op: O.Op, keys: list[np.ndarray]) -> int:
-            key = (i, *(x.tobytes() for x in keys))
-            if key not in seen:
+        def term(op: O.Op) -> tuple[int, Callable]:
+            def value(keys: list[np.ndarray]) -> float:  # the op's buffers (own, and shared unless it is ``at``)
                 own, shared = self.transient(op, self.f_whole(op, keys[0], keys[2:], keys[1]), keys[1])
-                seen[key] = own if op is at else own + sum(shared.values())
-            return seen[key]
+                return float(own if op is at else own + sum(shared.values()))
+            return 2 + len(op.inputs), value
 
-        def fn(a: list[np.ndarray]) -> float:
-            k = 0
-            vals = []
-            for i, op in enumerate(every):
-                vals.append(value(i, op, a[k:k + 2 + len(op.inputs)]))
-                k += 2 + len(op.inputs)
-            return float(max(0, max(vals[1:]) - vals[0]))
-
+        fn = Excess(tuple(term(op) for op in every))
         return Item("recompute", roles, fn)
 
     def point_classes(self) -> list[Any]:
