@@ -40,7 +40,8 @@ def scaling(plan: Any) -> tuple[str, list[int], dict[str, list[float | None]]]:
     batch_axes = c.layout.rules_layout(("batch",)).get("batch", ())
     axis = next((a for a in (*batch_axes, *mesh.names) if a != c.stage_axis), mesh.names[0])
     sizes = [s for s in (2**k for k in range(20)) if s <= mesh.axis_size(axis) and mesh.axis_size(axis) % s == 0]
-    strategies = {"chosen": c} | {b.name: b.plan for b in plan.baselines if b.plan is not None}
+    strategies = ({"chosen": c} if c.rules is not None else {}) | {  # (a per-op layout has no rules to resize)
+        b.name: b.plan for b in plan.baselines if b.plan is not None}
     devices, out = [], {name: [] for name in strategies}
     for s in sizes:
         m = Mesh(tuple((a, s if a == axis else n) for a, n in mesh.axes))

@@ -106,6 +106,7 @@ def test_a_per_op_plan_from_the_ops_space_runs_and_exports(capsys, tmp_path):
     assert not any(name.startswith("grad/") for name in specs)
     wi = plan.model.tensors["layer.0/wi"]
     assert specs["layer.0/wi"] == [list(s) if isinstance(s, tuple) else s for s in plan.chosen.layout.spec(wi)]
+    assert json.loads(ls.export.export(plan.chosen.layout, plan.model, "specs")) == specs  # the Python API too
 
 
 def test_a_plan_priced_on_a_hardware_profile_is_its_own_reference(capsys, tmp_path):

@@ -12,6 +12,7 @@ from layoutsearch import zoo
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.remat import block_groups
+from layoutsearch.solvers.baselines import baseline_sets
 from layoutsearch.solvers.search import InfeasibleError, baseline_rules, search
 
 MESH = "data:2,model:4"
@@ -529,3 +530,20 @@ def test_every_candidate_and_runner_up_is_a_distinct_layout():
     plan = search(zoo.gpt(batch=32), mesh, hardware="h100", top=5)
     options = [(c.rules, c.remat, c.microbatches) for c in (plan.chosen, *plan.runner_ups)]
     assert len(set(options)) == len(options) == 5
+
+
+def test_the_baselines_rule_sets_stay_among_the_candidates():
+    """The baselines are found among the rules space's candidates by their encoding (pipeline stage layouts,
+    ``first_fitting``): one that has an enumerated twin (the same layout) must be the one kept."""
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rules_search import rules_candidates
+
+    for model, mesh in (("mtf-ffn", "fsdp:2,model:2"), ("mlp", "data:2,model:4"), ("gpt", "data:2,model:4")):
+        g, m = training_step(zoo.build(model)), Mesh.parse(mesh)
+        cands, _ = rules_candidates(g, m, hardware("h100"), Pricer(g, m, hardware("h100")),
+                                    baseline_sets(baseline_rules(g, m)))
+        for name, (rs, _) in baseline_rules(g, m).items():
+            if rs is not None:
+                assert cands.index(rs) is not None, (model, mesh, name)

@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> Result:
     plan = Plan.load(args.plan)
     c = plan.chosen
     dim_names = {k: v.split("+") if "+" in v else v for k, v in _pairs(args.dim_names, "--dim-name").items()}
-    text = export(c.layout.restricted(plan.model), plan.model, args.format, remat=c.remat,
-                  microbatches=c.microbatches, stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,
+    text = export(c.layout, plan.model, args.format, remat=c.remat, microbatches=c.microbatches,
+                  stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,
                   axis_map=_pairs(args.axis_map, "--axis-map") or None, slices=args.slices)
     if args.out:
         try:

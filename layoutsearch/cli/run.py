@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> Result:
     # a hardware profile (calibrate's, or any not a preset) describes the devices it was written for: the plan's
     # own prediction is the reference; a preset other than these devices' is priced again as theirs
     profiled = plan.hardware.name not in PRESETS
-    if here is not None and here != plan.hardware.name and not profiled:
+    if here is not None and here != plan.hardware.name and not profiled and c.rules is not None:  # (per-op: none)
         predicted_here = price_plan(plan.model, c.layout, here, remat=c.remat, microbatches=c.microbatches,
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
                                     optimizer=plan.optimizer, precision=plan.precision, attention=program.attention,

@@ -300,7 +300,8 @@ def price_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu
     stages over ``stage_axis`` of ``layout.mesh`` run by ``schedule`` (``gpipe``, ``1f1b``,
     ``interleaved:V``), or gradient accumulation when ``stage_axis`` is None.
 
-    ``layout``'s rules lay out each stage over the other axes (rules naming the stage axis are dropped).
+    ``layout``'s rules and tensor entries lay out each stage over the other axes (naming the stage axis is an
+    error).
     ``stages``: the units of each stage in order (see :func:`unit_of_ops`; for ``interleaved:V``, the K V
     chunks, device ``d`` running chunks ``d, d + K, ...``); required with a stage axis (the solvers choose
     them: :func:`layoutsearch.solvers.pipeline_search.estimate_pipeline`). ``remat``: ``none``,

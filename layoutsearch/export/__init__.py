@@ -111,7 +111,7 @@ def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", micro
     if fmt not in FORMATS:
         raise LayoutSearchError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
     check_remat(remat, LayoutError)
-    layout.check(graph)
+    layout = layout.restricted(graph).check(graph)  # (a per-op plan's layout names backward tensors too)
     given = [name for name, v in (("dim_names", dim_names), ("axis_map", axis_map), ("slices", slices != 1),
                                   ("dcn_axis", dcn_axis)) if v]
     if fmt != "maxtext" and given:

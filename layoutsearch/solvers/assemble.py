@@ -13,6 +13,7 @@ and keeps, of the schedule's points, only the memory rows that can be the peak
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -215,7 +216,7 @@ def _excess_table(fn: Excess, roles: Roles, nodes: list[int], uniq: list[np.ndar
         if deadline is not None:
             deadline.check()
         tables.append(t.reshape([shape[j] if j in own else 1 for j in range(len(nodes))]))
-    return np.maximum(0.0, np.maximum.reduce(np.broadcast_arrays(*tables[1:])) - tables[0])
+    return np.maximum(0.0, functools.reduce(np.maximum, tables[1:]) - tables[0])
 
 
 def assemble(names: list[str], sizes: list[int], items: Items, points: list[str], classes: list[Any],

@@ -24,8 +24,9 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True)
 class Costed:
-    """A layout with its predicted cost per device: ``step_s`` = ``compute_s`` + ``comm_s``, peak
-    ``memory_bytes``, and whether it ``fits`` the memory limit (the device's HBM without one).
+    """A layout with its predicted cost per device: ``step_s``, the ``compute_s`` and ``comm_s`` (hidden or
+    not) it holds, peak ``memory_bytes``, and whether it ``fits`` the memory limit (the device's usable memory
+    without one).
 
     ``rules``: the global rules when they describe the layout (else None: per-op layouts, see
     ``iteration``); ``report``: the cost model's :class:`~layoutsearch.costmodel.report.CostReport` when the

@@ -147,7 +147,8 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     roofline bounds without remat (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
     cands = rule_sets(g, mesh)
     cands = cands.concat(extra) if extra is not None else cands
-    cands = cands.take(cands.distinct(g))
+    named = [cands.index(extra, r) for r in range(len(extra))] if extra is not None else []
+    cands = cands.take(cands.distinct(g, keep=[k for k in named if k is not None]))  # (baselines: looked up)
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
 
 

@@ -75,10 +75,12 @@ class RuleSets:
             proj = np.where(apply[:, None] & fa, fb[:, None], proj)
         return proj.astype(np.int32)
 
-    def distinct(self, graph: Graph) -> np.ndarray:
-        """The first candidate of each distinct layout of ``graph``: candidates giving every tensor and every
-        op the same axis maps (:meth:`project`) are one layout (e.g. a fallback on axes that split nothing
-        else, and that dim's primary choice on them), priced alike."""
+    def distinct(self, graph: Graph, keep: Sequence[int] = ()) -> np.ndarray:
+        """One candidate per distinct layout of ``graph``, in the order of each layout's first candidate:
+        candidates giving every tensor and every op the same axis maps (:meth:`project`) are one layout (e.g.
+        a fallback on axes that split nothing else, and that dim's primary choice on them), priced alike. The
+        first of them stands for the layout, or the one in ``keep`` (candidates found later by their encoding,
+        :meth:`index`: the baselines' rule sets), in the first one's place."""
         dims = list(graph.dims)
         spaces = {frozenset(t.dim_names) for t in graph.tensors.values()}
         spaces |= {frozenset(op.iteration_dims(graph.tensors)) for op in graph.ops}
@@ -88,8 +90,11 @@ class RuleSets:
         maps = np.concatenate([self.project(m) for m in masks], axis=1)
         packed = np.ascontiguousarray(maps, dtype=np.int8 if len(dims) < 127 else np.int32)
         first: dict[bytes, int] = {}  # (hashing rows: np.unique's sort of wide rows took seconds)
-        for r, row in enumerate(map(bytes, packed)):
+        rows = list(map(bytes, packed))
+        for r, row in enumerate(rows):
             first.setdefault(row, r)
+        for r in keep:
+            first[rows[r]] = r  # (in the first one's place: a dict keeps its keys' order)
         return np.fromiter(first.values(), dtype=np.int64, count=len(first))
 
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
