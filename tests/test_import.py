@@ -435,3 +435,30 @@ def test_static_slice_of_an_argument_is_a_tensor_of_its_own() -> None:
     with pytest.raises(GraphError, match="partial slice of a computed value"):
         from_jax(lambda p, x: jnp.sum((x @ p)[:, :2]), jnp.ones((8, 4)), jnp.ones((2, 8)),
                  dims=(("d", "f"), ("batch", "d")))
+
+
+def test_two_files_of_one_name_and_an_edited_file_import_afresh(tmp_path) -> None:
+    """``PATH.py:FUNCTION`` twice in one process: another file of the same name, or the same file edited, is
+    imported again (the first was refused as 'the module name is taken', the second came from the cache)."""
+    from layoutsearch.importer import from_spec_file
+
+    body = "import jax.numpy as jnp\n\ndef loss(params, x):\n    return jnp.{}(jnp.tanh(x @ params['w']))\n"
+    spec = {"args": [{"w": {"dims": ["d_model", "d_ff"], "shape": [16, 32]}},
+                     {"dims": ["batch", "d_model"], "shape": [8, 16]}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    for d, reduce in (("a", "sum"), ("b", "max")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "samename_model.py").write_text(body.format(reduce))
+    try:
+        a = from_spec_file(str(tmp_path / "a" / "samename_model.py") + ":loss", tmp_path / "spec.json")
+        b = from_spec_file(str(tmp_path / "b" / "samename_model.py") + ":loss", tmp_path / "spec.json")
+        # (another size: a cached .pyc of the same size and mtime second would be taken for the source)
+        (tmp_path / "a" / "samename_model.py").write_text(body.format("mean"))
+        edited = from_spec_file(str(tmp_path / "a" / "samename_model.py") + ":loss", tmp_path / "spec.json")
+    finally:
+        sys.modules.pop("samename_model", None)
+
+    def ops(g):
+        return [(o.kind, getattr(o, "fn", None)) for o in g.ops]
+
+    assert ops(a) != ops(b) and ops(edited) not in (ops(a), ops(b))

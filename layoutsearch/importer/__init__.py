@@ -207,9 +207,17 @@ def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
     raise GraphError(f"{where}: expected an array {{\"dims\": ..., \"shape\": ...}}, an object or a list")
 
 
+_FILES_IMPORTED: set[Path] = set()
+"""The files imported as ``PATH.py:FUNCTION``: imported afresh next time (edited, or another file by that name)."""
+
+
 def _importable(target: str, module: str, attr: str, file: Path | None) -> Callable[..., Any]:
     """The function ``attr`` of ``module`` (imported from ``file`` where ``target`` names a file)."""
     shown = target.rpartition(":")[0]
+    if file is not None:  # a file: a module of another file by that name (one imported so, or edited) gives way
+        held = getattr(sys.modules.get(module), "__file__", None)
+        if held is not None and Path(held).resolve() in _FILES_IMPORTED:
+            del sys.modules[module]
     try:
         obj: Any = importlib.import_module(module)
     except Exception as e:  # the user's module failed to import: say why, whatever it raised
@@ -222,6 +230,8 @@ def _importable(target: str, module: str, attr: str, file: Path | None) -> Calla
     if file is not None and (not found or Path(found).resolve() != file):
         raise GraphError(f"cannot import {shown!r}: the module name {module!r} is taken by "
                          f"{found or 'a built-in module'}: rename the file")
+    if file is not None:
+        _FILES_IMPORTED.add(file)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise GraphError(f"module {shown!r} has no attribute {attr!r}")
