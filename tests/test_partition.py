@@ -64,6 +64,12 @@ def test_cost_dag_file_errors_name_the_field(tmp_path):
     path.write_text(json.dumps({"nodes": [{"name": "a", "compute_s": 1, "flops": 3}]}))
     with pytest.raises(CostDAGError, match=r"nodes\[0\]: unknown field\(s\) \['flops'\]"):
         load_costdag(path)
+    from layoutsearch import zoo
+    from layoutsearch.ir import graph_to_json
+
+    path.write_text(graph_to_json(zoo.build("mtf-ffn")))  # a model graph where a cost DAG belongs
+    with pytest.raises(CostDAGError, match="this is a model graph file, not a cost DAG: make its cost DAG with"):
+        load_costdag(path)
     path.write_text("{not json")
     with pytest.raises(CostDAGError, match="not valid JSON"):
         load_costdag(path)

@@ -101,6 +101,9 @@ def costdag_from_dict(doc: Any, source: str = "cost DAG") -> CostDAG:
     check_tree(doc, source, CostDAGError)
     if not isinstance(doc, dict):
         raise fail(f"expected a JSON object with 'nodes' and 'edges', got {type(doc).__name__}")
+    if doc.get("format") == "layoutsearch.graph" or {"ops", "tensors"} <= set(doc):
+        raise fail("this is a model graph file, not a cost DAG: make its cost DAG with `layoutsearch costdag "
+                   "GRAPH.json --mesh AXES --out DAG.json` (see docs/costdag.md), then partition that")
     unknown = set(doc) - _TOP_FIELDS
     if unknown:
         raise fail(f"unknown field(s) {sorted(unknown)}; allowed: {sorted(_TOP_FIELDS)}")
