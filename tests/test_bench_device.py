@@ -35,7 +35,8 @@ def test_the_device_profile_traces_kernels_back_to_ir_ops(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     run = subprocess.run([sys.executable, str(root / "bench" / "profile_device.py"), "--smoke", "--only",
-                          "gpt-0.3b", "--budget-s", "1e9", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+                          "gpt-0.3b", "--budget-s", "1e9", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     row, = json.loads((tmp_path / "profile.json").read_text())["rows"]
     assert "error" not in row, row.get("traceback")

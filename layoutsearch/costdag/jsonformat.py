@@ -12,6 +12,7 @@ from layoutsearch.costdag.model import CostDAG, DeviceKind, Edge, Node
 from layoutsearch.costdag.tarnawski import read_tarnawski
 from layoutsearch.errors import CostDAGError
 from layoutsearch.ir.dims import short_repr
+from layoutsearch.ir.serialize import FORMAT as GRAPH_FORMAT
 from layoutsearch.ir.strictjson import check_tree, dumps, loads, read_text
 from layoutsearch.ir.tensor import is_label
 
@@ -101,7 +102,7 @@ def costdag_from_dict(doc: Any, source: str = "cost DAG") -> CostDAG:
     check_tree(doc, source, CostDAGError)
     if not isinstance(doc, dict):
         raise fail(f"expected a JSON object with 'nodes' and 'edges', got {type(doc).__name__}")
-    if doc.get("format") == "layoutsearch.graph" or {"ops", "tensors"} <= set(doc):
+    if doc.get("format") == GRAPH_FORMAT or {"ops", "tensors"} <= set(doc):
         raise fail("this is a model graph file, not a cost DAG: make its cost DAG with `layoutsearch costdag "
                    "GRAPH.json --mesh AXES --out DAG.json` (see docs/costdag.md), then partition that")
     unknown = set(doc) - _TOP_FIELDS

@@ -161,20 +161,20 @@ def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
     several nodes may take long: ``deadline`` is checked as it fills)."""
     roles, fn = item.roles, item.fn
     nodes = sorted({n for n, _ in roles})
-    where = [(nodes.index(n), rows.shape[1]) for n, rows in roles]
     uniq, inv = [], []
     for n in nodes:
         u, i = unique_rows(np.concatenate([rows for m, rows in roles if m == n], axis=1))
         uniq.append(u)
         inv.append(i)
+    cols: list[tuple[int, int, int]] = []  # per role: (node position, first column in its keys, width)
+    offset = [0] * len(nodes)
+    for n, rows in roles:
+        j = nodes.index(n)
+        cols.append((j, offset[j], rows.shape[1]))
+        offset[j] += rows.shape[1]
 
     def call(picked: Sequence[np.ndarray]) -> float:
-        offset = [0] * len(nodes)
-        args = []
-        for j, width in where:
-            args.append(picked[j][offset[j]:offset[j] + width])
-            offset[j] += width
-        return fn(args)
+        return fn([picked[j][c:c + w] for j, c, w in cols])
 
     if len(nodes) == 1:  # (values may be vectors: bounds, see Pricer.bound; a zero may be a scalar)
         got = [call([row]) for row in uniq[0]]
@@ -184,7 +184,7 @@ def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
         vals = np.array(got, dtype=float)
         return Unary(nodes[0], vals[inv[0]])
     if isinstance(fn, Excess):
-        return Table(tuple(nodes), inv, _excess_table(fn, roles, nodes, uniq, deadline))
+        return Table(tuple(nodes), inv, _excess_table(fn, cols, uniq, deadline))
     table = np.empty([len(u) for u in uniq])
     for n, idx in enumerate(itertools.product(*(range(len(u)) for u in uniq))):
         if deadline is not None and n % 4096 == 4095:
@@ -193,16 +193,10 @@ def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
     return Table(tuple(nodes), inv, table)
 
 
-def _excess_table(fn: Excess, roles: Roles, nodes: list[int], uniq: list[np.ndarray],
+def _excess_table(fn: Excess, cols: list[tuple[int, int, int]], uniq: list[np.ndarray],
                   deadline: Deadline | None) -> np.ndarray:
-    """The table of an :class:`Excess` over ``nodes`` (distinct keys ``uniq``, each node's roles' columns side by
-    side in role order), each term evaluated over its own nodes and broadcast."""
-    cols: list[tuple[int, int, int]] = []  # per role: (node position, first column, width)
-    offset = [0] * len(nodes)
-    for n, rows in roles:
-        j = nodes.index(n)
-        cols.append((j, offset[j], rows.shape[1]))
-        offset[j] += rows.shape[1]
+    """The table of an :class:`Excess` over the nodes whose distinct keys are ``uniq`` (``cols``: per role, its
+    node's position, first column and width), each term evaluated over its own nodes and broadcast."""
     shape = [len(u) for u in uniq]
     tables, k = [], 0
     for count, term in fn.terms:
@@ -215,7 +209,7 @@ def _excess_table(fn: Excess, roles: Roles, nodes: list[int], uniq: list[np.ndar
             t[idx] = term([uniq[j][pick[j]][c:c + w] for j, c, w in mine])
         if deadline is not None:
             deadline.check()
-        tables.append(t.reshape([shape[j] if j in own else 1 for j in range(len(nodes))]))
+        tables.append(t.reshape([shape[j] if j in own else 1 for j in range(len(shape))]))
     return np.maximum(0.0, functools.reduce(np.maximum, tables[1:]) - tables[0])
 
 

@@ -259,22 +259,21 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
                         break
     ok = [(c, r) for c, r in priced if c.fits]
     if not ok:
-        why = _why_none(reasons, bounded, bool(priced))
         raise LayoutSearchError(f"no pipelined plan of {graph.name!r} on mesh {m} "
-                                + (why if why.startswith("none can beat") else f"fits: {why}"))
+                                + _why_none(reasons, bounded, bool(priced)))
     best = min(ok, key=lambda cr: cr[0].step_s)
     return PipelinePlan(best[1], tuple(c for c, _ in priced))
 
 
 def _why_none(reasons: list[str], bounded: int, priced: bool) -> str:
-    """Why no pipelined plan was found: ruled out by lower bounds (none can beat the best plan known), the
-    last errors met, or memory."""
+    """Why no pipelined plan was found, to follow "no pipelined plan ...": ruled out by lower bounds (none can
+    beat the best plan known), the last errors met, or memory."""
     if bounded:
-        return (f"none can beat the best plan found ({bounded} configurations ruled out by their lower bounds"
+        return (f"can beat the best plan found ({bounded} configurations ruled out by their lower bounds"
                 + (f"; the others: {reasons[-1]}" if reasons else "") + ")")
     if reasons:
-        return "; ".join(reasons[-3:])
-    return "every candidate exceeds the memory limit" if priced else "none can beat the unpipelined plan"
+        return "fits: " + "; ".join(reasons[-3:])
+    return "fits: every candidate exceeds the memory limit" if priced else "can beat the unpipelined plan"
 
 
 def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int | None,

@@ -215,10 +215,10 @@ class Plan:
         if self.model is None:
             raise LayoutSearchError("this plan has no forward graph to run (build it with search())")
         c = self.chosen
-        return Program(self.model, c.layout.restricted(self.model), remat=c.remat, microbatches=c.microbatches, stage_axis=c.stage_axis,
-                       layers_per_stage=self.layers_per_stage, schedule=c.schedule, precision=self.precision,
-                       optimizer=optimizer if optimizer is not None else self.optimizer, devices=devices,
-                       attention=resolve_attention(self.attention, self.hardware))
+        return Program(self.model, c.layout.restricted(self.model), remat=c.remat, microbatches=c.microbatches,
+                       stage_axis=c.stage_axis, layers_per_stage=self.layers_per_stage, schedule=c.schedule,
+                       precision=self.precision, optimizer=optimizer if optimizer is not None else self.optimizer,
+                       devices=devices, attention=resolve_attention(self.attention, self.hardware))
 
     def to_json(self) -> str:
         """The plan as a JSON document that :meth:`from_json` reads back: the forward graph, the hardware,
