@@ -26,8 +26,6 @@ from typing import Any
 from layoutsearch.errors import LayoutError, LayoutSearchError
 from layoutsearch.export.maxtext import (
     MAXTEXT_AXIS_NAMES,
-    MAXTEXT_DIM_NAMES,
-    MAXTEXT_MESH_AXES,
     MAXTEXT_REMAT_POLICY,
     maxtext_axis_map,
     maxtext_keys,
@@ -48,7 +46,7 @@ from layoutsearch.ir.remat import REMAT_POLICIES, check_remat, parse_remat
 from layoutsearch.layout import Layout
 
 __all__ = [
-    "FORMATS", "MAXTEXT_AXIS_NAMES", "MAXTEXT_DIM_NAMES", "MAXTEXT_MESH_AXES", "MAXTEXT_REMAT_POLICY",
+    "FORMATS", "MAXTEXT_AXIS_NAMES", "MAXTEXT_REMAT_POLICY",
     "REMAT_POLICIES", "export", "flax_logical_axis_rules", "maxtext_axis_map", "maxtext_keys", "maxtext_overrides",
     "maxtext_parallelism_key", "maxtext_yaml", "nnx_logical_axis_rules", "partition_specs", "python_snippet",
 ]
@@ -95,13 +93,13 @@ def _entries_source(pairs: Sequence[tuple[str, Any]], open_: str, close: str) ->
 def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", microbatches: int = 1,
            stage_axis: str | None = None, schedule: str | None = None,
            dim_names: Mapping[str, str | Sequence[str]] | None = None, axis_map: Mapping[str, str] | None = None,
-           slices: int = 1, dcn_axis: str | None = None) -> str:
+           slices: int = 1, dcn_axis: str | None = None, maxtext_version: str | None = None) -> str:
     """``layout`` (checked against ``graph``) in format ``fmt`` (:data:`FORMATS`), as paste-able text.
 
     * ``flax``: Python ``logical_axis_rules = [...]`` (Flax Linen; logical names = dim names);
     * ``nnx``: Python ``logical_axis_rules = (...)`` for ``nnx.logical_axis_rules`` (one pair per dim);
     * ``maxtext``: MaxText override YAML (:func:`maxtext_yaml`; ``dim_names``, ``axis_map``, ``slices``,
-      ``dcn_axis`` apply here only);
+      ``dcn_axis`` and ``maxtext_version`` apply here only);
     * ``specs``: JSON ``{tensor: [entry, ...]}`` (an entry: null, an axis, or a list of axes);
     * ``python``: :func:`python_snippet`.
 
@@ -113,14 +111,14 @@ def export(layout: Layout, graph: Graph, fmt: str, *, remat: str = "none", micro
     check_remat(remat, LayoutError)
     layout = layout.restricted(graph).check(graph)  # (a per-op plan's layout names backward tensors too)
     given = [name for name, v in (("dim_names", dim_names), ("axis_map", axis_map), ("slices", slices != 1),
-                                  ("dcn_axis", dcn_axis)) if v]
+                                  ("dcn_axis", dcn_axis), ("maxtext_version", maxtext_version)) if v]
     if fmt != "maxtext" and given:
         raise LayoutSearchError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to the maxtext format "
                                 f"only, not {fmt}")
     if fmt == "maxtext":
         return maxtext_yaml(layout, graph, dim_names=dim_names, axis_map=axis_map, remat=remat,
                             microbatches=microbatches, stage_axis=stage_axis, schedule=schedule, slices=slices,
-                            dcn_axis=dcn_axis)
+                            dcn_axis=dcn_axis, version=maxtext_version)
     inner = without_stage_rules(layout, stage_axis)
     if fmt == "specs":
         specs = partition_specs(inner, graph)

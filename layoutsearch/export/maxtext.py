@@ -1,12 +1,25 @@
-"""A layout as a MaxText config override: MaxText's own keys, mesh axes and logical axis names
-(:func:`maxtext_overrides`, as commented YAML :func:`maxtext_yaml`).
+"""A plan as a MaxText config override, in the terms of one MaxText version (:func:`maxtext_overrides`; as
+commented YAML :func:`maxtext_yaml`).
 
-MaxText (:data:`MAXTEXT_MESH_AXES`, :data:`MAXTEXT_AXIS_NAMES`, :data:`MAXTEXT_DIM_NAMES`,
-:data:`MAXTEXT_REMAT_POLICY`): the mesh axes of the layout are mapped onto MaxText's mesh axes by name
-(or ``axis_map``), every ``ici_*_parallelism`` and ``dcn_*_parallelism`` key is written (the ici values
-multiply to the devices per slice, the dcn values to ``slices``), the dims become MaxText's logical axis
-names, and the keys written are checked against ``layoutsearch/data/maxtext_keys.txt`` (the MaxText
-0.2.x ``base.yml`` keys; see that file's header for where the list comes from).
+Everything MaxText-specific comes from that version's own files (:mod:`layoutsearch.maxtext.version`: its
+``base.yml`` keys, mesh axes and logical-name vocabulary, the logical names its layers give each tensor)
+and from which MaxText tensor is which tensor of the plan's graph (:mod:`layoutsearch.maxtext.tensors`):
+
+* each MaxText logical name's rule is the mesh axes the plan gives the dims carrying that name, read off the
+  PartitionSpecs of the plan's tensors (a weight's ``embed`` and an activation's ``activation_embed`` may
+  differ); a name the plan would need two values for is refused, naming both tensors. Every name of the
+  version's vocabulary gets a rule (``[]``: unsplit) and ``override_logical_axis_rules: true`` is written, so
+  the rules are the plan's by both routes (a config file on top of ``base.yml``, where OmegaConf replaces
+  the list, and ``key=value`` overrides, where MaxText would otherwise keep its base rules first);
+* a graph MaxText has no decoder block for (:func:`layoutsearch.maxtext.tensors.decoder_block` is None)
+  keeps its own dim names as logical names (``dim_names`` renames them), for a MaxText-style model of the
+  user's own;
+* ``mesh_axes`` is not written (MaxText's default list is right for every version; older ones refuse
+  another length), every ``ici_*``/``dcn_*_parallelism`` key of the version's mesh axes is;
+* ``model_name`` when a model file of the version has the graph's shapes field by field (and no rules of
+  its own that differ from the plan's), else the shape keys (``decoder_block``, ``base_emb_dim``, ...);
+  ``max_target_length``, ``per_device_batch_size``, ``remat_policy`` (:data:`MAXTEXT_REMAT_POLICY`) and the
+  pipeline or gradient-accumulation keys.
 """
 
 from __future__ import annotations
@@ -14,110 +27,76 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from layoutsearch.errors import LayoutError
-from layoutsearch.export.specs import logical_rules, without_stage_rules
+from layoutsearch.export.specs import without_stage_rules
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.remat import parse_remat
 from layoutsearch.layout import Axes, Layout
+from layoutsearch.maxtext.tensors import ACTIVATIONS, PARAMS, decoder_block, zoo_dims, zoo_tensors
+from layoutsearch.maxtext.version import MaxTextVersion, maxtext_version
 from layoutsearch.mesh import Mesh
-
-# -- tables ---------------------------------------------------------------------------------------------------------
-
-MAXTEXT_MESH_AXES = ("data", "stage", "fsdp", "fsdp_transpose", "sequence", "tensor", "expert", "autoregressive")
-"""MaxText 0.2.x's ``mesh_axes``, in MaxText's order (its ``create_device_mesh`` takes the ici/dcn values in
-this fixed order, so ``mesh_axes`` must be exactly this list)."""
 
 MAXTEXT_AXIS_NAMES: dict[str, tuple[str, ...]] = {
     "data": ("data", "dp", "replica", "batch", "dcn", "slice"),
     "stage": ("stage", "stages", "pipe", "pipeline", "pp"),
     "fsdp": ("fsdp", "zero", "sharded"),
     "fsdp_transpose": ("fsdp_transpose",),
-    "sequence": ("sequence", "seq", "sp", "context", "cp"),
+    "context": ("context", "cp", "seq", "sequence", "sp"),
     "tensor": ("tensor", "model", "tp", "mp"),
+    "tensor_sequence": ("tensor_sequence",),
     "expert": ("expert", "experts", "ep"),
     "autoregressive": ("autoregressive",),
 }
-"""MaxText mesh axis -> the layoutsearch mesh axis names (case-insensitive) mapped onto it by default.
-Other names need ``axis_map``."""
+"""MaxText mesh axis -> the layoutsearch mesh axis names (case-insensitive) mapped onto it by default (a
+target the version lacks is skipped). Other names need ``axis_map``."""
 
-MAXTEXT_DIM_NAMES: dict[str, tuple[str, ...]] = {
-    "batch": ("activation_batch", "activation_batch_no_exp", "activation_embed_and_logits_batch",
-              "activation_kv_batch"),
-    "seq": ("activation_length", "activation_q_length", "activation_norm_length"),
-    "kv_seq": ("activation_kv_length",),
-    "d_model": ("embed", "embed_no_exp", "activation_embed", "norm"),
-    "d_ff": ("mlp", "activation_mlp"),
-    "heads": ("heads", "q_heads", "kv_heads", "activation_heads", "activation_kv_heads"),
-    "kv_heads": ("kv_heads", "q_heads", "heads", "activation_kv_heads", "activation_heads"),
-    "d_kv": ("kv", "kv_head_dim", "activation_kv", "activation_kv_head_dim"),
-    "vocab": ("vocab", "activation_vocab"),
-    "experts": ("exp", "activation_exp"),
-    "q_per_kv": (),
-    "rope_half": (),
-    "rope_out": (),
-    "rope_freq": (),
-    "capacity": (),
-}
-"""Dim of the zoo's transformers (``gpt``, ``mtf-transformer``, ``moe``) -> MaxText logical axis names.
+MAXTEXT_REMAT_POLICY: dict[str, str] = {"none": "none", "selective": "minimal", "full": "full"}
+"""layoutsearch remat -> MaxText ``remat_policy`` (MaxText 0.2.5 ``layers/nnx_decoders.py``,
+``get_remat_policy`` and ``minimal_policy``):
 
-MaxText names parameter and activation dims apart (``embed`` / ``activation_embed``); a dim's rule is
-written for each of its names, in the rule's place, so precedence is unchanged. Query heads: MaxText
-flattens them into ``q_heads`` (kv-head major), so a split of ``kv_heads`` is a contiguous split of
-``q_heads``; ``q_per_kv`` and the rotary dims have no MaxText name (an empty tuple) and must stay
-unsplit. Dims not listed keep their own name. Override per dim with ``dim_names``."""
+* ``selective`` -> ``minimal``: ``jax.checkpoint_policies.save_only_these_names`` of the projection outputs
+  (query/key/value/qkv/out projections and the MLP's wi/wo), everything else recomputed: layoutsearch's
+  ``selective`` (block inputs and projection outputs kept, Korthikanti et al. 2022);
+* ``full`` -> ``full``: nothing saved in a layer;
+* ``none`` -> ``none`` with ``scan_layers: false``: MaxText checkpoints a scanned layer whatever the policy
+  (``none`` there is a checkpoint with no policy, i.e. ``full``); only its unscanned layer loop runs a layer
+  without ``jax.checkpoint``. (Each layer is then compiled on its own.)
 
-MAXTEXT_REMAT_POLICY: dict[str, str] = {"none": "minimal", "selective": "minimal", "full": "full"}
-"""layoutsearch remat -> MaxText ``remat_policy``.
+``full:N`` (the first N layers only) has no MaxText equivalent (one policy for every layer): it exports as
+``full``, which holds no more memory and recomputes every layer (said in a comment)."""
 
-* ``full`` -> ``full``: save nothing in a layer, recompute it before its backward pass.
-* ``selective`` -> ``minimal``: ``jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims`` keeps the
-  outputs of matmuls with a weight and recomputes elementwise ops and attention's batched matmuls, which
-  is layoutsearch's ``selective`` (Korthikanti et al. 2022).
-* ``none`` -> ``minimal``: MaxText always wraps its decoder layers in ``nn.remat`` and 0.2.x has no
-  policy that saves every activation; ``minimal`` is the one that recomputes least (MaxText's step then
-  holds less than layoutsearch's ``none`` plan and recomputes the elementwise ops).
-
-``full:N`` (the first N layers only) has no MaxText equivalent (one policy for every scanned layer): it
-exports as ``full``, which holds no more memory and recomputes every layer (said in a comment)."""
-
-_KEYS_FILE = "data/maxtext_keys.txt"
 _PIPELINE_KEYS = ("num_pipeline_microbatches", "num_layers_per_pipeline_stage", "num_pipeline_repeats")
+_SHAPE_KEYS = ("decoder_block", "base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_mlp_dim",
+               "base_num_decoder_layers", "head_dim", "vocab_size", "mlp_activations", "logits_via_embedding")
 
 
-@lru_cache(maxsize=1)
-def maxtext_keys() -> frozenset[str]:
-    """The MaxText 0.2.x ``base.yml`` keys of ``layoutsearch/data/maxtext_keys.txt`` (see its header)."""
-    text = resources.files("layoutsearch").joinpath(_KEYS_FILE).read_text(encoding="utf-8")
-    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#"))
+def maxtext_keys(version: str | None = None) -> frozenset[str]:
+    """Every top-level key of MaxText ``version``'s ``base.yml``."""
+    return maxtext_version(version).keys
 
 
-def maxtext_parallelism_key(axis: str, kind: str = "ici") -> str:
+def maxtext_parallelism_key(axis: str, kind: str = "ici", version: str | None = None) -> str:
     """The config key sizing MaxText mesh axis ``axis`` within (``ici``) or across (``dcn``) slices:
     ``ici_data_parallelism``, ..., and ``ici_pipeline_parallelism`` for the ``stage`` axis."""
-    if axis not in MAXTEXT_MESH_AXES:
-        raise LayoutError(f"{axis!r} is not a MaxText mesh axis (MaxText's: {', '.join(MAXTEXT_MESH_AXES)})")
-    if kind not in ("ici", "dcn"):
-        raise LayoutError(f"parallelism kind must be 'ici' or 'dcn', got {kind!r}")
-    return f"{kind}_{'pipeline' if axis == 'stage' else axis}_parallelism"
+    return maxtext_version(version).parallelism_key(axis, kind)
 
 
-# -- the overrides ----------------------------------------------------------------------------------------------------
+# -- mesh axes ----------------------------------------------------------------------------------------------------------
 
 def maxtext_axis_map(mesh_names: Sequence[str], axis_map: Mapping[str, str] | None = None,
-                     stage_axis: str | None = None) -> dict[str, str]:
+                     stage_axis: str | None = None, version: str | None = None) -> dict[str, str]:
     """Mesh axis -> MaxText mesh axis: ``axis_map`` first, ``stage_axis`` -> ``stage``, then the conventional
     names of :data:`MAXTEXT_AXIS_NAMES`. LayoutError for an axis with no counterpart or two axes on one."""
+    v = maxtext_version(version)
     axis_map = dict(axis_map or {})
     for a, target in axis_map.items():
         if a not in mesh_names:
             raise LayoutError(f"axis_map names mesh axis {a!r}, which the mesh lacks (mesh axes: {', '.join(mesh_names)})")
-        if target not in MAXTEXT_MESH_AXES:
-            raise LayoutError(f"axis_map maps {a!r} to {target!r}, which is not a MaxText mesh axis "
-                              f"(MaxText's: {', '.join(MAXTEXT_MESH_AXES)})")
+        if target not in v.mesh_axes:
+            raise LayoutError(f"axis_map maps {a!r} to {target!r}, which is not a mesh axis of MaxText {v.version} "
+                              f"(its mesh axes: {', '.join(v.mesh_axes)})")
     out: dict[str, str] = {}
     for a in mesh_names:
         if a in axis_map:
@@ -125,11 +104,12 @@ def maxtext_axis_map(mesh_names: Sequence[str], axis_map: Mapping[str, str] | No
         elif a == stage_axis:
             target = "stage"
         else:
-            target = next((m for m, names in MAXTEXT_AXIS_NAMES.items() if a.lower() in names), None)
+            target = next((m for m, names in MAXTEXT_AXIS_NAMES.items() if m in v.mesh_axes and a.lower() in names),
+                          None)
             if target is None:
                 raise LayoutError(
-                    f"mesh axis {a!r} has no MaxText counterpart: name it like one of MaxText's mesh axes "
-                    f"({', '.join(MAXTEXT_MESH_AXES)}) or pass axis_map={{{a!r}: 'fsdp'}} (any of those)")
+                    f"mesh axis {a!r} has no MaxText counterpart: name it like one of MaxText {v.version}'s mesh axes "
+                    f"({', '.join(v.mesh_axes)}) or pass axis_map={{{a!r}: 'fsdp'}} (any of those)")
         if a == stage_axis and target != "stage":
             raise LayoutError(f"stage axis {a!r} must map to MaxText's 'stage' axis (axis_map maps it to {target!r})")
         clash = next((b for b, t in out.items() if t == target), None)
@@ -140,76 +120,14 @@ def maxtext_axis_map(mesh_names: Sequence[str], axis_map: Mapping[str, str] | No
     return out
 
 
-def _maxtext_names(dim: str, dim_names: Mapping[str, str | Sequence[str]] | None) -> tuple[str, ...]:
-    if dim_names is not None and dim in dim_names:
-        names = dim_names[dim]
-        return (names,) if isinstance(names, str) else tuple(names)
-    return MAXTEXT_DIM_NAMES.get(dim, (dim,))
-
-
-def _number(x: float) -> int | float:
-    return int(x) if float(x).is_integer() else float(x)
-
-
-def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str]] | None = None, *,
-                      graph: Graph | None = None, axis_map: Mapping[str, str] | None = None,
-                      remat: str | None = None, microbatches: int = 1, stage_axis: str | None = None,
-                      schedule: str | None = None, slices: int = 1, dcn_axis: str | None = None) -> dict[str, Any]:
-    """A MaxText config fragment (plain lists and numbers, ready for ``yaml.safe_dump`` or ``json.dumps``).
-
-    Keys (all in :func:`maxtext_keys`): ``mesh_axes`` (MaxText's own list), ``ici_<axis>_parallelism`` and
-    ``dcn_<axis>_parallelism`` for every MaxText mesh axis (``stage``: ``*_pipeline_parallelism``; the ici
-    values multiply to the devices per slice, the dcn values to ``slices``), ``data_sharding`` (the
-    MaxText axes splitting the input batch), ``logical_axis_rules`` (``[[logical name, [mesh axes]], ...]``
-    in MaxText's names), and, as given: ``remat_policy`` (:data:`MAXTEXT_REMAT_POLICY`),
-    ``num_pipeline_microbatches`` / ``num_pipeline_repeats`` / ``num_layers_per_pipeline_stage`` (with a
-    stage axis), ``gradient_accumulation_steps`` (micro-batches without one), ``per_device_batch_size``
-    (given a graph with a ``batch`` dim).
-
-    * ``axis_map``: layoutsearch mesh axis -> MaxText mesh axis, for names :data:`MAXTEXT_AXIS_NAMES` lacks.
-    * ``dim_names``: dim -> MaxText logical name(s), overriding :data:`MAXTEXT_DIM_NAMES` (an empty list:
-      no name); dims in neither keep their name.
-    * ``stage_axis``: the pipeline axis (MaxText ``stage``); an axis named like a stage axis is one anyway,
-      as MaxText pipelines whenever ``ici_pipeline_parallelism`` > 1. Rules naming it are dropped.
-    * ``schedule``: ``gpipe``, ``1f1b`` (MaxText's pipeline runs GPipe-style; the keys are the same) or
-      ``interleaved:V`` (``num_pipeline_repeats: V``, MaxText's circular pipeline).
-    * ``slices`` (> 1: multi-slice) splits ``dcn_axis`` (default: the major-most mesh axis it divides) into
-      ``slices`` across slices (``dcn_*``) times the rest within a slice (``ici_*``)."""
-    mesh = layout.mesh
-    names = maxtext_axis_map(mesh.names, axis_map, stage_axis)
-    if stage_axis is None:
-        stage_axis = next((a for a, t in names.items() if t == "stage"), None)
-    inner = without_stage_rules(layout, stage_axis)
-    if graph is not None:
-        inner.check(graph)
-        unknown = sorted(set(dim_names or ()) - set(graph.dims))
-        if unknown:
-            raise LayoutError(f"dim_names names {', '.join(map(repr, unknown))}, which model {graph.name!r} lacks "
-                              f"(dims: {', '.join(graph.dims)})")
-    rules = logical_rules(inner)  # per-tensor entries raise before any other check
-    out: dict[str, Any] = {"mesh_axes": list(MAXTEXT_MESH_AXES)}
-    out.update(_maxtext_parallelism(mesh, names, slices, dcn_axis))
-    out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]
-    out["logical_axis_rules"] = _maxtext_logical_rules(rules, mesh, names, dim_names, stage_axis)
-    if remat is not None:
-        out["remat_policy"] = MAXTEXT_REMAT_POLICY[parse_remat(remat, LayoutError).kind]
-    out.update(_maxtext_pipeline(mesh, stage_axis, microbatches, schedule, graph))
-    if graph is not None and "batch" in graph.dims:
-        accumulation = out.get("gradient_accumulation_steps", 1)
-        out["per_device_batch_size"] = _number(graph.dims["batch"] / (mesh.size * accumulation))
-    unknown = sorted(set(out) - maxtext_keys())
-    assert not unknown, f"keys not in {_KEYS_FILE}: {unknown}"
-    return out
-
-
-def _maxtext_parallelism(mesh: Mesh, names: Mapping[str, str], slices: int, dcn_axis: str | None) -> dict[str, int]:
-    """The ``ici_*`` and ``dcn_*`` parallelism keys of :func:`maxtext_overrides`: every MaxText mesh axis's
-    size within a slice and across ``slices`` (``dcn_axis``, default the major-most mesh axis they divide,
-    spans the slices)."""
+def _parallelism(v: MaxTextVersion, mesh: Mesh, names: Mapping[str, str], slices: int,
+                 dcn_axis: str | None) -> dict[str, int]:
+    """Every ``ici_*`` / ``dcn_*_parallelism`` key of the version's mesh axes: each axis's size within a slice
+    and across ``slices`` (``dcn_axis``, default the major-most mesh axis they divide, spans the slices)."""
     if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
         raise LayoutError(f"slices must be a positive integer, got {slices!r}")
-    ici = dict.fromkeys(MAXTEXT_MESH_AXES, 1)
-    dcn = dict.fromkeys(MAXTEXT_MESH_AXES, 1)
+    ici = dict.fromkeys(v.mesh_axes, 1)
+    dcn = dict.fromkeys(v.mesh_axes, 1)
     for a, size in mesh.axes:
         ici[names[a]] = size
     if slices > 1:
@@ -225,50 +143,132 @@ def _maxtext_parallelism(mesh: Mesh, names: Mapping[str, str], slices: int, dcn_
     elif dcn_axis is not None:
         mesh.axis_size(dcn_axis)
     assert math.prod(ici.values()) * math.prod(dcn.values()) == mesh.size
-    out = {maxtext_parallelism_key(a, "ici"): ici[a] for a in MAXTEXT_MESH_AXES}
-    out.update({maxtext_parallelism_key(a, "dcn"): dcn[a] for a in MAXTEXT_MESH_AXES})
+    out: dict[str, int] = {}
+    for kind, sizes in (("ici", ici), ("dcn", dcn)):
+        for a in v.mesh_axes:
+            key = v.parallelism_key(a, kind)
+            if key in v.keys:
+                out[key] = sizes[a]
+            elif sizes[a] != 1:
+                raise LayoutError(f"MaxText {v.version} has no key {key} to size its {a!r} axis")
     return out
 
 
-def _batch_axes(inner: Layout, graph: Graph | None) -> Axes:
-    """The mesh axes splitting the input batch: those of the graph's first input with a ``batch`` dim, else
-    (no graph) those the rules give ``batch``."""
-    if graph is not None:
-        source = next((t for t in graph.tensors.values() if t.role == "input" and "batch" in t.dim_names), None)
-        return inner.dim_layout(source).get("batch", ()) if source is not None else ()
-    return inner.rules_layout(["batch"]).get("batch", ())
+# -- logical axis rules -------------------------------------------------------------------------------------------------
+
+def logical_axes(layout: Layout, graph: Graph, names: Mapping[str, str], version: str | None = None
+                 ) -> dict[str, tuple[tuple[str, ...], str]]:
+    """MaxText logical name -> (the MaxText mesh axes the plan gives the dims carrying it, the first tensor that
+    carries it), over every MaxText parameter and activation with a counterpart in ``graph`` (a model of a
+    MaxText decoder block). LayoutError for a name two tensors need different values for."""
+    v = maxtext_version(version)
+    block = decoder_block(graph)
+    if block is None or block not in v.tensors:
+        raise LayoutError(f"model {graph.name!r} is no MaxText {v.version} decoder block")
+    table = v.tensors[block]
+    logical_of = {**table["params"], **table["activations"], "logits": table["logits"]}
+    found: dict[str, tuple[tuple[str, ...], str]] = {}
+    for c in PARAMS[block] + ACTIVATIONS[block]:
+        logical = logical_of.get(c.maxtext)
+        if logical is None:
+            raise LayoutError(f"MaxText {v.version}'s {block} block has no tensor {c.maxtext!r} (its table: {v.source})")
+        dims = zoo_dims(graph, c)
+        if len(logical) != len(dims):
+            raise LayoutError(f"MaxText {v.version}'s {c.maxtext} has {len(logical)} axes, layoutsearch expects "
+                              f"{len(dims)}")
+        for t in zoo_tensors(graph, c):
+            lay = layout.dim_layout(t)
+            for name, zd in zip(logical, dims):
+                if name is None or not zd:
+                    continue
+                axes = tuple(names[a] for d in zd for a in lay.get(d, ()))
+                where = f"{t.name}'s {'x'.join(zd)}"
+                if name not in found:
+                    found[name] = (axes, where)
+                elif found[name][0] != axes:
+                    raise LayoutError(
+                        f"MaxText {v.version} gives {found[name][1]} and {where} one logical axis name, {name!r}; the "
+                        f"plan splits them differently ({list(found[name][0]) or 'unsplit'} and {list(axes) or 'unsplit'}), "
+                        "which MaxText's rules cannot express")
+    return found
 
 
-def _maxtext_logical_rules(rules_in: Sequence[tuple[str, Axes]], mesh: Mesh, names: Mapping[str, str],
-                           dim_names: Mapping[str, str | Sequence[str]] | None,
-                           stage_axis: str | None) -> list[list[Any]]:
-    """MaxText's ``logical_axis_rules`` for ``rules_in`` (the layout's rules without those of the stage axis),
-    in MaxText's logical names and mesh axes, plus the layers-over-stages rules of a pipeline."""
+def _block_rules(layout: Layout, graph: Graph, names: Mapping[str, str], v: MaxTextVersion,
+                 piped: bool) -> list[list[Any]]:
+    found = logical_axes(layout, graph, names, v.version)
     rules: list[list[Any]] = []
-    for dim, axes in rules_in:
-        logical = _maxtext_names(dim, dim_names)
-        if not logical and axes:
-            raise LayoutError(
-                f"rule {dim}:{'+'.join(axes)} splits dim {dim!r}, which has no MaxText logical axis name"
-                + (" (MaxText flattens query heads into q_heads, kv-head major: split kv_heads instead)"
-                   if dim == "q_per_kv" else "") + f"; pass dim_names={{{dim!r}: [...]}} to name it")
-        for name in logical:
+    for name in dict.fromkeys([*v.logical_names, *found]):
+        if name in ("layers", "activation_stage"):
+            rules.append([name, ["stage"] if piped else []])
+        else:
+            rules.append([name, list(found.get(name, ((), ""))[0])])
+    return rules
+
+
+def _own_rules(inner: Layout, names: Mapping[str, str], dim_names: Mapping[str, str | Sequence[str]] | None,
+               piped: bool) -> list[list[Any]]:
+    """The rules of a graph MaxText has no decoder for: its dims as logical names (``dim_names`` renames)."""
+    if inner.tensors:
+        raise LayoutError("a layout with per-tensor entries cannot be written as MaxText rules for a model MaxText "
+                          "has no decoder for; export it with the specs or python format")
+    rules: list[list[Any]] = []
+    for dim, axes in inner.rules:
+        given = (dim_names or {}).get(dim, dim)
+        for name in ((given,) if isinstance(given, str) else tuple(given)):
             rules.append([name, [names[a] for a in axes]])
-    if stage_axis is not None and mesh.axis_size(stage_axis) > 1:
+    if piped:
         rules += [["layers", ["stage"]], ["activation_stage", ["stage"]]]
     return rules
 
 
-def _maxtext_pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, schedule: str | None,
-                      graph: Graph | None) -> dict[str, int]:
-    """The micro-batch keys of :func:`maxtext_overrides`: ``num_pipeline_microbatches``,
-    ``num_layers_per_pipeline_stage`` and ``num_pipeline_repeats`` over a stage axis of more than one stage,
-    else ``gradient_accumulation_steps`` (more than one micro-batch)."""
+# -- model shape, batch, remat, pipeline --------------------------------------------------------------------------------
+
+def _shape_keys(graph: Graph, block: str) -> dict[str, Any]:
+    m = graph.meta
+    heads = int(m["heads"])
+    keys: dict[str, Any] = {
+        "decoder_block": block, "base_emb_dim": graph.dims["d_model"], "base_num_query_heads": heads,
+        "base_num_kv_heads": int(m.get("kv_heads") or heads), "base_mlp_dim": graph.dims["d_ff"],
+        "base_num_decoder_layers": int(m["layers"]), "head_dim": graph.dims["d_kv"],
+        "vocab_size": graph.dims["vocab"],
+        "mlp_activations": ["silu", "linear"] if block == "llama2" else ["gelu"],
+        "logits_via_embedding": block == "gpt3",
+    }
+    if block == "gpt3":
+        keys.update({"fused_qkv": True, "trainable_position_size": graph.dims["seq"], "use_iota_embed": True})
+    return keys
+
+
+def _model_keys(graph: Graph, block: str, v: MaxTextVersion, rules: list[list[Any]]) -> dict[str, Any]:
+    """``model_name`` of the version's model file with the graph's shapes (and, if it has rules of its own,
+    the same as ours), else the shape keys."""
+    keys = _shape_keys(graph, block)
+    ours = {r[0]: r[1] for r in rules}
+    for name, model in v.models.items():
+        if all(model.get(k) == keys[k] for k in _SHAPE_KEYS) and all(
+                ours.get(r[0]) == ([r[1]] if isinstance(r[1], str) else list(r[1]))
+                for r in model.get("logical_axis_rules", [])):
+            return {"model_name": name}
+    return keys
+
+
+def _remat(remat: str) -> dict[str, Any]:
+    kind = parse_remat(remat, LayoutError).kind
+    out: dict[str, Any] = {"remat_policy": MAXTEXT_REMAT_POLICY[kind]}
+    if kind == "none":
+        out["scan_layers"] = False
+    return out
+
+
+def _pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, schedule: str | None,
+              graph: Graph | None) -> dict[str, int]:
+    """``num_pipeline_microbatches``, ``num_layers_per_pipeline_stage`` and ``num_pipeline_repeats`` over a stage
+    axis of more than one stage, else ``gradient_accumulation_steps`` (more than one micro-batch)."""
     from layoutsearch.costmodel.schedule import Schedule
 
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
-    sched = Schedule.parse(schedule or "1f1b")
+    sched = Schedule.parse(schedule or "gpipe")
     stages = mesh.axis_size(stage_axis) if stage_axis is not None else 1
     out: dict[str, int] = {}
     if stages > 1:
@@ -290,59 +290,133 @@ def _maxtext_pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, sch
     return out
 
 
+def _number(x: float) -> int | float:
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def _batch_axes(inner: Layout, graph: Graph | None) -> Axes:
+    """The mesh axes splitting the input batch: those of the graph's first input with a ``batch`` dim, else
+    (no graph) those the rules give ``batch``."""
+    if graph is not None:
+        source = next((t for t in graph.tensors.values() if t.role == "input" and "batch" in t.dim_names), None)
+        return inner.dim_layout(source).get("batch", ()) if source is not None else ()
+    return inner.rules_layout(["batch"]).get("batch", ())
+
+
+# -- the overrides --------------------------------------------------------------------------------------------------------
+
+def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str]] | None = None, *,
+                      graph: Graph | None = None, axis_map: Mapping[str, str] | None = None,
+                      remat: str | None = None, microbatches: int = 1, stage_axis: str | None = None,
+                      schedule: str | None = None, slices: int = 1, dcn_axis: str | None = None,
+                      version: str | None = None) -> dict[str, Any]:
+    """A MaxText config fragment (plain lists and numbers, ready for ``yaml.safe_dump`` or ``json.dumps``) for
+    MaxText ``version`` (default :func:`layoutsearch.maxtext.version.default_version`); see the module
+    docstring for what it holds.
+
+    * ``axis_map``: layoutsearch mesh axis -> MaxText mesh axis, for names :data:`MAXTEXT_AXIS_NAMES` lacks.
+    * ``dim_names``: dim -> logical name(s), for a graph MaxText has no decoder block for (a MaxText decoder's
+      names come from MaxText's layers).
+    * ``stage_axis``: the pipeline axis (MaxText ``stage``); an axis named like a stage axis is one anyway.
+    * ``schedule``: ``gpipe`` (MaxText's pipeline) or ``interleaved:V`` (``num_pipeline_repeats: V``,
+      MaxText's circular pipeline); MaxText runs no 1F1B schedule.
+    * ``slices`` (> 1: multi-slice) splits ``dcn_axis`` (default: the major-most mesh axis it divides) into
+      ``slices`` across slices (``dcn_*``) times the rest within a slice (``ici_*``)."""
+    v = maxtext_version(version)
+    mesh = layout.mesh
+    names = maxtext_axis_map(mesh.names, axis_map, stage_axis, v.version)
+    if stage_axis is None:
+        stage_axis = next((a for a, t in names.items() if t == "stage"), None)
+    piped = stage_axis is not None and mesh.axis_size(stage_axis) > 1
+    if schedule is not None and schedule.lower() == "1f1b" and piped:
+        raise LayoutError("MaxText runs no 1F1B pipeline (its pipeline is GPipe-style, or circular with "
+                          "num_pipeline_repeats): price the plan under --schedule gpipe before exporting it")
+    inner = without_stage_rules(layout, stage_axis)
+    block = decoder_block(graph) if graph is not None else None
+    if graph is not None:
+        inner.restricted(graph).check(graph)
+        unknown = sorted(set(dim_names or ()) - set(graph.dims))
+        if unknown:
+            raise LayoutError(f"dim_names names {', '.join(map(repr, unknown))}, which model {graph.name!r} lacks "
+                              f"(dims: {', '.join(graph.dims)})")
+    if block is not None and dim_names:
+        raise LayoutError(f"model {graph.name!r} is MaxText's {block} decoder: its logical names come from MaxText's "
+                          "own layers; dim_names is for models MaxText has no decoder for")
+    out: dict[str, Any] = {"override_logical_axis_rules": True}
+    out.update(_parallelism(v, mesh, names, slices, dcn_axis))
+    out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]
+    if block is not None:
+        out["logical_axis_rules"] = _block_rules(inner, graph, names, v, piped)
+        out.update(_model_keys(graph, block, v, out["logical_axis_rules"]))
+    else:
+        out["logical_axis_rules"] = _own_rules(inner, names, dim_names, piped)
+    if remat is not None:
+        out.update(_remat(remat))
+    out.update(_pipeline(mesh, stage_axis, microbatches, schedule, graph))
+    if graph is not None and "batch" in graph.dims:
+        accumulation = out.get("gradient_accumulation_steps", 1)
+        out["per_device_batch_size"] = _number(graph.dims["batch"] / (mesh.size * accumulation))
+    if graph is not None and "seq" in graph.dims:
+        out["max_target_length"] = graph.dims["seq"]
+    unknown = sorted(set(out) - v.keys)
+    if unknown:
+        raise LayoutError(f"MaxText {v.version} has no key {', '.join(unknown)} (its base.yml)")
+    return out
+
+
 def maxtext_yaml(layout: Layout, graph: Graph | None = None, *, dim_names: Mapping[str, str | Sequence[str]] | None = None,
                  axis_map: Mapping[str, str] | None = None, remat: str | None = "none", microbatches: int = 1,
                  stage_axis: str | None = None, schedule: str | None = None, slices: int = 1,
-                 dcn_axis: str | None = None) -> str:
-    """:func:`maxtext_overrides` as commented YAML (each value a JSON flow value, which YAML reads as is)."""
+                 dcn_axis: str | None = None, version: str | None = None) -> str:
+    """:func:`maxtext_overrides` as commented YAML (each value a JSON flow value, which YAML reads as is): a
+    config file for ``train.py CONFIG.yml`` (with ``base_config: base.yml`` added) or, key by key, the
+    ``key=value`` overrides of a command line."""
     cfg = maxtext_overrides(layout, dim_names, graph=graph, axis_map=axis_map, remat=remat,
                             microbatches=microbatches, stage_axis=stage_axis, schedule=schedule, slices=slices,
-                            dcn_axis=dcn_axis)
+                            dcn_axis=dcn_axis, version=version)
+    v = maxtext_version(version)
     mesh = layout.mesh
-    names = maxtext_axis_map(mesh.names, axis_map, stage_axis)
+    names = maxtext_axis_map(mesh.names, axis_map, stage_axis, v.version)
     stage = stage_axis or next((a for a, t in names.items() if t == "stage"), None)
     model = f"model {graph.name!r} " if graph is not None else ""
+    block = decoder_block(graph) if graph is not None else None
     lines = [
-        f"# layoutsearch: MaxText config overrides for {model}on mesh {mesh} ({mesh.size} devices, "
+        f"# layoutsearch: MaxText {v.version} config for {model}on mesh {mesh} ({mesh.size} devices, "
         f"{slices} slice{'s' if slices > 1 else ''}), layout {layout.describe() or '(replicated)'}",
-        "# Keys of MaxText 0.2.x MaxText/configs/base.yml (list: layoutsearch/data/maxtext_keys.txt); merge them",
-        "# into your MaxText config.",
+        f"# Keys, mesh axes and logical names of MaxText {v.version} ({v.source}).",
+        "# Use as a config file (add `base_config: base.yml`) or as key=value overrides on the command line.",
         "# mesh axes -> MaxText: " + ", ".join(f"{a} -> {t}" for a, t in names.items()),
     ]
+    if block is None:
+        lines.append(f"# model {graph.name if graph is not None else '(none given)'!r} has no MaxText decoder block: "
+                     "logical names are its dim names, for a model of your own that uses them")
+    else:
+        lines.append(f"# MaxText decoder block {block}: each logical name's rule is what the plan gives the tensors "
+                     "MaxText gives that name")
     ours = [names[a] for a in mesh.names]
-    if ours != [a for a in MAXTEXT_MESH_AXES if a in ours]:
-        lines.append("# (MaxText orders its mesh axes as mesh_axes below, whatever the order of the mesh above: same "
+    if ours != [a for a in v.mesh_axes if a in ours]:
+        lines.append("# (MaxText orders its mesh axes as its mesh_axes, whatever the order of the mesh above: same "
                      "shardings, other device placement)")
-    lines += ["# mesh_axes is MaxText 0.2.x's own list, in the order its code builds the mesh from the ici/dcn values;",
-              "# if your MaxText's base.yml lists other mesh axes, keep its mesh_axes and drop this line."]
-    renamed = []
-    for dim, _ in logical_rules(without_stage_rules(layout, stage)):
-        logical = _maxtext_names(dim, dim_names)
-        if logical != (dim,):
-            renamed.append(f"{dim} -> {', '.join(logical) or '(none)'}")
     piped = False
     for key, value in cfg.items():
         if key == "data_sharding":
             lines.append("# data_sharding: the MaxText axes splitting the input batch")
         if key == "logical_axis_rules":
-            if renamed:
-                lines.append("# logical axis names: " + "; ".join(dict.fromkeys(renamed)))
             lines.append("logical_axis_rules: [")
             lines += [f"  {json.dumps(r)}," for r in value[:-1]] + ([f"  {json.dumps(value[-1])}"] if value else [])
             lines.append("]")
             continue
         if key == "remat_policy":
+            kind = parse_remat(remat, LayoutError)
             lines.append(f"# remat {remat} -> remat_policy {value!r}" + (
-                " (MaxText always remats its layers; 'minimal' recomputes least)" if remat == "none" else
-                " (MaxText remats every layer alike: all of them recomputed, memory no higher)"
-                if remat not in MAXTEXT_REMAT_POLICY else ""))
+                " with scan_layers false (a scanned MaxText layer is always checkpointed)" if kind.kind == "none"
+                else " (MaxText remats every layer alike: all of them recomputed, memory no higher)"
+                if kind.blocks is not None else ""))
         if key in _PIPELINE_KEYS and stage is not None and not piped:
             piped = True
-            sched = schedule or "1f1b"
             lines.append(f"# pipeline over {stage!r} -> MaxText 'stage' ({mesh.axis_size(stage)} stages), schedule "
-                         f"{sched}" + (": MaxText's pipeline runs GPipe-style (all micro-batches in flight)"
-                                       if sched == "1f1b" else " (MaxText's circular pipeline)"
-                                       if sched.startswith("interleaved") else ""))
+                         f"{schedule or 'gpipe'}" + (" (MaxText's circular pipeline)"
+                                                     if (schedule or "").startswith("interleaved") else ""))
             if "num_pipeline_microbatches" not in cfg:
                 lines.append("# num_pipeline_microbatches not written (1 micro-batch): MaxText's default is the stages")
         if key == "per_device_batch_size" and graph is not None:
