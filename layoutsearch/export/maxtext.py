@@ -170,6 +170,8 @@ def logical_axes(layout: Layout, graph: Graph, names: Mapping[str, str], version
     found: dict[str, tuple[tuple[str, ...], str]] = {}
     for c in PARAMS[block] + ACTIVATIONS[block]:
         logical = logical_of.get(c.maxtext)
+        if logical is None and c in ACTIVATIONS[block]:
+            continue  # a constraint this version does not apply
         if logical is None:
             raise LayoutError(f"MaxText {v.version}'s {block} block has no tensor {c.maxtext!r} (its table: {v.source})")
         dims = zoo_dims(graph, c)
@@ -244,7 +246,8 @@ def _model_keys(graph: Graph, block: str, v: MaxTextVersion, rules: list[list[An
     the same as ours), else the shape keys."""
     keys = _shape_keys(graph, block)
     ours = {r[0]: r[1] for r in rules}
-    for name, model in v.models.items():
+    preset = graph.meta.get("preset")
+    for name, model in sorted(v.models.items(), key=lambda item: item[0] != preset):
         if all(model.get(k) == keys[k] for k in _SHAPE_KEYS) and all(
                 ours.get(r[0]) == ([r[1]] if isinstance(r[1], str) else list(r[1]))
                 for r in model.get("logical_axis_rules", [])):

@@ -140,12 +140,25 @@ def eval_tuple(text):
 
 
 def eval_spec(text):
-    """``P('fsdp', None, ('data', 'tensor'))`` as a tuple of entries (a literal read, no eval)."""
+    """``P('fsdp', None, ('data', 'tensor'))`` as a tuple of entries, read as a literal (no eval); a name
+    such as ``UNCONSTRAINED`` becomes the string ``<UNCONSTRAINED>``."""
     import ast
-    assert text.startswith("P(") and text.endswith(")"), text
-    inner = text[1:]
-    value = ast.literal_eval(inner if inner != "()" else "()")
-    return value if isinstance(value, tuple) else (value,)
+
+    def convert(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Tuple):
+            return tuple(convert(e) for e in node.elts)
+        if isinstance(node, ast.Name):
+            return f"<{node.id}>"
+        if isinstance(node, ast.Attribute):
+            return f"<{node.attr}>"
+        raise ValueError(f"unexpected PartitionSpec entry in {text!r}")
+
+    call = ast.parse(text, mode="eval").body
+    if not isinstance(call, ast.Call):
+        raise ValueError(f"not a PartitionSpec: {text!r}")
+    return tuple(convert(a) for a in call.args)
 
 
 def read_files():
@@ -167,8 +180,8 @@ def read_files():
 def main():
     request = json.load(sys.stdin)
     devices = int(request["devices"])
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={devices}").strip()
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices}"])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     stdout = sys.stdout
     sys.stdout = sys.stderr  # MaxText prints; the JSON lines alone go to the real stdout

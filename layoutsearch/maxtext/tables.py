@@ -37,7 +37,8 @@ BLOCKS: dict[str, list[str]] = {
     "gpt3": ["decoder_block=gpt3", "base_num_query_heads=4", "base_num_kv_heads=4", "mlp_activations=[gelu]",
              "fused_qkv=true", "logits_via_embedding=true", "trainable_position_size=32", "use_iota_embed=true"],
 }
-"""Toy instances of each decoder block (on one device): only the names of the axes are read off them."""
+"""Toy instances of each decoder block (on one device): only the names of the axes are read off them. Each is
+also built unscanned (``scan_layers=false``, its own activation sites: ``nnx_decoders/y_in``), merged in."""
 
 
 def generate(python: str | None = None) -> dict[str, Any]:
@@ -45,16 +46,19 @@ def generate(python: str | None = None) -> dict[str, Any]:
     files = runner.read_files(python=python)
     base = files["base"]
     base_yml = runner.base_config(python)
-    results = runner.probe([[base_yml, *TOY, *BLOCKS[b]] for b in BLOCKS], devices=1, python=python)
+    cases = [(b, scan) for b in BLOCKS for scan in ("true", "false")]
+    results = runner.probe([[base_yml, *TOY, *BLOCKS[b], f"scan_layers={scan}"] for b, scan in cases], devices=1,
+                           python=python)
     tensors: dict[str, Any] = {}
-    for block, result in zip(BLOCKS, results):
+    for (block, scan), result in zip(cases, results):
         if "error" in result:
-            raise RuntimeError(f"MaxText refused the toy {block} model: {result['error']}")
-        tensors[block] = {
-            "params": {p["path"]: p["logical"] for p in result["params"]},
-            "activations": {a["site"]: a["logical"] for a in result["activations"] if a["logical"]},
-            "logits": result["logits"]["logical"],
-        }
+            raise RuntimeError(f"MaxText refused the toy {block} model (scan_layers={scan}): {result['error']}")
+        entry = tensors.setdefault(block, {"params": {}, "activations": {}, "logits": result["logits"]["logical"]})
+        if scan == "true":  # the scanned parameters (one per layer stack); unscanned ones are the same per layer
+            entry["params"] = {p["path"]: p["logical"] for p in result["params"]}
+        for a in result["activations"]:
+            if a["logical"] and a["site"] != "Unknown":
+                entry["activations"].setdefault(a["site"], a["logical"])
     models = {name: {k: m[k] for k in SHAPE_KEYS if k in m} for name, m in files["models"].items()
               if m.get("decoder_block") in DENSE_BLOCKS}
     return {

@@ -88,6 +88,7 @@ PARAMS: dict[str, tuple[Counterpart, ...]] = {
 ACTIVATIONS: dict[str, tuple[Counterpart, ...]] = {
     "llama2": (
         _c("nnx_decoders/carry", _L + "ff_residual", "batch", "seq", "d_model"),
+        _c("nnx_decoders/y_in", _L + "ff_residual", "batch", "seq", "d_model"),
         _c("attentions/inputs_q", _L + "ln_attn_scaled", "batch", "seq", "d_model"),
         _c("attentions/inputs_kv", _L + "attn_kv_input", "batch", "kv_seq", "d_model"),
         _c("attentions/query", _L + "q", "batch", "seq", Q_HEADS, "d_kv"),
@@ -103,7 +104,8 @@ ACTIVATIONS: dict[str, tuple[Counterpart, ...]] = {
     ),
 }
 """MaxText activation constraint site (``file/variable``, as MaxText's ``debug_sharding`` names it; ``logits``:
-the decoder's output) -> zoo tensors, per decoder block."""
+the decoder's output) -> zoo tensors, per decoder block. ``nnx_decoders/carry`` is the scanned layers' input,
+``nnx_decoders/y_in`` the unscanned layers'."""
 
 MAIN_ACTIVATIONS = ("attentions/inputs_q", "attentions/inputs_kv", "linears/x", "logits")
 """The activations a round trip must reproduce at least: attention inputs, MLP inputs, logits."""
