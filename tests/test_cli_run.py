@@ -48,7 +48,8 @@ def test_run_a_model_searches_first(capsys):
 
 def test_search_out_then_run_and_export(capsys, tmp_path):
     path = tmp_path / "p.json"
-    out = run_json(capsys, "search", "gpt", *SIZES, "--mesh", "data:2,model:4", "--out", path)
+    out = run_json(capsys, "search", "gpt", *SIZES, "--mesh", "data:2,model:4", "--target", "maxtext", "--out", path)
+    assert out["target"] == "maxtext"
     assert json.loads(path.read_text())["plan"]["layout"]["rules"] == out["layout"]["rules"]
     ran = run_json(capsys, "run", path, "--steps", "20")
     assert ran["steps"][-1]["loss"] < ran["steps"][0]["loss"]

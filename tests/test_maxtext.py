@@ -35,9 +35,10 @@ SMALL_LLAMA = {"preset": "llama3-8b", "layers": 2, "d_model": 256, "heads": 4, "
 
 
 def _searched_llama3_8b():
-    """The search's plan for llama3-8b (MaxText's own model) on fsdp:16,tensor:4 of TPU v5p."""
+    """The search's plan (``--target maxtext``) for llama3-8b, MaxText's own model, on fsdp:16,tensor:4 of TPU
+    v5p (a v5p-128 slice: 64 chips)."""
     graph = zoo.build("gpt", preset="llama3-8b", batch=256)
-    plan = search(graph, "fsdp:16,tensor:4", hardware="tpu-v5p", top=1, baselines=False, time_limit=60)
+    plan = search(graph, "fsdp:16,tensor:4", hardware="tpu-v5p", top=1, baselines=False, target="maxtext")
     c = plan.chosen
     return graph, c.layout, {"remat": c.remat, "microbatches": c.microbatches}
 

@@ -23,7 +23,16 @@ def add(sub: Any) -> None:
                    help="maxtext: the MaxText mesh axis of one of the plan's mesh axes (repeatable)")
     p.add_argument("--slices", type=int, default=1, metavar="N",
                    help="maxtext: slices (or hosts over DCN) the mesh spans (default 1)")
+    p.add_argument("--maxtext-version", metavar="V",
+                   help="maxtext: the MaxText version whose keys and logical names to write (default: the installed "
+                        "MaxText's, else the newest with a table: " + _versions() + ")")
     p.add_argument("--out", metavar="FILE", help="also write the text to FILE")
+
+
+def _versions() -> str:
+    from layoutsearch.maxtext.version import SUPPORTED
+
+    return ", ".join(SUPPORTED)
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:
@@ -45,7 +54,8 @@ def run(args: argparse.Namespace) -> Result:
     dim_names = {k: v.split("+") if "+" in v else v for k, v in _pairs(args.dim_names, "--dim-name").items()}
     text = export(c.layout, plan.model, args.format, remat=c.remat, microbatches=c.microbatches,
                   stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,
-                  axis_map=_pairs(args.axis_map, "--axis-map") or None, slices=args.slices)
+                  axis_map=_pairs(args.axis_map, "--axis-map") or None, slices=args.slices,
+                  maxtext_version=args.maxtext_version)
     if args.out:
         try:
             Path(args.out).write_text(text)

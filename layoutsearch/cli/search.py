@@ -74,6 +74,10 @@ def add(sub: Any) -> None:
                         "searched; accumulation is tried when the memory limit binds)")
     p.add_argument("--schedule", metavar="S",
                    help="schedule of a pipelined plan (with --pipeline): gpipe, 1f1b (default) or interleaved:V")
+    p.add_argument("--target", choices=("maxtext",),
+                   help="only plans this framework runs and its config expresses: maxtext (MaxText's logical axis "
+                        "rules for its decoder blocks, remat none/selective/full; `export --format maxtext` "
+                        "writes them)")
     p.add_argument("--out", metavar="PLAN.json",
                    help="save the plan (model, hardware, settings, layout, costs) for `layoutsearch run` and "
                         "`layoutsearch export`, or ls.Plan.load")
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> Result:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
                       optimizer=args.optimizer, precision=args.precision, attention=args.attention,
                       overlap=args.overlap, remat=args.remat, microbatches=microbatches, pipeline=pipeline,
-                      schedule=args.schedule or "1f1b", top=args.top, time_limit=args.time_limit, progress=progress)
+                      schedule=args.schedule or "1f1b", top=args.top, time_limit=args.time_limit, progress=progress,
+                      target=args.target)
     except InfeasibleError as e:
         if not e.options:
             raise
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> Result:
 
         plot_plan(plan, args.plot)
     result = plan.to_dict()
-    result["out"], result["plot"] = args.out, args.plot
+    result["out"], result["plot"], result["target"] = args.out, args.plot, args.target
     if plan.report is not None and not (plan.chosen.pipelined or plan.chosen.microbatches > 1):
         from layoutsearch.costmodel.explain import explain
 

@@ -165,6 +165,7 @@ def logical_axes(layout: Layout, graph: Graph, names: Mapping[str, str], version
     block = decoder_block(graph)
     if block is None or block not in v.tensors:
         raise LayoutError(f"model {graph.name!r} is no MaxText {v.version} decoder block")
+    # (the conflict message below suggests the search that avoids it)
     table = v.tensors[block]
     logical_of = {**table["params"], **table["activations"], "logits": table["logits"]}
     found: dict[str, tuple[tuple[str, ...], str]] = {}
@@ -178,7 +179,7 @@ def logical_axes(layout: Layout, graph: Graph, names: Mapping[str, str], version
         if len(logical) != len(dims):
             raise LayoutError(f"MaxText {v.version}'s {c.maxtext} has {len(logical)} axes, layoutsearch expects "
                               f"{len(dims)}")
-        for t in zoo_tensors(graph, c):
+        for t in zoo_tensors(graph, c, first_layer_only=not layout.tensors):  # (rules: every layer alike)
             lay = layout.dim_layout(t)
             for name, zd in zip(logical, dims):
                 if name is None or not zd:
@@ -191,8 +192,30 @@ def logical_axes(layout: Layout, graph: Graph, names: Mapping[str, str], version
                     raise LayoutError(
                         f"MaxText {v.version} gives {found[name][1]} and {where} one logical axis name, {name!r}; the "
                         f"plan splits them differently ({list(found[name][0]) or 'unsplit'} and {list(axes) or 'unsplit'}), "
-                        "which MaxText's rules cannot express")
+                        "which MaxText's rules cannot express (search with --target maxtext for a plan they can)")
     return found
+
+
+def maxtext_expressible(graph: Graph, mesh: Mesh, version: str | None = None):
+    """A predicate on rule sets (``(dim, axes)`` pairs) over ``mesh``: whether MaxText ``version``'s logical
+    names can express that layout of ``graph`` (:func:`logical_axes` finds no name needing two values).
+    LayoutError when MaxText cannot run the model or the mesh at all (no decoder block, an axis with no
+    MaxText counterpart)."""
+    v = maxtext_version(version)
+    block = decoder_block(graph)
+    if block is None or block not in v.tensors:
+        raise LayoutError(f"MaxText {v.version} has no decoder block for model {graph.name!r} (it runs the zoo's gpt "
+                          "built Llama-style or GPT-3-style)")
+    names = maxtext_axis_map(mesh.names, version=v.version)
+
+    def keep(rules: Sequence[tuple[str, Axes]]) -> bool:
+        try:
+            logical_axes(Layout(mesh, tuple(rules)), graph, names, v.version)
+        except LayoutError:
+            return False
+        return True
+
+    return keep
 
 
 def _block_rules(layout: Layout, graph: Graph, names: Mapping[str, str], v: MaxTextVersion,

@@ -141,10 +141,10 @@ def zoo_dims(graph: Graph, c: Counterpart) -> tuple[tuple[str, ...], ...]:
     return tuple(() if a in (LAYERS, STACK) else _symbolic(graph, a) for a in c.dims)
 
 
-def zoo_tensors(graph: Graph, c: Counterpart) -> Iterator[Tensor]:
-    """Every zoo tensor ``c`` stands for in ``graph`` (each layer's, each stacked one); none if the graph
-    lacks them."""
-    layers = int(graph.meta.get("layers", 0))
+def zoo_tensors(graph: Graph, c: Counterpart, first_layer_only: bool = False) -> Iterator[Tensor]:
+    """Every zoo tensor ``c`` stands for in ``graph`` (each layer's, or only the first layer's, each stacked
+    one); none if the graph lacks them."""
+    layers = 1 if first_layer_only else int(graph.meta.get("layers", 0))
     for name in c.zoo:
         chosen = next((alt for alt in name.split("|") if alt.replace("*", "0") in graph.tensors), None)
         if chosen is None:

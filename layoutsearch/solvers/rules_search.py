@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -23,8 +24,9 @@ from layoutsearch.costmodel.ops import is_matmul, op_flops
 from layoutsearch.costmodel.report import estimate
 from layoutsearch.costmodel.step import checked
 from layoutsearch.ir import ops as O
+from layoutsearch.errors import LayoutSearchError
 from layoutsearch.ir.graph import Graph
-from layoutsearch.layout import Layout
+from layoutsearch.layout import Axes, Layout
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.solvers.assemble import undominated
 from layoutsearch.solvers.build import build_space
@@ -141,14 +143,28 @@ def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return cost, (R @ B).max(axis=0)
 
 
+CANDIDATE_FILTER: ContextVar[Callable[[Sequence[tuple[str, Axes]]], bool] | None] = ContextVar(
+    "CANDIDATE_FILTER", default=None)
+"""A predicate on a candidate's rules that a search sets (``search(target="maxtext")``: what the target
+framework can express); candidates it refuses are left out of every rules space of that search."""
+
+
 def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
                 ) -> tuple[RuleSets, np.ndarray]:
-    """The rules space's candidates (``extra`` appended; one candidate per distinct layout) and their
-    roofline bounds without remat (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
+    """The rules space's candidates (``extra`` appended; one candidate per distinct layout; only those
+    :data:`CANDIDATE_FILTER` keeps, when set) and their roofline bounds without remat (a :class:`RulesSearch`
+    adds those of the einsums its policy runs again)."""
     cands = rule_sets(g, mesh)
     cands = cands.concat(extra) if extra is not None else cands
     named = [cands.index(extra, r) for r in range(len(extra))] if extra is not None else []
     cands = cands.take(cands.distinct(g, keep=[k for k in named if k is not None]))  # (baselines: looked up)
+    keep = CANDIDATE_FILTER.get()
+    if keep is not None:
+        dims = list(g.dims)
+        kept = [r for r in range(len(cands)) if keep(rules_of(cands, r, dims, mesh))]
+        if not kept:
+            raise LayoutSearchError("no layout of the rules space can be written for the target framework")
+        cands = cands.take(kept)
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
 
 

@@ -71,6 +71,7 @@ from layoutsearch.solvers.rules_search import (
     costed_rules,
     first_fitting,
     overlapped_top,
+    CANDIDATE_FILTER,
     rules_candidates,
 )
 from layoutsearch.solvers.rulesets import RuleSets, rules_of
@@ -180,7 +181,7 @@ def _check_arguments(graph: Graph, space: str, solver: str, top: int, remat: str
         raise LayoutSearchError(f"unknown solver {solver!r} (known: {', '.join(SOLVERS)})")
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise LayoutSearchError(f"top must be a positive integer, got {top!r}")
-    if remat != "auto" and parse_remat(remat).blocks is not None and space != "rules":
+    if remat not in ("auto", "maxtext") and parse_remat(remat).blocks is not None and space != "rules":
         raise LayoutSearchError(f"remat {remat} (the first blocks only) is searched in the rules space, not "
                                 f"{space!r}: its blocks would differ, where this space ties them")
     if microbatches != "auto" and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
@@ -201,7 +202,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
            precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto", overlap: float | str = "auto",
            remat: str = "auto", microbatches: int | str = "auto", pipeline: str | int = "off",
            schedule: str = "1f1b", top: int = 3, time_limit: float | None = None, tie: bool = True,
-           baselines: bool = True, progress: Progress | None = None) -> Plan:
+           baselines: bool = True, progress: Progress | None = None, target: str | None = None) -> Plan:
     """The plan of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
     ``memory_limit`` per device, searched jointly over what practitioners decide:
 
@@ -235,9 +236,43 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     :class:`InfeasibleError` naming the smallest peak memory and what would help when nothing fits,
     LayoutSearchError for a bad argument.
     """
-    with _fewer_collections():
-        return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention, overlap,
-                       remat, microbatches, pipeline, schedule, top, time_limit, tie, baselines, progress)
+    if target is None:
+        with _fewer_collections():
+            return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention,
+                           overlap, remat, microbatches, pipeline, schedule, top, time_limit, tie, baselines, progress)
+    keep, remat = _target(target, graph, Mesh.of(mesh), space, remat, pipeline)
+    token = CANDIDATE_FILTER.set(keep)
+    try:
+        with _fewer_collections():
+            return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention,
+                           overlap, remat, microbatches, pipeline, schedule, top, time_limit, tie, baselines, progress)
+    finally:
+        CANDIDATE_FILTER.reset(token)
+
+
+TARGETS = ("maxtext",)
+"""The frameworks a search can be restricted to (``target``): what they can run and their config express."""
+
+
+def _target(target: str, graph: Graph, mesh: Mesh, space: str, remat: str, pipeline: str | int):
+    """The candidate filter and the remat policies of a search for ``target`` (:data:`TARGETS`): MaxText runs
+    the rules space (its logical axis rules), the policies none/selective/full (no per-layer policy), no
+    pipeline priced as MaxText runs it (embeddings outside the stages: not modelled yet)."""
+    from layoutsearch.export.maxtext import maxtext_expressible
+
+    if target not in TARGETS:
+        raise LayoutSearchError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
+    if space != "rules":
+        raise LayoutSearchError(f"--target maxtext searches the rules space (MaxText's logical axis rules), not {space}")
+    if pipeline != "off":
+        raise LayoutSearchError("--target maxtext does not search pipelines yet: MaxText's pipeline keeps the "
+                                "embeddings outside the stages, which the pipeline cost model does not price")
+    if remat == "auto":
+        remat = "maxtext"
+    elif parse_remat(remat, LayoutSearchError).blocks is not None:
+        raise LayoutSearchError(f"MaxText has no remat policy for the first blocks only ({remat}): one policy for "
+                                "every layer (none, selective, full)")
+    return maxtext_expressible(graph, mesh), remat
 
 
 @contextlib.contextmanager
@@ -513,9 +548,11 @@ def _remat_policies(g: Graph, space: str, remat: str) -> tuple[str, ...]:
     rules space the block groups ``full:N`` (:func:`~layoutsearch.ir.remat.block_groups`) before full; but
     ``none`` alone in the ops space and when no forward op is in a block (remat recomputes blocks: without
     any, every policy prices the same step)."""
-    if remat != "auto":
+    if remat not in ("auto", "maxtext"):
         return (remat,)
     blocks = forward_blocks(g)
+    if remat == "maxtext":  # (one policy for every layer)
+        return ("none", "selective", "full") if blocks and space != "ops" else ("none",)
     if space == "ops" or not blocks:
         return ("none",)
     groups = block_groups(len(blocks)) if space == "rules" else ()
