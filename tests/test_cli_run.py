@@ -121,3 +121,19 @@ def test_a_plan_priced_on_a_hardware_profile_is_its_own_reference(capsys, tmp_pa
     out = run_json(capsys, "run", "gpt", *SIZES, "--mesh", "data:8", "--hardware", profile, "--steps", "3")
     assert out["predicted"]["hardware"] == "calibrated-here" and out["predicted_here"] is None
     assert out["measured_over_predicted"] == pytest.approx(out["median_step_s"] / out["predicted"]["step_s"])
+
+
+def test_export_for_maxtext_reprices_a_plan_as_maxtext_runs_it(capsys, tmp_path):
+    path = tmp_path / "p.json"
+    llama = ["--set", "mlp=swiglu", "--set", "norm=rmsnorm", "--set", "position=rotary", "--set", "bias=0",
+             "--set", "tie_embeddings=0"]
+    run_json(capsys, "search", "gpt", *SIZES, *llama, "--mesh", "data:2,model:4", "--remat", "full:1", "--out", path)
+    out = run_json(capsys, "export", path, "--format", "maxtext")
+    ran = out["maxtext_execution"]
+    assert ran["remat"] == "full" and ran["step_s"] > 0 and ran["fits"] is True
+    assert out["text"].startswith("# MaxText runs this plan with remat full") and "remat_policy: \"full\"" in out["text"]
+    code, _, err = run(capsys, "search", "gpt", *SIZES, "--mesh", "data:2,model:4", "--target", "maxtext",
+                       "--remat", "full:1")
+    assert code == 2 and "MaxText has no remat policy for the first blocks only" in err
+    code, _, err = run(capsys, "search", "mtf-ffn", "--mesh", "data:2,model:4", "--target", "maxtext")
+    assert code == 2 and "no decoder block for model" in err

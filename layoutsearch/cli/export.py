@@ -56,12 +56,37 @@ def run(args: argparse.Namespace) -> Result:
                   stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,
                   axis_map=_pairs(args.axis_map, "--axis-map") or None, slices=args.slices,
                   maxtext_version=args.maxtext_version)
+    executed = _as_maxtext_runs(plan) if args.format == "maxtext" else None
+    if executed is not None:
+        text = executed["note"] + "\n" + text
     if args.out:
         try:
             Path(args.out).write_text(text)
         except OSError as e:
             raise LayoutSearchError(f"cannot write {args.out!r}: {e}") from None
-    return {"plan": args.plan, "format": args.format, "text": text, "out": args.out}
+    return {"plan": args.plan, "format": args.format, "text": text, "out": args.out, "maxtext_execution": executed}
+
+
+def _as_maxtext_runs(plan: Any) -> dict[str, Any] | None:
+    """The plan re-priced as MaxText runs it, where that differs from how it was priced (a remat policy for
+    the first layers only: MaxText has one policy for every layer, ``full``); None where it is the same."""
+    from layoutsearch.ir.remat import parse_remat
+    from layoutsearch.solvers.search import price_plan
+    from layoutsearch.units import format_bytes, format_seconds
+
+    c = plan.chosen
+    if parse_remat(c.remat).blocks is None:
+        return None
+    run = price_plan(plan.model, c.layout, plan.hardware, remat="full", microbatches=c.microbatches,
+                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=plan.memory_limit,
+                     optimizer=plan.optimizer, precision=plan.precision, attention=plan.attention,
+                     overlap=plan.overlap)
+    fits = run.within(plan.memory_limit)
+    note = (f"# MaxText runs this plan with remat full (one policy for every layer; the plan: {c.remat}): predicted "
+            f"step {format_seconds(run.step_s)} (the plan's {format_seconds(c.step_s)}), peak "
+            f"{format_bytes(run.memory_bytes)} (the plan's {format_bytes(c.memory_bytes)})"
+            + ("" if fits else ", over the memory limit"))
+    return {"remat": "full", "step_s": run.step_s, "memory_bytes": run.memory_bytes, "fits": fits, "note": note}
 
 
 def render(result: Result, args: argparse.Namespace) -> list[Any]:
