@@ -127,3 +127,53 @@ def test_a_plan_maxtext_names_cannot_express_is_refused():
     layout = Layout.from_rules("data:2,model:4", "batch:data,heads:model,d_ff:model,vocab:model")
     with pytest.raises(LayoutError, match="pos_embed's seq.*'vocab'|embed's vocab.*'vocab'"):
         export(layout, graph, "maxtext")
+
+
+READ_CASES = {
+    "llama3-8b with overrides": ("model_name: llama3-8b\nper_device_batch_size: 4\nmax_target_length: 1024\n"
+                                 "ici_fsdp_parallelism: 4\nici_tensor_parallelism: 2\n",
+                                 ["per_device_batch_size=2", "gradient_accumulation_steps=2", "remat_policy=minimal"]),
+    "global_parameter_scale 16 over 2 slices": ("global_parameter_scale: 16\nper_device_batch_size: 6\n"
+                                                "remat_policy: full\nici_fsdp_parallelism: 4\n"
+                                                "dcn_data_parallelism: 2\nnum_slices: 2\n", []),
+    "gpt3 block, rules on the command line": (
+        "decoder_block: gpt3\nbase_emb_dim: 256\nbase_num_query_heads: 4\nbase_num_kv_heads: 4\nbase_mlp_dim: 1024\n"
+        "base_num_decoder_layers: 2\nhead_dim: 64\nvocab_size: 1024\nmlp_activations: [gelu]\n"
+        "logits_via_embedding: true\nfused_qkv: true\ntrainable_position_size: 128\nmax_target_length: 128\n"
+        "ici_data_parallelism: 2\nici_fsdp_parallelism: 1\nici_tensor_parallelism: 4\n",
+        ["logical_axis_rules=[[activation_embed,[]],[norm,[]]]", "remat_policy=none", "scan_layers=false"]),
+}
+_SAME = ("emb_dim", "num_query_heads", "num_kv_heads", "mlp_dim", "num_decoder_layers", "head_dim", "vocab_size",
+         "max_target_length", "global_batch_size_to_train_on", "gradient_accumulation_steps", "scan_layers",
+         "mesh")
+
+
+@pytest.mark.parametrize("case", list(READ_CASES))
+def test_layoutsearchs_reader_of_a_maxtext_config_agrees_with_maxtexts_loader(maxtext_python, tmp_path,
+                                                                              monkeypatch, case):
+    from layoutsearch.maxtext.config_in import read_maxtext_run, resolved_config
+
+    text, overrides = READ_CASES[case]
+    path = tmp_path / "run.yml"
+    path.write_text("base_config: base.yml\n" + text)
+    monkeypatch.delenv(runner.ENV_PYTHON, raising=False)
+    ours, reader = resolved_config(str(path), overrides)
+    assert reader.startswith("layoutsearch's reader")
+    theirs, reader = resolved_config(str(path), overrides, python=maxtext_python)
+    assert reader.startswith("MaxText 0.2.5's own loader")
+    assert {k: ours[k] for k in _SAME} == {k: theirs[k] for k in _SAME}
+    assert (ours["remat_policy"] or "none") == (theirs["remat_policy"] or "none")
+    assert [[n, list(a)] for n, a in ours["logical_axis_rules"]] == [
+        [n, [a] if isinstance(a, str) else list(a or [])] for n, a in theirs["logical_axis_rules"]]
+    mine = read_maxtext_run(str(path), overrides)
+    monkeypatch.setenv(runner.ENV_PYTHON, maxtext_python)
+    by_maxtext = read_maxtext_run(str(path), overrides)
+    assert by_maxtext.reader.startswith("MaxText") and mine.layout == by_maxtext.layout
+    assert (mine.remat, mine.microbatches) == (by_maxtext.remat, by_maxtext.microbatches)
+    assert graph_dict(mine.graph) == graph_dict(by_maxtext.graph)
+
+
+def graph_dict(graph):
+    from layoutsearch.ir.serialize import graph_to_dict
+
+    return graph_to_dict(graph)

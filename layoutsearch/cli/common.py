@@ -49,9 +49,20 @@ def common_flags(default: Any) -> argparse.ArgumentParser:
 
 # -- shared arguments -----------------------------------------------------------------------------------------------
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    """``MODEL`` (zoo name or JSON graph file) and repeatable ``--set KEY=VALUE``."""
-    p.add_argument("model", metavar="MODEL", help="zoo model name (see `layoutsearch models`) or a JSON graph file")
+def add_model_args(p: argparse.ArgumentParser, maxtext: bool = False) -> None:
+    """``MODEL`` (zoo name or JSON graph file) and repeatable ``--set KEY=VALUE``; with ``maxtext``, MODEL is
+    optional and ``--maxtext CONFIG.yml [KEY=VALUE ...]`` with ``--devices N`` may give the model instead
+    (read back by :func:`maxtext_run_of`)."""
+    p.add_argument("model", metavar="MODEL", nargs="?" if maxtext else None,
+                   help="zoo model name (see `layoutsearch models`) or a JSON graph file"
+                        + (" (or --maxtext CONFIG.yml)" if maxtext else ""))
+    if maxtext:
+        p.add_argument("--maxtext", nargs="+", metavar="CONFIG.yml [KEY=VALUE",
+                       help="a MaxText run instead of MODEL: its config file and command-line overrides, read with "
+                            "MaxText's own loader when a Python with MaxText is found ($LAYOUTSEARCH_MAXTEXT_PYTHON), "
+                            "else layoutsearch's reader; the model, mesh, layout, remat and accumulation come from it")
+        p.add_argument("--devices", type=int, metavar="N",
+                       help="with --maxtext: the devices the run uses (needed when a parallelism key is -1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model size, e.g. --set batch=32 --set layers=4 (repeatable)")
 
@@ -90,11 +101,12 @@ def add_training_args(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_PRECISION})")
 
 
-def add_case_args(p: argparse.ArgumentParser) -> None:
+def add_case_args(p: argparse.ArgumentParser, maxtext: bool = False) -> None:
     """MODEL with --set, --mesh, --layout, --hardware (default cpu-sim) with --hw, --optimizer and --precision:
-    one training step of a model under one layout (read back by :func:`case_of`)."""
-    add_model_args(p)
-    add_mesh_arg(p)
+    one training step of a model under one layout (read back by :func:`case_of`); ``maxtext``: or a MaxText run
+    (:func:`add_model_args`)."""
+    add_model_args(p, maxtext)
+    add_mesh_arg(p, required=not maxtext)
     add_layout_arg(p)
     add_hardware_args(p, default="cpu-sim")
     add_training_args(p)
@@ -164,6 +176,37 @@ def layout_of(args: argparse.Namespace, graph: Graph) -> Layout:
     elif rules.strip() in ("replicated", "-"):
         rules = ""
     return Layout.from_rules(mesh, rules).check(graph)
+
+
+def maxtext_run_of(args: argparse.Namespace) -> Any:
+    """The :class:`~layoutsearch.maxtext.config_in.MaxTextRun` of ``--maxtext``, or None; LayoutSearchError for
+    MODEL and --maxtext both or neither, or --maxtext beside the options it replaces."""
+    given = getattr(args, "maxtext", None)
+    if given is None:
+        if args.model is None:
+            raise LayoutSearchError("give a MODEL (a zoo name or a graph file) or --maxtext CONFIG.yml")
+        if getattr(args, "mesh", "") is None:
+            raise LayoutSearchError("--mesh is required with a MODEL")
+        if getattr(args, "devices", None) is not None:
+            raise LayoutSearchError("--devices applies to --maxtext runs (a MODEL's devices are its --mesh)")
+        return None
+    clash = [flag for flag, value in (("MODEL", args.model), ("--set", args.overrides), ("--mesh", args.mesh),
+                                      ("--layout", getattr(args, "layout", None))) if value]
+    if clash:
+        raise LayoutSearchError(f"--maxtext gives the model, mesh and layout: drop {', '.join(clash)}")
+    from layoutsearch.maxtext.config_in import read_maxtext_run
+
+    if args.devices is not None and args.devices < 1:
+        raise LayoutSearchError(f"--devices must be a positive integer, got {args.devices}")
+    return read_maxtext_run(given[0], given[1:], devices=args.devices)
+
+
+def maxtext_summary(run: Any) -> dict[str, Any]:
+    """JSON-ready: how a MaxText run was read (reader, notes, mesh, layout, remat, accumulation)."""
+    return {"reader": run.reader, "notes": run.notes, "mesh": str(run.layout.mesh), "layout": run.layout.describe(),
+            "per_tensor_entries": len(run.layout.tensors), "remat": run.remat, "microbatches": run.microbatches,
+            "model_name": run.config.get("model_name"), "batch": run.graph.dims.get("batch"),
+            "seq": run.graph.dims.get("seq")}
 
 
 def case_of(args: argparse.Namespace) -> tuple[Graph, Layout, Hardware]:

@@ -6,7 +6,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from layoutsearch.cli.common import Result, add_case_args, case_of, command, overlap_arg, remat_arg, table
+from layoutsearch.cli.common import (
+    Result,
+    add_case_args,
+    case_of,
+    command,
+    hardware_of,
+    maxtext_run_of,
+    maxtext_summary,
+    overlap_arg,
+    remat_arg,
+    table,
+)
 from layoutsearch.errors import LayoutSearchError, PartitionError
 from layoutsearch.units import format_bytes, format_seconds
 
@@ -14,7 +25,7 @@ from layoutsearch.units import format_bytes, format_seconds
 def add(sub: Any) -> None:
     p = command(sub, "cost", run, "predict the time, communication, FLOPs and memory per device of one "
                 "training step under a layout, broken down by op and by cause", render=render)
-    add_case_args(p)
+    add_case_args(p, maxtext=True)
     p.add_argument("--remat", type=remat_arg, default="none", metavar="POLICY",
                    help="activation rematerialization: none (default), selective (recompute all but projections' "
                         "outputs), full (keep only block boundaries) or full:N (the first N blocks full, the rest "
@@ -38,11 +49,30 @@ def add(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> Result:
+    """One step's cost: of MODEL under --layout, or of the MaxText run of ``--maxtext`` (its ``maxtext`` entry
+    says how it was read)."""
+    from layoutsearch.mesh import hardware
+
+    mt = maxtext_run_of(args)
+    if mt is not None:
+        if args.remat != "none" or args.microbatches != 1 or args.stage_axis is not None:
+            raise LayoutSearchError("with --maxtext the remat policy, micro-batches and stages come from the MaxText "
+                                    "config: drop --remat, --microbatches and --stage-axis")
+        graph, layout, hw = mt.graph, mt.layout, hardware_of(args) or hardware("cpu-sim")
+        args.remat, args.microbatches = mt.remat, mt.microbatches
+    else:
+        graph, layout, hw = case_of(args)
+    result = _run(args, graph, layout, hw)
+    if mt is not None:
+        result["maxtext"] = maxtext_summary(mt)
+    return result
+
+
+def _run(args: argparse.Namespace, graph: Any, layout: Any, hw: Any) -> Result:
     from layoutsearch.costmodel.pipeline import Schedule
     from layoutsearch.costmodel.report import estimate
     from layoutsearch.solvers.pipeline_search import estimate_pipeline
 
-    graph, layout, hw = case_of(args)
     if args.top < 0:
         raise LayoutSearchError(f"--top must be at least 0, got {args.top}")
     if args.microbatches < 1:
@@ -79,9 +109,20 @@ def run(args: argparse.Namespace) -> Result:
 def render(result: Result, args: argparse.Namespace) -> list[Any]:
     from layoutsearch.costmodel.report import render_report
 
+    head = maxtext_lines(result["maxtext"]) if result.get("maxtext") else []
     if "stage_costs" in result:
-        return render_microbatched(result)
-    return [*render_report(result, top=args.top), "in words:", *(f"  - {line}" for line in result["explain"])]
+        return [*head, *render_microbatched(result)]
+    return [*head, *render_report(result, top=args.top), "in words:",
+            *(f"  - {line}" for line in result["explain"])]
+
+
+def maxtext_lines(mt: Result) -> list[str]:
+    """How a MaxText run was read, as text (``cost --maxtext``, ``search --maxtext``)."""
+    lines = [f"MaxText run read by {mt['reader']}: mesh {mt['mesh']}, layout {mt['layout'] or 'replicated'}"
+             + (f" (+ {mt['per_tensor_entries']} per-tensor entries)" if mt["per_tensor_entries"] else "")
+             + f", remat {mt['remat']}, {mt['microbatches']} micro-batch(es), batch {mt['batch']} x seq {mt['seq']}"]
+    lines += [f"  note: {n}" for n in mt["notes"]]
+    return lines
 
 
 def render_microbatched(r: Result) -> list[Any]:

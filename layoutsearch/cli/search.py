@@ -18,6 +18,8 @@ from layoutsearch.cli.common import (
     command,
     hardware_of,
     load_graph,
+    maxtext_run_of,
+    maxtext_summary,
     mesh_of,
     overlap_arg,
     remat_arg,
@@ -41,8 +43,8 @@ def add(sub: Any) -> None:
     p = command(sub, "search", run, "find the layout minimizing the predicted step time under a memory "
                 "limit, proven optimal, with runner-ups and baselines (data-parallel, FSDP, Megatron, Mesh-TF 2-D)",
                 render=render)
-    add_model_args(p)
-    add_mesh_arg(p)
+    add_model_args(p, maxtext=True)
+    add_mesh_arg(p, required=False)
     add_hardware_args(p, default="cpu-sim")
     p.add_argument("--memory-limit", default="auto", metavar="BYTES|auto|none",
                    help="per-device memory limit, e.g. 16GiB; auto (default): the device's usable memory (HBM less "
@@ -91,9 +93,15 @@ def run(args: argparse.Namespace) -> Result:
     ``next`` (the command that costs the plan)."""
     from layoutsearch.solvers.search import InfeasibleError, search
 
-    graph = load_graph(args)
+    mt = maxtext_run_of(args)
     hw = hardware_of(args) or hardware("cpu-sim")
-    mesh = mesh_of(args)
+    if mt is not None:
+        graph, mesh = mt.graph, mt.layout.mesh
+        if args.target not in (None, "maxtext"):
+            raise LayoutSearchError("--maxtext searches plans for MaxText (--target maxtext)")
+        args.target = "maxtext"
+    else:
+        graph, mesh = load_graph(args), mesh_of(args)
     pipeline = _pipeline_arg(args.pipeline)
     if args.schedule is not None and pipeline == "off":
         raise LayoutSearchError(f"--schedule {args.schedule} applies to pipelined plans: add --pipeline auto (or K)")
@@ -123,6 +131,8 @@ def run(args: argparse.Namespace) -> Result:
         plot_plan(plan, args.plot)
     result = plan.to_dict()
     result["out"], result["plot"], result["target"] = args.out, args.plot, args.target
+    if mt is not None:
+        result["maxtext"] = _maxtext_result(mt, plan, hw, args)
     if plan.report is not None and not (plan.chosen.pipelined or plan.chosen.microbatches > 1):
         from layoutsearch.costmodel.explain import explain
 
@@ -131,15 +141,38 @@ def run(args: argparse.Namespace) -> Result:
         result["cost"]["gantt"] = plan.chosen.report.gantt()
     rules = result["layout"]["rules"]
     result["layout"]["rules_text"] = (format_rules(rules) or "replicated") if rules is not None else None
+    result["model_meta"] = {k: v for k, v in plan.model.meta.items() if isinstance(v, (int, float, str))}
     result["next"] = shlex.join(_next_command(args, result))
     return result
+
+
+def _maxtext_result(mt: Any, plan: Any, hw: Any, args: argparse.Namespace) -> Result:
+    """The user's MaxText run priced as it is, and the override that turns it into the plan."""
+    from layoutsearch.export import export
+    from layoutsearch.solvers.search import price_plan
+
+    now = price_plan(mt.graph, mt.layout, hw, remat=mt.remat, microbatches=mt.microbatches,
+                     memory_limit=args.memory_limit, optimizer=args.optimizer, precision=args.precision,
+                     attention=args.attention, overlap=args.overlap)
+    c = plan.chosen
+    override = export(c.layout, plan.model, "maxtext", remat=c.remat, microbatches=c.microbatches)
+    return {**maxtext_summary(mt), "current": {"step_s": now.step_s, "memory_bytes": now.memory_bytes,
+                                               "fits": now.within(plan.memory_limit)},
+            "speedup": now.step_s / c.step_s, "override": override}
 
 
 def _next_command(args: argparse.Namespace, result: Result) -> list[str]:
     """``layoutsearch cost`` of the chosen plan; for a plan no rule string expresses, the search of the rules
     space (whose plan ``cost`` takes)."""
-    words = [PROG, "cost" if result["layout"]["rules_text"] is not None else "search", args.model]
-    words += [w for o in args.overrides for w in ("--set", o)]
+    words = [PROG, "cost" if result["layout"]["rules_text"] is not None else "search"]
+    if args.model is not None:
+        words += [args.model, *(w for o in args.overrides for w in ("--set", o))]
+    else:  # a MaxText run: its model as the zoo's gpt with its sizes
+        from layoutsearch.zoo.gpt import DEFAULTS, OPTIONS
+
+        meta = result["model_meta"]
+        words += ["gpt", *(w for k in (*DEFAULTS, *OPTIONS) if k in meta and meta[k] is not None and k != "dtype"
+                           for w in ("--set", f"{k}={meta[k]}"))]
     words += ["--mesh", result["mesh"], "--hardware", args.hardware]
     words += [w for o in args.hw_overrides for w in ("--hw", o)]
     for flag, value, default in (("--optimizer", args.optimizer, "adam"),
@@ -319,4 +352,15 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
             out.append(f"{what} {path}")
     why = "" if lay["rules_text"] is not None else "  # the best plan of one rule string, which `cost` takes"
     out.append(f"next: {result['next']}{why}")
+    mt = result.get("maxtext")
+    if mt:
+        from layoutsearch.cli.cost import maxtext_lines
+
+        now = mt["current"]
+        out += ["", *maxtext_lines(mt),
+                (f"your MaxText run as it is: step {format_seconds(now['step_s'])}, peak "
+                 f"{format_bytes(now['memory_bytes'])} per device ({'fits' if now['fits'] else 'DOES NOT FIT'}); the "
+                 f"plan above: {mt['speedup']:.2f}x faster"),
+                "# the MaxText override to apply (config file with base_config: base.yml, or key=value each):",
+                mt["override"].rstrip("\n")]
     return out

@@ -86,9 +86,16 @@ def run_case(argv, devices):
     argv = list(argv) + ["run_name=layoutsearch_probe", "skip_jax_distributed_system=true",
                          "enable_checkpointing=false", "debug_sharding=true"]
     cfg = pyconfig.initialize([sys.argv[0]] + argv)
-    mesh = maxtext_utils.get_mesh_from_config(cfg, jax.devices()[:devices])
+    try:
+        mesh = maxtext_utils.get_mesh_from_config(cfg, jax.devices()[:devices])
+        built_by = "MaxText"
+    except ValueError as e:  # a multi-slice mesh: MaxText's hybrid builder reads TPU slice indices
+        if "slice_index" not in str(e):
+            raise
+        mesh = _slices_mesh(cfg, jax.devices()[:devices])
+        built_by = "the probe (ici x dcn per axis: MaxText's hybrid mesh builder needs TPU slices)"
     out = {"config": {k: _plain(getattr(cfg, k, None)) for k in CONFIG_KEYS},
-           "mesh": {str(a): int(s) for a, s in mesh.shape.items()}}
+           "mesh": {str(a): int(s) for a, s in mesh.shape.items()}, "mesh_built_by": built_by}
     _, model = model_creation_utils.create_nnx_abstract_model(cfg, mesh)
     graphdef, state = nnx.split(model)
     params = []
@@ -130,6 +137,22 @@ def run_case(argv, devices):
     out["activations"] = acts
     out["logits"] = {"logical": list(LOGITS_LOGICAL), "spec": _spec(logits)}
     return out
+
+
+def _slices_mesh(cfg, devices):
+    """The mesh of a multi-slice config on simulated devices: each axis ici x dcn, slices major (the shape
+    MaxText's ``create_hybrid_device_mesh`` builds), the -1 entries filled by MaxText's own helper."""
+    import numpy as np
+    from jax.sharding import Mesh
+    from maxtext.utils import max_utils
+
+    slices = cfg.num_slices
+    ici = max_utils.fill_unspecified_mesh_axes(list(cfg.ici_parallelism), len(devices) // slices, "ICI")
+    dcn = max_utils.fill_unspecified_mesh_axes(list(cfg.dcn_parallelism), slices, "DCN")
+    grid = np.array(devices).reshape([*dcn, *ici])
+    n = len(ici)
+    grid = grid.transpose([i for pair in zip(range(n), range(n, 2 * n)) for i in pair])
+    return Mesh(grid.reshape([d * i for d, i in zip(dcn, ici)]), cfg.mesh_axes)
 
 
 def eval_tuple(text):

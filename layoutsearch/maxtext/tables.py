@@ -29,6 +29,13 @@ SHAPE_KEYS = ("decoder_block", "base_emb_dim", "base_num_query_heads", "base_num
 
 DENSE_BLOCKS = ("llama2", "gpt3", "mistral")
 
+READ_KEYS = ("model_name", "global_parameter_scale", *SHAPE_KEYS[:-1], "max_target_length", "per_device_batch_size",
+             "gradient_accumulation_steps", "remat_policy", "scan_layers", "param_scan_axis", "num_slices",
+             "override_logical_axis_rules", "override_model_config", "dtype", "weight_dtype", "attention",
+             "num_pipeline_microbatches", "num_layers_per_pipeline_stage", "num_pipeline_repeats", "dropout_rate")
+"""The keys layoutsearch's own reader of a MaxText config understands (with every ``ici_*``/``dcn_*``
+parallelism key): their ``base.yml`` defaults are recorded (``defaults``)."""
+
 TOY = ["base_emb_dim=64", "base_num_decoder_layers=2", "head_dim=16", "base_mlp_dim=128", "vocab_size=256",
        "max_target_length=32", "per_device_batch_size=1"]
 BLOCKS: dict[str, list[str]] = {
@@ -71,8 +78,8 @@ def generate(python: str | None = None) -> dict[str, Any]:
         "logical_axis_rules": base["logical_axis_rules"],
         "data_sharding": base["data_sharding"],
         "input_data_sharding_logical_axes": base["input_data_sharding_logical_axes"],
-        "defaults": {k: base[k] for k in ("remat_policy", "max_target_length", "per_device_batch_size",
-                                          "override_logical_axis_rules", "scan_layers", "param_scan_axis")},
+        "defaults": {k: base[k] for k in (*READ_KEYS, *(k for k in base if k.endswith("_parallelism")))
+                     if k in base},
         "models": models,
         "tensors": tensors,
     }
