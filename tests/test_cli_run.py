@@ -137,3 +137,8 @@ def test_export_for_maxtext_reprices_a_plan_as_maxtext_runs_it(capsys, tmp_path)
     assert code == 2 and "MaxText has no remat policy for the first blocks only" in err
     code, _, err = run(capsys, "search", "mtf-ffn", "--mesh", "data:2,model:4", "--target", "maxtext")
     assert code == 2 and "no decoder block for model" in err
+    piped = tmp_path / "piped.json"
+    run_json(capsys, "search", "gpt", *SIZES, *llama, "--mesh", "stage:2,data:4", "--pipeline", "2",
+             "--microbatches", "4", "--schedule", "gpipe", "--top", "1", "--out", piped)
+    code, _, err = run(capsys, "export", piped, "--format", "maxtext")
+    assert code == 2 and "embeddings and the logits outside its stages" in err
