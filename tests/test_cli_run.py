@@ -141,4 +141,11 @@ def test_export_for_maxtext_reprices_a_plan_as_maxtext_runs_it(capsys, tmp_path)
     run_json(capsys, "search", "gpt", *SIZES, *llama, "--mesh", "stage:2,data:4", "--pipeline", "2",
              "--microbatches", "4", "--schedule", "gpipe", "--top", "1", "--out", piped)
     code, _, err = run(capsys, "export", piped, "--format", "maxtext")
-    assert code == 2 and "embeddings and the logits outside its stages" in err
+    assert code == 2 and "priced under schedule gpipe is not what MaxText runs" in err
+    ours = tmp_path / "maxtext-piped.json"
+    found = run_json(capsys, "search", "gpt", *SIZES, *llama, "--mesh", "stage:2,data:4", "--pipeline", "2",
+                     "--target", "maxtext", "--top", "1", "--out", ours)
+    assert found["schedule"] == "maxtext" and found["stage_axis"] == "stage" and found["remat"] != "none"
+    text = run_json(capsys, "export", ours, "--format", "maxtext")["text"]
+    assert "num_layers_per_pipeline_stage: 1" in text and '["activation_embed_and_logits_batch", ["data", "stage"]]' \
+        in text

@@ -256,16 +256,20 @@ def test_maxtext_sizes_the_stage_axis_with_the_pipeline_key():
     assert cfg["num_layers_per_pipeline_stage"] == 2
     assert ["layers", ["stage"]] in cfg["logical_axis_rules"]
     cfg = maxtext_overrides(Layout.from_rules("pipe:2,fsdp:4", "batch:fsdp"), graph=graph, stage_axis="pipe",
-                            microbatches=4, schedule="interleaved:2")
-    assert cfg["ici_pipeline_parallelism"] == 2 and cfg["num_pipeline_repeats"] == 2
-    assert cfg["num_layers_per_pipeline_stage"] == 1
+                            microbatches=4, schedule="maxtext")
+    assert cfg["ici_pipeline_parallelism"] == 2 and cfg["num_pipeline_repeats"] == 1
+    assert cfg["num_layers_per_pipeline_stage"] == 2
+    # the ops outside the stages (logits, input batch) split the batch over the stage axis too
+    assert ["activation_embed_and_logits_batch", ["stage", "fsdp"]] in cfg["logical_axis_rules"]
+    assert ["activation_batch", ["fsdp"]] in cfg["logical_axis_rules"]
     with pytest.raises(LayoutError, match="multiple of the pipeline stages"):
         maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=3)
-    with pytest.raises(LayoutError, match="do not split"):
-        maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=4,
-                          schedule="interleaved:4")
-    with pytest.raises(LayoutError, match="MaxText runs no 1F1B pipeline"):
-        maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=4, schedule="1f1b")
+    with pytest.raises(LayoutError, match="do not split into 4 equal stages"):
+        maxtext_overrides(Layout.from_rules("stage:4,fsdp:2", ""), graph=zoo.build("gpt", layers=6, batch=16),
+                          microbatches=4)
+    for schedule in ("1f1b", "gpipe", "interleaved:2"):
+        with pytest.raises(LayoutError, match=f"priced under schedule {schedule} is not what MaxText runs"):
+            maxtext_overrides(Layout.from_rules("stage:2,fsdp:4", ""), graph=graph, microbatches=4, schedule=schedule)
 
 
 def test_remat_of_the_first_blocks_exports_as_what_each_framework_can_run():
@@ -383,7 +387,7 @@ def test_maxtext_yaml_reads_back_as_the_overrides():
     yaml = pytest.importorskip("yaml")
     graph = zoo.build("gpt", layers=4, batch=16)
     layout = Layout.from_rules("stage:2,data:2,model:2", "batch:data,d_ff:model,d_model:-")
-    kw = {"remat": "full", "microbatches": 4, "schedule": "gpipe"}
+    kw = {"remat": "full", "microbatches": 4, "schedule": "maxtext"}
     text = maxtext_yaml(layout, graph, **kw)
     assert yaml.safe_load(text) == maxtext_overrides(layout, graph=graph, **kw)
     assert text == export(layout, graph, "maxtext", **kw)

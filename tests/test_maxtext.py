@@ -62,6 +62,10 @@ CASES = {
     "gradient accumulation, no remat": (lambda: (zoo.build("gpt", **SMALL_LLAMA),
                                                  Layout.from_rules("data:2,fsdp:4", "batch:data+fsdp,d_model:fsdp"),
                                                  {"remat": "none", "microbatches": 2})),
+    "pipeline (MaxText's)": (lambda: (zoo.build("gpt", **{**SMALL_LLAMA, "layers": 4}),
+                                      Layout.from_rules("stage:2,fsdp:4", "batch:fsdp,d_model:fsdp"),
+                                      {"remat": "full", "microbatches": 4, "stage_axis": "stage",
+                                       "schedule": "maxtext"})),
 }
 
 
@@ -97,9 +101,10 @@ def round_trips(maxtext_python, tmp_path_factory):
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("route", ["config file", "command line"])
 def test_maxtext_builds_exactly_the_plan(round_trips, case, route):
-    (graph, layout, _), text, results = round_trips[case]
+    (graph, layout, kw), text, results = round_trips[case]
     result = results[0 if route == "config file" else 1]
-    rt = compare(result, layout, graph, maxtext_axis_map(layout.mesh.names))
+    rt = compare(result, layout, graph, maxtext_axis_map(layout.mesh.names, stage_axis=kw.get("stage_axis")),
+                 stage_axis=kw.get("stage_axis"))
     assert rt.mismatches == [], "\n".join(rt.mismatches[:20])
     assert rt.params_compared >= (16 if "gpt3" in case else 12)
     assert {"attentions/inputs_q", "linears/x", "logits"} <= set(rt.activations_compared) or "gpt3" in case

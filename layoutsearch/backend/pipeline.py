@@ -157,8 +157,9 @@ from layoutsearch.ir.remat import parse_remat
 from layoutsearch.layout import Layout
 from layoutsearch.mesh import Mesh
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved:V")
-"""The schedules the executor runs (those the cost model prices)."""
+SCHEDULES = ("gpipe", "1f1b", "interleaved:V", "maxtext")
+"""The schedules the executor runs (those the cost model prices; ``maxtext`` runs as ``gpipe``: the same
+numbers, the embedding and head placed otherwise than MaxText places them)."""
 
 
 class Pipeline:
@@ -190,7 +191,7 @@ class Pipeline:
         except CostModelError:
             raise LayoutError(f"the pipeline executor runs the schedules {', '.join(SCHEDULES)}, not {schedule!r}") \
                 from None
-        self.schedule = str(sched)
+        self.schedule = "gpipe" if sched.kind == "maxtext" else str(sched)  # (MaxText's: GPipe, same numbers)
         self.V = sched.virtual if sched.kind == "interleaved" else 1
         """Chunks per device (``V`` of ``interleaved:V``; 1 otherwise)."""
         self.remat = ("full" if remat else "none") if isinstance(remat, bool) else remat

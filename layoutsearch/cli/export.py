@@ -51,10 +51,7 @@ def run(args: argparse.Namespace) -> Result:
 
     plan = Plan.load(args.plan)
     c = plan.chosen
-    if args.format == "maxtext" and c.pipelined:
-        raise LayoutSearchError("MaxText runs a pipeline with the embeddings and the logits outside its stages, which "
-                                "layoutsearch does not price yet: this pipelined plan is not what MaxText would run "
-                                "(search with --target maxtext for a plan it runs)")
+
     dim_names = {k: v.split("+") if "+" in v else v for k, v in _pairs(args.dim_names, "--dim-name").items()}
     text = export(c.layout, plan.model, args.format, remat=c.remat, microbatches=c.microbatches,
                   stage_axis=c.stage_axis, schedule=c.schedule, dim_names=dim_names or None,

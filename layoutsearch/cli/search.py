@@ -75,7 +75,9 @@ def add(sub: Any) -> None:
                    help="micro-batches per step: gradient accumulation, or a pipeline's micro-batches (default auto: "
                         "searched; accumulation is tried when the memory limit binds)")
     p.add_argument("--schedule", metavar="S",
-                   help="schedule of a pipelined plan (with --pipeline): gpipe, 1f1b (default) or interleaved:V")
+                   help="schedule of a pipelined plan (with --pipeline): gpipe, 1f1b (default), interleaved:V or "
+                        "maxtext (MaxText's pipeline: equal stages, embeddings and head outside them; the default "
+                        "with --target maxtext)")
     p.add_argument("--target", choices=("maxtext",),
                    help="only plans this framework runs and its config expresses: maxtext (MaxText's logical axis "
                         "rules for its decoder blocks, remat none/selective/full; `export --format maxtext` "
@@ -111,7 +113,7 @@ def run(args: argparse.Namespace) -> Result:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,
                       optimizer=args.optimizer, precision=args.precision, attention=args.attention,
                       overlap=args.overlap, remat=args.remat, microbatches=microbatches, pipeline=pipeline,
-                      schedule=args.schedule or "1f1b", top=args.top, time_limit=args.time_limit, progress=progress,
+                      schedule=args.schedule, top=args.top, time_limit=args.time_limit, progress=progress,
                       target=args.target)
     except InfeasibleError as e:
         if not e.options:

@@ -81,7 +81,7 @@ from layoutsearch.costmodel.fusion import fusion_plan, resolve_attention
 from layoutsearch.costmodel.overlap import collective_classes, once_per_step
 from layoutsearch.costmodel.overlap import schedule as overlap_schedule
 from layoutsearch.costmodel.pipeline_report import PipelineReport, StageReport
-from layoutsearch.costmodel.pipeline_units import Unit, accumulators, unit_chain, unit_costs, unit_of_ops
+from layoutsearch.costmodel.pipeline_units import POST, PRE, Unit, accumulators, unit_chain, unit_costs, unit_of_ops
 from layoutsearch.costmodel.report import CostReport, OpReport, estimate
 from layoutsearch.costmodel.schedule import SCHEDULE_KINDS, Schedule, speedup
 from layoutsearch.costmodel.step import resized, training_step
@@ -189,8 +189,18 @@ class MicrobatchStep:
 
     @property
     def units(self) -> tuple[str, ...]:
-        """The pipeline units in order (``pre``, the blocks, ``post``)."""
+        """The units the stages split, in order: ``pre``, the blocks, ``post``; the blocks alone where the
+        schedule runs ``pre`` and ``post`` outside the stages (``maxtext``)."""
+        if self.stage_axis is not None and self.schedule.outside:
+            return tuple(u for u in self.priced.chain if u not in (PRE, POST))
         return tuple(self.priced.chain)
+
+    @property
+    def outside_units(self) -> tuple[str, ...]:
+        """The units every device runs outside the stages (``maxtext``: ``pre`` and ``post``), else none."""
+        if self.stage_axis is None or not self.schedule.outside:
+            return ()
+        return tuple(u for u in self.priced.chain if u in (PRE, POST))
 
     @property
     def chunks(self) -> int:
@@ -206,7 +216,7 @@ class MicrobatchStep:
         """The units as a chain cost DAG (see :func:`pipeline_costdag`), transfers over the stage axis."""
         if self.stage_axis is None:
             raise CostModelError("gradient accumulation has no stages to choose")
-        return _costdag(self.priced, self.hardware, self.stage_axis, self.mesh)
+        return _costdag(self.priced, self.hardware, self.stage_axis, self.mesh, self.units)
 
     def check_stages(self, stages: Sequence[Sequence[str]]) -> tuple[tuple[str, ...], ...]:
         """``stages`` as groups of units; PartitionError unless they split :attr:`units` into :attr:`chunks`
@@ -241,8 +251,11 @@ class MicrobatchStep:
         for d, chunk_ids in enumerate(devices):
             names = tuple(u for c in chunk_ids for u in groups[c])
             reports.append(_stage(p, hw, names, chunk_ids, groups, d, K, sched, M, self.stage_axis, self.mesh))
+        if self.outside_units:
+            reports = [_with_outside(r, p, hw, self.outside_units, K, M, self.inner, self.stage_axis, self.mesh)
+                       for r in reports]
         tied = _tied_sync(p, groups, devices, self.inner, self.stage_axis, self.mesh, hw) \
-            if self.stage_axis is not None else 0.0
+            if self.stage_axis is not None and not self.outside_units else 0.0
         loop = sched.steps(K, M) * max(s.microbatch_s for s in reports)
         step = loop + max(s.once_s for s in reports) + tied
         return PipelineReport(p.graph.name, self.mesh, self.stage_axis, sched, M, self.remat, self.inner.describe(),
@@ -267,6 +280,10 @@ def microbatch_step(graph: Graph, layout: Layout, hardware: Hardware | str = "cp
     if stage_axis is not None and parse_remat(remat, CostModelError).blocks is not None:
         raise CostModelError(f"remat {remat}: a pipeline's stages remat every block alike (none, selective or "
                              "full), as its executor runs them; the first blocks alone apply without a stage axis")
+    if stage_axis is not None and sched.kind == "maxtext" and parse_remat(remat, CostModelError).kind == "none":
+        raise CostModelError("remat none: MaxText's pipeline checkpoints every iteration whatever its policy "
+                             "(layers/pipeline.py, set_remat_policy_on_pipeline_iterations): selective (minimal) or "
+                             "full")
     if stage_axis is None:
         K, inner = 1, layout
     else:
@@ -285,9 +302,9 @@ def microbatch_step(graph: Graph, layout: Layout, hardware: Hardware | str = "cp
     if stage_axis is not None:
         if len(p.chain) < 2:
             raise CostModelError(f"model {graph.name!r} has no repeated blocks to pipeline (ops need block tags)")
-        if step.chunks > len(p.chain):
-            raise CostModelError(f"cannot split {len(p.chain)} pipeline units of {graph.name!r} into {step.chunks} "
-                                 f"stages{' (chunks)' if step.chunks > K else ''}")
+        if step.chunks > len(step.units):
+            raise CostModelError(f"cannot split {len(step.units)} pipeline units of {graph.name!r} into "
+                                 f"{step.chunks} stages{' (chunks)' if step.chunks > K else ''}")
     return step
 
 
@@ -314,16 +331,17 @@ def price_pipeline(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu
     return step.report(stages)
 
 
-def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh) -> CostDAG:
-    """The cost DAG of priced units (see :func:`pipeline_costdag`); transfers over ``stage_axis`` of ``mesh``.
-    Each loop step a stage sends one tensor per neighbour, the activation forward and its gradient backward:
-    paid on both sides of the cut, the two cuts of a stage add up to its two permutes."""
+def _costdag(p: _Priced, hw: Hardware, stage_axis: str, mesh: Mesh, chain: Sequence[str] | None = None) -> CostDAG:
+    """The cost DAG of priced units (``chain``, default all of them; see :func:`pipeline_costdag`); transfers over
+    ``stage_axis`` of ``mesh``. Each loop step a stage sends one tensor per neighbour, the activation forward and
+    its gradient backward: paid on both sides of the cut, the two cuts of a stage add up to its two permutes."""
     nodes, edges = [], []
-    for u in p.chain:
+    chain = list(p.chain if chain is None else chain)
+    for u in chain:
         d = p.units[u]
         fixed = d.parameters + d.optimizer_state + d.gradients + d.accumulator + d.workspace + d.working
         nodes.append(Node(u, _unit_seconds(p, u, hw), fixed, d.parameters, d.saved))
-    for a, b in itertools.pairwise(p.chain):
+    for a, b in itertools.pairwise(chain):
         nbytes = p.units[b].boundary
         edges.append(Edge(a, b, collective_time("collective-permute", nbytes, (stage_axis,), mesh, hw).seconds,
                           nbytes))
@@ -374,6 +392,33 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
                        int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids),
                        compute_s=(microbatches - 1) * plain.compute_s + last.compute_s,
                        comm_s=(microbatches - 1) * plain.comm_s + last.comm_s + microbatches * transfer)
+
+
+def _with_outside(r: StageReport, p: _Priced, hw: Hardware, outside: Sequence[str], K: int, microbatches: int,
+                  inner: Layout, stage_axis: str, mesh: Mesh) -> StageReport:
+    """Stage report ``r`` with what its device does outside the stages (MaxText's pipeline): the ``outside``
+    units (embedding, head, loss) on its ``M / K`` micro-batches' share of the batch (the batch split over the
+    stage axis too), once per step, and the all-reduce over the stage axis of those units' parameter gradients
+    (every device computes them on its share); their parameters, optimizer state and gradients on every device,
+    and their saved activations for its share."""
+    share = microbatches / K
+    us = [p.units[u] for u in outside]
+    run = share * sum(_unit_seconds(p, u, hw) for u in outside)
+    g = p.graph
+    params = [t for t in g.parameters if p.unit.get(next((c.name for c in g.consumers[t.name] if c.phase == "forward"),
+                                                         ""), "") in outside]
+    sync = sum(collective_time("all-reduce", inner.local_bytes(t), (stage_axis,), mesh, hw).seconds for t in params)
+    memory = dict(r.memory)
+    memory["parameters"] += sum(u.parameters for u in us)
+    memory["optimizer_state"] += sum(u.optimizer_state for u in us)
+    memory["gradients"] += sum(u.gradients + u.accumulator for u in us)
+    memory["activations"] += int(share * sum(u.saved for u in us))
+    memory["recompute_workspace"] = max([memory["recompute_workspace"], *(u.workspace for u in us)])
+    memory["working"] = max([memory["working"], *(u.working for u in us)])
+    colls = list(r.collectives) + [("all-reduce", (stage_axis,), inner.local_bytes(t), 1) for t in params]
+    return dataclasses.replace(r, once_s=r.once_s + run + sync, memory_bytes=int(sum(memory.values())),
+                               memory=memory, collectives=tuple(colls), compute_s=r.compute_s + run,
+                               comm_s=r.comm_s + sync)
 
 
 def _permutes(sends: list[int], stage_axis: str | None, sched: Schedule, K: int, microbatches: int

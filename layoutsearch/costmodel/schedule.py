@@ -13,6 +13,12 @@ micro-batches' activations a stage holds (see :mod:`layoutsearch.costmodel.pipel
                    2022, "Reducing activation recomputation in large transformer models", section 4.2.3);
                    Megatron-LM requires M to be a multiple of K.
 
+    maxtext        MaxText's pipeline (``layers/pipeline.py``, 0.2.5): GPipe over the decoder layers only, in
+                   equal stages (``num_layers_per_pipeline_stage``); the embedding, the final norm, the
+                   logits and the loss run outside the stages, on every device, the batch split over the stage
+                   axis too (MaxText's ``activation_embed_and_logits_batch`` rule includes ``stage``)
+                   loop = (M + K - 1) * t, stage k holds M micro-batches in flight; M a multiple of K
+
 ``t`` is the slowest stage's time for one micro-batch.
 """
 
@@ -22,7 +28,7 @@ from dataclasses import dataclass
 
 from layoutsearch.errors import CostModelError
 
-SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved")
+SCHEDULE_KINDS = ("gpipe", "1f1b", "interleaved", "maxtext")
 """Pipeline schedules (see the module docstring); ``interleaved`` is written ``interleaved:V``."""
 
 
@@ -35,7 +41,7 @@ class Schedule:
 
     @classmethod
     def parse(cls, spec: Schedule | str) -> Schedule:
-        """``gpipe``, ``1f1b`` or ``interleaved:V`` (V >= 1)."""
+        """``gpipe``, ``1f1b``, ``interleaved:V`` (V >= 1) or ``maxtext``."""
         if isinstance(spec, Schedule):
             return spec
         if not isinstance(spec, str):
@@ -46,9 +52,9 @@ class Schedule:
                 raise CostModelError(f"bad schedule {spec!r}: write interleaved:V with V >= 1 virtual stages "
                                      "per device, e.g. interleaved:2")
             return cls("interleaved", int(v))
-        if name in ("gpipe", "1f1b") and not colon:
+        if name in ("gpipe", "1f1b", "maxtext") and not colon:
             return cls(name)
-        raise CostModelError(f"unknown schedule {spec!r} (known: gpipe, 1f1b, interleaved:V)")
+        raise CostModelError(f"unknown schedule {spec!r} (known: gpipe, 1f1b, interleaved:V, maxtext)")
 
     def __str__(self) -> str:
         return f"interleaved:{self.virtual}" if self.kind == "interleaved" else self.kind
@@ -58,6 +64,15 @@ class Schedule:
         if self.kind == "interleaved" and stages > 1 and microbatches % stages:
             raise CostModelError(f"the interleaved schedule needs the micro-batches to be a multiple of the "
                                  f"stages (Megatron-LM's constraint): {microbatches} micro-batches, {stages} stages")
+        if self.kind == "maxtext" and stages > 1 and microbatches % stages:
+            raise CostModelError(f"MaxText needs num_pipeline_microbatches to be a multiple of the stages: "
+                                 f"{microbatches} micro-batches, {stages} stages")
+
+    @property
+    def outside(self) -> bool:
+        """Whether the ops before and after the blocks (embedding, head, loss) run outside the stages, on every
+        device (MaxText's pipeline), rather than in the first and last stage."""
+        return self.kind == "maxtext"
 
     def steps(self, stages: int, microbatches: int) -> float:
         """Length of the micro-batch loop in units of the slowest stage's micro-batch time."""
@@ -71,7 +86,7 @@ class Schedule:
 
     def in_flight(self, stage: int, stages: int, microbatches: int) -> float:
         """Micro-batches' worth of activations stage ``stage`` holds at its peak."""
-        if self.kind == "gpipe":
+        if self.kind in ("gpipe", "maxtext"):
             return float(microbatches)
         held = float(min(microbatches, stages - stage))
         if self.kind == "interleaved" and stages > 1:

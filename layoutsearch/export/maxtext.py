@@ -220,13 +220,20 @@ def maxtext_expressible(graph: Graph, mesh: Mesh, version: str | None = None):
 
 def _block_rules(layout: Layout, graph: Graph, names: Mapping[str, str], v: MaxTextVersion,
                  piped: bool) -> list[list[Any]]:
+    """Every logical name's rule (:func:`logical_axes`); in a pipeline, ``layers`` and ``activation_stage`` on
+    the stage axis, and the batch of the ops outside the stages (the logits' batch name) over the stage axis
+    too, as MaxText's pipeline runs them (:data:`~layoutsearch.costmodel.schedule` ``maxtext``)."""
     found = logical_axes(layout, graph, names, v.version)
+    block = decoder_block(graph)
+    outside_batch = v.tensors[block]["logits"][0] if piped else None
     rules: list[list[Any]] = []
     for name in dict.fromkeys([*v.logical_names, *found]):
+        axes = list(found.get(name, ((), ""))[0])
         if name in ("layers", "activation_stage"):
-            rules.append([name, ["stage"] if piped else []])
-        else:
-            rules.append([name, list(found.get(name, ((), ""))[0])])
+            axes = ["stage"] if piped else []
+        elif name == outside_batch:
+            axes = [a for a in v.mesh_axes if a == "stage" or a in axes]
+        rules.append([name, axes])
     return rules
 
 
@@ -294,7 +301,7 @@ def _pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, schedule: s
 
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise LayoutError(f"microbatches must be a positive integer, got {microbatches!r}")
-    sched = Schedule.parse(schedule or "gpipe")
+    Schedule.parse(schedule or "maxtext")
     stages = mesh.axis_size(stage_axis) if stage_axis is not None else 1
     out: dict[str, int] = {}
     if stages > 1:
@@ -303,14 +310,13 @@ def _pipeline(mesh: Mesh, stage_axis: str | None, microbatches: int, schedule: s
                 raise LayoutError(f"MaxText needs num_pipeline_microbatches to be a multiple of the pipeline "
                                   f"stages ({stages}); got {microbatches} micro-batches")
             out["num_pipeline_microbatches"] = microbatches
-        repeats = sched.virtual if sched.kind == "interleaved" else 1
         layers = graph.meta.get("layers") if graph is not None else None
         if isinstance(layers, int):
-            if layers % (stages * repeats):
-                raise LayoutError(f"{layers} layers do not split into {stages} stages x {repeats} repeats "
-                                  "(MaxText: layers = stages x num_layers_per_pipeline_stage x num_pipeline_repeats)")
-            out["num_layers_per_pipeline_stage"] = layers // (stages * repeats)
-        out["num_pipeline_repeats"] = repeats
+            if layers % stages:
+                raise LayoutError(f"{layers} layers do not split into {stages} equal stages "
+                                  "(MaxText: layers = stages x num_layers_per_pipeline_stage)")
+            out["num_layers_per_pipeline_stage"] = layers // stages
+        out["num_pipeline_repeats"] = 1  # (MaxText's circular pipeline is not priced)
     elif microbatches > 1:
         out["gradient_accumulation_steps"] = microbatches
     return out
@@ -344,8 +350,8 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     * ``dim_names``: dim -> logical name(s), for a graph MaxText has no decoder block for (a MaxText decoder's
       names come from MaxText's layers).
     * ``stage_axis``: the pipeline axis (MaxText ``stage``); an axis named like a stage axis is one anyway.
-    * ``schedule``: ``gpipe`` (MaxText's pipeline) or ``interleaved:V`` (``num_pipeline_repeats: V``,
-      MaxText's circular pipeline); MaxText runs no 1F1B schedule.
+    * ``schedule``: the schedule a pipelined plan was priced under: ``maxtext`` (MaxText's pipeline; other
+      schedules are refused, their stages and placement are not MaxText's); None for a layout alone.
     * ``slices`` (> 1: multi-slice) splits ``dcn_axis`` (default: the major-most mesh axis it divides) into
       ``slices`` across slices (``dcn_*``) times the rest within a slice (``ici_*``)."""
     v = maxtext_version(version)
@@ -354,9 +360,10 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     if stage_axis is None:
         stage_axis = next((a for a, t in names.items() if t == "stage"), None)
     piped = stage_axis is not None and mesh.axis_size(stage_axis) > 1
-    if schedule is not None and schedule.lower() == "1f1b" and piped:
-        raise LayoutError("MaxText runs no 1F1B pipeline (its pipeline is GPipe-style, or circular with "
-                          "num_pipeline_repeats): price the plan under --schedule gpipe before exporting it")
+    if schedule is not None and piped and not schedule.lower().startswith("maxtext"):
+        raise LayoutError(f"a pipeline priced under schedule {schedule} is not what MaxText runs (GPipe over the "
+                          "decoder layers in equal stages, the embeddings and the head outside them, on every "
+                          "device): price it under --schedule maxtext (search --target maxtext does)")
     inner = without_stage_rules(layout, stage_axis)
     block = decoder_block(graph) if graph is not None else None
     if graph is not None:
@@ -440,9 +447,9 @@ def maxtext_yaml(layout: Layout, graph: Graph | None = None, *, dim_names: Mappi
                 if kind.blocks is not None else ""))
         if key in _PIPELINE_KEYS and stage is not None and not piped:
             piped = True
-            lines.append(f"# pipeline over {stage!r} -> MaxText 'stage' ({mesh.axis_size(stage)} stages), schedule "
-                         f"{schedule or 'gpipe'}" + (" (MaxText's circular pipeline)"
-                                                     if (schedule or "").startswith("interleaved") else ""))
+            lines.append(f"# pipeline over {stage!r} -> MaxText 'stage' ({mesh.axis_size(stage)} equal stages, GPipe "
+                         "over the decoder layers; the embeddings and the head outside them, the batch over 'stage' "
+                         "too)")
             if "num_pipeline_microbatches" not in cfg:
                 lines.append("# num_pipeline_microbatches not written (1 micro-batch): MaxText's default is the stages")
         if key == "per_device_batch_size" and graph is not None:

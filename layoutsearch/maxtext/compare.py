@@ -17,6 +17,7 @@ from layoutsearch.maxtext.tensors import ACTIVATIONS, LAYERS, PARAMS, STACK, Cou
 
 Spec = tuple[tuple[str, ...], ...]
 _UNSCANNED = re.compile(r"/layers_(\d+)/")
+_PIPELINED = re.compile(r"/pipeline_module/layers/layers_(\d+)/")
 
 
 @dataclass
@@ -77,9 +78,31 @@ def _expected(layout: Layout, graph: Graph, c: Counterpart, names: Mapping[str, 
     return tuple(shape), spec, [t.name for t in tensors]
 
 
-def compare(result: Mapping[str, Any], layout: Layout, graph: Graph, names: Mapping[str, str]) -> RoundTrip:
+def _pipelined_expected(layout: Layout, graph: Graph, c: Counterpart, names: Mapping[str, str],
+                        sizes: Mapping[str, int], j: int, stages: int
+                        ) -> tuple[tuple[int, ...], Spec | None, list[str]] | None:
+    """(shape, spec) of sub-layer ``j`` of MaxText's pipeline (``[stages, ...]``, stage ``s`` holding layer
+    ``s * per_stage + j``) by the plan, and the zoo tensors behind it."""
+    exp = _expected(layout, graph, c, names, sizes, 0)
+    if exp is None:
+        return None
+    shape, _, _ = exp
+    per_stage = int(graph.meta["layers"]) // stages
+    specs, zoo = set(), []
+    for s in range(stages):
+        e = _expected(layout, graph, c, names, sizes, s * per_stage + j)
+        specs.add(e[1])
+        zoo += e[2]
+    spec = specs.pop() if len(specs) == 1 else None
+    return (stages, *shape), (((("stage",),) + spec) if spec is not None else None), zoo
+
+
+def compare(result: Mapping[str, Any], layout: Layout, graph: Graph, names: Mapping[str, str],
+            stage_axis: str | None = None) -> RoundTrip:
     """Compare probe ``result`` (one case of :func:`layoutsearch.maxtext.runner.probe`) with the plan's
-    ``layout`` of ``graph``; ``names``: the plan's mesh axis -> MaxText mesh axis (as exported)."""
+    ``layout`` of ``graph``; ``names``: the plan's mesh axis -> MaxText mesh axis (as exported); ``stage_axis``:
+    a pipelined plan's stage axis (its stages as MaxText's pipeline runs them: the layers in equal stages, the
+    other parameters on every stage, the logits' batch over the stage axis too)."""
     rt = RoundTrip()
     if "error" in result:
         rt.mismatches.append(f"MaxText refused the config: {result['error']}")
@@ -91,18 +114,21 @@ def compare(result: Mapping[str, Any], layout: Layout, graph: Graph, names: Mapp
     sizes = result["mesh"]
     by_path = {c.maxtext: c for c in PARAMS[block]}
     seen: set[str] = set()
+    stages = sizes.get("stage", 1) if stage_axis is not None else 1
     for p in result["params"]:
         path = p["path"].removesuffix("/value")
-        m = _UNSCANNED.search(path)
+        piped = _PIPELINED.search(path)
+        m = piped or _UNSCANNED.search(path)
         index = int(m.group(1)) if m else None
-        key = _UNSCANNED.sub("/layers/", path)
+        key = (_PIPELINED if piped else _UNSCANNED).sub("/layers/", path)
         c = by_path.get(key)
         shape, spec = tuple(p["shape"]), _norm(p["spec"], len(p["shape"]), sizes)
         rt.params_per_device_maxtext += math.prod(shape) // math.prod(sizes.get(a, 1) for e in spec for a in e)
         if c is None:
             rt.mismatches.append(f"{path}: a MaxText parameter the plan's graph has no counterpart for")
             continue
-        exp = _expected(layout, graph, c, names, sizes, index)
+        exp = (_pipelined_expected(layout, graph, c, names, sizes, index, stages) if piped
+               else _expected(layout, graph, c, names, sizes, index))
         if exp is None:
             rt.mismatches.append(f"{path}: the plan's graph lacks {', '.join(c.zoo)}")
             continue
@@ -119,7 +145,8 @@ def compare(result: Mapping[str, Any], layout: Layout, graph: Graph, names: Mapp
     for t in params:
         if t.name not in seen:
             rt.mismatches.append(f"{t.name}: a parameter of the plan MaxText has no counterpart for")
-    rt.params_per_device_plan = sum(math.prod(layout.local_shape(t)) for t in params)
+    rt.params_per_device_plan = sum(math.prod(layout.local_shape(t)) // (stages if t.name.startswith("layer.") else 1)
+                                    for t in params)  # (a stage holds its layers; the rest is on every stage)
     acts = {c.maxtext: c for c in ACTIVATIONS[block]}
     observed = [(a["site"], a["aval"], a["spec"]) for a in result["activations"] if a["logical"]]
     observed.append(("logits", None, result["logits"]["spec"]))
@@ -131,6 +158,8 @@ def compare(result: Mapping[str, Any], layout: Layout, graph: Graph, names: Mapp
         if exp is None:
             continue
         want_shape, want_spec, zoo = exp
+        if stages > 1 and site == "logits" and want_spec is not None:  # outside the stages: batch over 'stage' too
+            want_spec = (tuple(a for a in result["mesh"] if a == "stage" or a in want_spec[0]),) + want_spec[1:]
         spec = _norm(got, len(want_shape), sizes)
         if aval is not None:
             shape = tuple(int(x) for x in aval[aval.index("[") + 1:-1].split(",")) if "[" in aval else ()

@@ -90,6 +90,8 @@ def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
     whole limit and the first device's in-flight count; when its split leaves a device over the limit,
     split again with every chunk held to ``limit / V`` and its device's in-flight count (every device then
     fits; not proven fastest) if such a split exists. Returns (groups, the method, whether proven optimal)."""
+    if step.schedule.kind == "maxtext":
+        return _equal_stages(step), "equal stages (MaxText's num_layers_per_pipeline_stage)", True
     dag = step.costdag()
     if step.chunks == step.devices:
         return _chain_split(step, dag, memory_limit), "chain dp", True
@@ -105,6 +107,17 @@ def choose_stages(step: MicrobatchStep, memory_limit: float | None = None
         return _chain_split(step, dag, memory_limit / V - V), f"chain dp (limit / {V} per chunk)", False
     except PartitionError:
         return groups, part.method, part.optimal
+
+
+def _equal_stages(step: MicrobatchStep) -> tuple[tuple[str, ...], ...]:
+    """The blocks in ``step.devices`` equal contiguous stages, as MaxText runs them (PartitionError when they
+    do not divide)."""
+    units, K = step.units, step.devices
+    if len(units) % K:
+        raise PartitionError(f"{len(units)} layers do not split into {K} equal stages (MaxText: "
+                             "num_layers_per_pipeline_stage = layers / stages)")
+    n = len(units) // K
+    return tuple(tuple(units[k * n:(k + 1) * n]) for k in range(K))
 
 
 def _chain_split(step: MicrobatchStep, dag: CostDAG, limit: float | None) -> tuple[tuple[str, ...], ...]:

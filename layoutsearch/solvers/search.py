@@ -201,7 +201,7 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
            hardware: Hardware | str = "cpu-sim", space: str = "rules", optimizer: str = "adam",
            precision: Precision | str = DEFAULT_PRECISION, attention: str = "auto", overlap: float | str = "auto",
            remat: str = "auto", microbatches: int | str = "auto", pipeline: str | int = "off",
-           schedule: str = "1f1b", top: int = 3, time_limit: float | None = None, tie: bool = True,
+           schedule: str | None = None, top: int = 3, time_limit: float | None = None, tie: bool = True,
            baselines: bool = True, progress: Progress | None = None, target: str | None = None) -> Plan:
     """The plan of ``graph``'s training step on ``mesh`` minimizing the predicted step time under
     ``memory_limit`` per device, searched jointly over what practitioners decide:
@@ -239,8 +239,9 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     if target is None:
         with _fewer_collections():
             return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention,
-                           overlap, remat, microbatches, pipeline, schedule, top, time_limit, tie, baselines, progress)
-    keep, remat = _target(target, graph, Mesh.of(mesh), space, remat, pipeline)
+                           overlap, remat, microbatches, pipeline, schedule or "1f1b", top, time_limit, tie,
+                           baselines, progress)
+    keep, remat, schedule = _target(target, graph, Mesh.of(mesh), space, remat, pipeline, schedule)
     token = CANDIDATE_FILTER.set(keep)
     try:
         with _fewer_collections():
@@ -254,25 +255,26 @@ TARGETS = ("maxtext",)
 """The frameworks a search can be restricted to (``target``): what they can run and their config express."""
 
 
-def _target(target: str, graph: Graph, mesh: Mesh, space: str, remat: str, pipeline: str | int):
-    """The candidate filter and the remat policies of a search for ``target`` (:data:`TARGETS`): MaxText runs
-    the rules space (its logical axis rules), the policies none/selective/full (no per-layer policy), no
-    pipeline priced as MaxText runs it (embeddings outside the stages: not modelled yet)."""
+def _target(target: str, graph: Graph, mesh: Mesh, space: str, remat: str, pipeline: str | int,
+            schedule: str | None):
+    """The candidate filter, the remat policies and the pipeline schedule of a search for ``target``
+    (:data:`TARGETS`): MaxText runs the rules space (its logical axis rules), the policies none/selective/full
+    (no per-layer policy) and its own pipeline (schedule ``maxtext``: equal stages, the embeddings and the head
+    outside them)."""
     from layoutsearch.export.maxtext import maxtext_expressible
 
     if target not in TARGETS:
         raise LayoutSearchError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
     if space != "rules":
         raise LayoutSearchError(f"--target maxtext searches the rules space (MaxText's logical axis rules), not {space}")
-    if pipeline != "off":
-        raise LayoutSearchError("--target maxtext does not search pipelines yet: MaxText's pipeline keeps the "
-                                "embeddings outside the stages, which the pipeline cost model does not price")
+    if schedule not in (None, "maxtext"):
+        raise LayoutSearchError(f"MaxText runs its own pipeline (schedule maxtext), not {schedule}")
     if remat == "auto":
         remat = "maxtext"
     elif parse_remat(remat, LayoutSearchError).blocks is not None:
         raise LayoutSearchError(f"MaxText has no remat policy for the first blocks only ({remat}): one policy for "
                                 "every layer (none, selective, full)")
-    return maxtext_expressible(graph, mesh), remat
+    return maxtext_expressible(graph, mesh), remat, "maxtext"
 
 
 @contextlib.contextmanager
