@@ -1,6 +1,6 @@
 """The MaxText round trip, checked by MaxText's own code (tier ``maxtext``: ``pytest -m maxtext``).
 
-A Python 3.12+ venv with ``maxtext==0.2.5`` (tests/maxtext_harness/venv.py, made once and cached) runs
+A Python 3.12+ venv with ``maxtext==0.2.5`` (tests/maxtext_harness/maxtext_venv.py, made once and cached) runs
 MaxText's config loader, mesh builder and abstract model (layoutsearch/maxtext/probe.py) on each exported
 plan, by both routes a MaxText user takes: the export as a config file on top of ``base.yml``
 (``base_config: base.yml``) and as ``key=value`` command-line overrides. Every parameter's shape and
@@ -26,7 +26,7 @@ from layoutsearch.maxtext.compare import compare
 from layoutsearch.solvers.search import search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "maxtext_harness"))
-import venv as harness  # noqa: E402
+import maxtext_venv as harness  # noqa: E402
 
 pytestmark = pytest.mark.maxtext
 
@@ -156,7 +156,7 @@ _SAME = ("emb_dim", "num_query_heads", "num_kv_heads", "mlp_dim", "num_decoder_l
 @pytest.mark.parametrize("case", list(READ_CASES))
 def test_layoutsearchs_reader_of_a_maxtext_config_agrees_with_maxtexts_loader(maxtext_python, tmp_path,
                                                                               monkeypatch, case):
-    from layoutsearch.maxtext.config_in import read_maxtext_run, resolved_config
+    from layoutsearch.maxtext.config_in import resolved_config, run_of
 
     text, overrides = READ_CASES[case]
     path = tmp_path / "run.yml"
@@ -170,10 +170,8 @@ def test_layoutsearchs_reader_of_a_maxtext_config_agrees_with_maxtexts_loader(ma
     assert (ours["remat_policy"] or "none") == (theirs["remat_policy"] or "none")
     assert [[n, list(a)] for n, a in ours["logical_axis_rules"]] == [
         [n, [a] if isinstance(a, str) else list(a or [])] for n, a in theirs["logical_axis_rules"]]
-    mine = read_maxtext_run(str(path), overrides)
-    monkeypatch.setenv(runner.ENV_PYTHON, maxtext_python)
-    by_maxtext = read_maxtext_run(str(path), overrides)
-    assert by_maxtext.reader.startswith("MaxText") and mine.layout == by_maxtext.layout
+    mine, by_maxtext = run_of(ours, "ours"), run_of(theirs, "MaxText")
+    assert mine.layout == by_maxtext.layout
     assert (mine.remat, mine.microbatches) == (by_maxtext.remat, by_maxtext.microbatches)
     assert graph_dict(mine.graph) == graph_dict(by_maxtext.graph)
 

@@ -379,6 +379,12 @@ def read_maxtext_run(config: str, overrides: Sequence[str] = (), *, devices: int
     what the parallelism keys multiply to), as a graph, a layout and the decisions (see the module docstring)."""
     v = maxtext_version(version)
     cfg, reader = resolved_config(config, overrides, devices=devices, version=v.version, python=python)
+    return run_of(cfg, reader, v.version)
+
+
+def run_of(cfg: Mapping[str, Any], reader: str, version: str | None = None) -> MaxTextRun:
+    """The :class:`MaxTextRun` of resolved values ``cfg`` (:func:`resolved_config`)."""
+    v = maxtext_version(version)
     notes: list[str] = []
     graph, block = _graph(cfg, notes)
     layout = _layout(graph, block, cfg, v, notes)

@@ -68,10 +68,13 @@ def maxtext_python() -> str:
              [str(python), "-m", "pip", "install", "-q", "-r", str(HERE / "requirements.txt")]]
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     for step in steps:
-        done = subprocess.run(step, capture_output=True, text=True, env=env, check=False)
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"{' '.join(step[-3:])} failed: {tail}")
+        for attempt in (1, 2):  # (one retry: a registry hiccup should not fail the tier)
+            done = subprocess.run(step, capture_output=True, text=True, env=env, check=False)
+            if done.returncode == 0:
+                break
+            if attempt == 2:
+                tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+                raise RuntimeError(f"{' '.join(step[-3:])} failed: {tail}")
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{HERE}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n')
     wrapper.chmod(0o755)
     (venv / ".complete").write_text("ok\n")
