@@ -147,5 +147,5 @@ def test_export_for_maxtext_reprices_a_plan_as_maxtext_runs_it(capsys, tmp_path)
                      "--target", "maxtext", "--top", "1", "--out", ours)
     assert found["schedule"] == "maxtext" and found["stage_axis"] == "stage" and found["remat"] != "none"
     text = run_json(capsys, "export", ours, "--format", "maxtext")["text"]
-    assert "num_layers_per_pipeline_stage: 1" in text and '["activation_embed_and_logits_batch", ["data", "stage"]]' \
+    assert "num_layers_per_pipeline_stage: 1" in text and '["activation_embed_and_logits_batch", ["stage", "data"]]' \
         in text

@@ -26,7 +26,7 @@ from layoutsearch.maxtext.compare import compare
 from layoutsearch.solvers.search import search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "maxtext_harness"))
-import maxtext_venv as harness  # noqa: E402
+import maxtext_venv as harness
 
 pytestmark = pytest.mark.maxtext
 
@@ -147,6 +147,10 @@ READ_CASES = {
         "logits_via_embedding: true\nfused_qkv: true\ntrainable_position_size: 128\nmax_target_length: 128\n"
         "ici_data_parallelism: 2\nici_fsdp_parallelism: 1\nici_tensor_parallelism: 4\n",
         ["logical_axis_rules=[[activation_embed,[]],[norm,[]]]", "remat_policy=none", "scan_layers=false"]),
+    "a pipeline": ("base_emb_dim: 256\nbase_num_query_heads: 4\nbase_num_kv_heads: 2\nbase_mlp_dim: 512\n"
+                   "base_num_decoder_layers: 4\nhead_dim: 64\nvocab_size: 1024\nmax_target_length: 128\n"
+                   "per_device_batch_size: 4\nici_fsdp_parallelism: 4\nici_pipeline_parallelism: 2\n"
+                   "num_layers_per_pipeline_stage: 2\nnum_pipeline_microbatches: 4\n", []),
 }
 _SAME = ("emb_dim", "num_query_heads", "num_kv_heads", "mlp_dim", "num_decoder_layers", "head_dim", "vocab_size",
          "max_target_length", "global_batch_size_to_train_on", "gradient_accumulation_steps", "scan_layers",
@@ -172,7 +176,8 @@ def test_layoutsearchs_reader_of_a_maxtext_config_agrees_with_maxtexts_loader(ma
         [n, [a] if isinstance(a, str) else list(a or [])] for n, a in theirs["logical_axis_rules"]]
     mine, by_maxtext = run_of(ours, "ours"), run_of(theirs, "MaxText")
     assert mine.layout == by_maxtext.layout
-    assert (mine.remat, mine.microbatches) == (by_maxtext.remat, by_maxtext.microbatches)
+    assert (mine.remat, mine.microbatches, mine.stage_axis) == (by_maxtext.remat, by_maxtext.microbatches,
+                                                                 by_maxtext.stage_axis)
     assert graph_dict(mine.graph) == graph_dict(by_maxtext.graph)
 
 

@@ -4,8 +4,6 @@ in the MaxText tier (tests/test_maxtext.py), against MaxText's own loader."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from layoutsearch import zoo
@@ -122,6 +120,14 @@ def test_cost_and_search_take_a_maxtext_run(capsys, tmp_path, monkeypatch):
     assert "logical_axis_rules" in mt["override"] and mt["speedup"] >= 1
     code, text, _ = run(capsys, "search", "--maxtext", path, "--hardware", "tpu-v5p", "--top", "1")
     assert code == 0 and "your MaxText run as it is" in text and "the MaxText override to apply" in text
+    piped = tmp_path / "piped.yml"
+    piped.write_text(path.read_text().replace("base_num_decoder_layers: 2", "base_num_decoder_layers: 4")
+                     .replace("ici_fsdp_parallelism: 8", "ici_fsdp_parallelism: 4\nici_pipeline_parallelism: 2\n"
+                              "num_layers_per_pipeline_stage: 2\nnum_pipeline_microbatches: 4"))
+    cost = run_json(capsys, "cost", "--maxtext", piped, "--hardware", "tpu-v5p")
+    assert cost["schedule"] == "maxtext" and cost["stages"] == 2 and cost["microbatches"] == 4
+    found = run_json(capsys, "search", "--maxtext", piped, "--hardware", "tpu-v5p", "--top", "1")
+    assert any(d["kind"] == "pipeline" and "over stage" in d["option"] for d in found["decisions"])
     for argv, message in [(["cost", "gpt", "--maxtext", path], "drop MODEL"),
                           (["cost", "--hardware", "tpu-v5p"], "give a MODEL"),
                           (["cost", "--maxtext", path, "--remat", "full"], "come from the MaxText config"),
@@ -129,3 +135,29 @@ def test_cost_and_search_take_a_maxtext_run(capsys, tmp_path, monkeypatch):
                           (["cost", "gpt"], "--mesh is required")]:
         code, _, err = run(capsys, *argv)
         assert code == 2 and message in err and "Traceback" not in err, (argv, err)
+
+
+def test_an_exported_plan_read_back_is_the_plan(tmp_path, monkeypatch):
+    """export --format maxtext, then read as a MaxText run: the same graph, mesh, layout and decisions (a
+    pipeline too)."""
+    from layoutsearch.export import export
+
+    monkeypatch.delenv("LAYOUTSEARCH_MAXTEXT_PYTHON", raising=False)
+    graph = zoo.build("gpt", preset="llama3-8b", layers=4, d_model=256, heads=4, kv_heads=2, d_ff=512, vocab=1024,
+                      seq=128, batch=32)
+    cases = [(Layout.from_rules("fsdp:4,tensor:2", "batch:fsdp,kv_heads:tensor,d_ff:tensor,d_model:fsdp"),
+              {"remat": "selective", "microbatches": 2}),
+             (Layout.from_rules("stage:2,fsdp:4", "batch:fsdp,d_model:fsdp"),
+              {"remat": "full", "microbatches": 4, "stage_axis": "stage", "schedule": "maxtext"})]
+    for layout, kw in cases:
+        path = tmp_path / "plan.yml"
+        path.write_text("base_config: base.yml\n" + export(layout, graph, "maxtext", **kw))
+        mt = read_maxtext_run(str(path))
+        assert _meta_free(mt.graph) == _meta_free(graph) and mt.layout.mesh == layout.mesh
+        assert (mt.remat, mt.microbatches, mt.stage_axis) == (kw["remat"], kw["microbatches"], kw.get("stage_axis"))
+        for t in graph.tensors.values():
+            assert mt.layout.dim_layout(t) == layout.dim_layout(t), t.name
+    circular = tmp_path / "circular.yml"
+    circular.write_text(path.read_text().replace("num_layers_per_pipeline_stage: 2", "num_layers_per_pipeline_stage: 1"))
+    with pytest.raises(LayoutError, match="circular MaxText pipeline"):
+        read_maxtext_run(str(circular))

@@ -205,6 +205,7 @@ def maxtext_summary(run: Any) -> dict[str, Any]:
     """JSON-ready: how a MaxText run was read (reader, notes, mesh, layout, remat, accumulation)."""
     return {"reader": run.reader, "notes": run.notes, "mesh": str(run.layout.mesh), "layout": run.layout.describe(),
             "per_tensor_entries": len(run.layout.tensors), "remat": run.remat, "microbatches": run.microbatches,
+            "stage_axis": run.stage_axis, "schedule": run.schedule,
             "model_name": run.config.get("model_name"), "batch": run.graph.dims.get("batch"),
             "seq": run.graph.dims.get("seq")}
 

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> Result:
             raise LayoutSearchError("with --maxtext the remat policy, micro-batches and stages come from the MaxText "
                                     "config: drop --remat, --microbatches and --stage-axis")
         graph, layout, hw = mt.graph, mt.layout, hardware_of(args) or hardware("cpu-sim")
-        args.remat, args.microbatches = mt.remat, mt.microbatches
+        args.remat, args.microbatches, args.stage_axis = mt.remat, mt.microbatches, mt.stage_axis
+        args.schedule = mt.schedule
     else:
         graph, layout, hw = case_of(args)
     result = _run(args, graph, layout, hw)

@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> Result:
     else:
         graph, mesh = load_graph(args), mesh_of(args)
     pipeline = _pipeline_arg(args.pipeline)
+    if mt is not None and mt.stage_axis is not None and pipeline == "off":
+        pipeline = "auto"  # (the run is pipelined: pipelines are among the plans to beat it)
     if args.schedule is not None and pipeline == "off":
         raise LayoutSearchError(f"--schedule {args.schedule} applies to pipelined plans: add --pipeline auto (or K)")
     microbatches = "auto" if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
@@ -154,10 +156,11 @@ def _maxtext_result(mt: Any, plan: Any, hw: Any, args: argparse.Namespace) -> Re
     from layoutsearch.solvers.search import price_plan
 
     now = price_plan(mt.graph, mt.layout, hw, remat=mt.remat, microbatches=mt.microbatches,
-                     memory_limit=args.memory_limit, optimizer=args.optimizer, precision=args.precision,
+                     stage_axis=mt.stage_axis, schedule=mt.schedule, memory_limit=args.memory_limit, optimizer=args.optimizer, precision=args.precision,
                      attention=args.attention, overlap=args.overlap)
     c = plan.chosen
-    override = export(c.layout, plan.model, "maxtext", remat=c.remat, microbatches=c.microbatches)
+    override = export(c.layout, plan.model, "maxtext", remat=c.remat, microbatches=c.microbatches,
+                      stage_axis=c.stage_axis, schedule=c.schedule)
     return {**maxtext_summary(mt), "current": {"step_s": now.step_s, "memory_bytes": now.memory_bytes,
                                                "fits": now.within(plan.memory_limit)},
             "speedup": now.step_s / c.step_s, "override": override}

@@ -35,7 +35,7 @@ from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.remat import parse_remat
 from layoutsearch.layout import Axes, Layout
 from layoutsearch.maxtext.tensors import ACTIVATIONS, PARAMS, decoder_block, zoo_dims, zoo_tensors
-from layoutsearch.maxtext.version import MaxTextVersion, maxtext_version
+from layoutsearch.maxtext.version import PIPELINE_OUTSIDE_BATCH, MaxTextVersion, maxtext_version
 from layoutsearch.mesh import Mesh
 
 MAXTEXT_AXIS_NAMES: dict[str, tuple[str, ...]] = {
@@ -118,6 +118,14 @@ def maxtext_axis_map(mesh_names: Sequence[str], axis_map: Mapping[str, str] | No
                               "map one of them elsewhere with axis_map")
         out[a] = target
     return out
+
+
+def maxtext_stage_axes(mesh_names: Sequence[str], version: str | None = None) -> tuple[str, ...]:
+    """The mesh axes that can carry MaxText's pipeline stages: the one named like MaxText's ``stage`` axis when
+    the mesh has one, else any (the export then maps the stage axis to ``stage``)."""
+    maxtext_version(version)
+    named = tuple(a for a in mesh_names if a.lower() in MAXTEXT_AXIS_NAMES["stage"])
+    return named or tuple(mesh_names)
 
 
 def _parallelism(v: MaxTextVersion, mesh: Mesh, names: Mapping[str, str], slices: int,
@@ -208,14 +216,35 @@ def maxtext_expressible(graph: Graph, mesh: Mesh, version: str | None = None):
                           "built Llama-style or GPT-3-style)")
     names = maxtext_axis_map(mesh.names, version=v.version)
 
-    def keep(rules: Sequence[tuple[str, Axes]]) -> bool:
+    def keep(rules: Sequence[tuple[str, Axes]], among: Mesh | None = None) -> bool:
+        """``among``: the mesh of the candidates (a pipeline's: ``mesh`` without its stage axis)."""
         try:
-            logical_axes(Layout(mesh, tuple(rules)), graph, names, v.version)
+            layout = Layout(mesh, tuple(rules))
+            logical_axes(layout, graph, names, v.version)
+            if among is not None and among.names != mesh.names:  # a pipeline's inner layout
+                stage = next(a for a in mesh.names if a not in among.names)
+                _check_outside_batch(layout, graph, maxtext_axis_map(mesh.names, stage_axis=stage,
+                                                                     version=v.version), mesh)
         except LayoutError:
             return False
         return True
 
     return keep
+
+
+def _check_outside_batch(layout: Layout, graph: Graph, names: Mapping[str, str], mesh: Mesh) -> None:
+    """LayoutError unless the plan splits the logits' batch (outside a pipeline's stages) over every axis
+    MaxText forces it to when it pipelines (:data:`PIPELINE_OUTSIDE_BATCH`, but the stage axis)."""
+    logits = graph.tensors.get("logits")
+    if logits is None:
+        return
+    theirs = {a: names[a] for a in mesh.names}
+    forced = {m for a, m in theirs.items() if m in PIPELINE_OUTSIDE_BATCH and m != "stage" and mesh.axis_size(a) > 1}
+    ours = {theirs[a] for a in layout.dim_layout(logits).get("batch", ()) if mesh.axis_size(a) > 1}
+    if ours != forced:
+        raise LayoutError(f"MaxText splits the batch outside a pipeline's stages over {', '.join(sorted(forced)) or 'no'}"
+                          f" axes besides stage, whatever the config says; the plan's logits split it over "
+                          f"{', '.join(sorted(ours)) or 'none'}")
 
 
 def _block_rules(layout: Layout, graph: Graph, names: Mapping[str, str], v: MaxTextVersion,
@@ -231,8 +260,8 @@ def _block_rules(layout: Layout, graph: Graph, names: Mapping[str, str], v: MaxT
         axes = list(found.get(name, ((), ""))[0])
         if name in ("layers", "activation_stage"):
             axes = ["stage"] if piped else []
-        elif name == outside_batch:
-            axes = [a for a in v.mesh_axes if a == "stage" or a in axes]
+        elif name == outside_batch:  # (MaxText forces it to stage, data, fsdp, ... when it pipelines)
+            axes = ["stage", *(a for a in v.mesh_axes if a in axes and a != "stage")]
         rules.append([name, axes])
     return rules
 
@@ -375,6 +404,8 @@ def maxtext_overrides(layout: Layout, dim_names: Mapping[str, str | Sequence[str
     if block is not None and dim_names:
         raise LayoutError(f"model {graph.name!r} is MaxText's {block} decoder: its logical names come from MaxText's "
                           "own layers; dim_names is for models MaxText has no decoder for")
+    if piped and block is not None and schedule is not None:
+        _check_outside_batch(inner, graph, names, mesh)
     out: dict[str, Any] = {"override_logical_axis_rules": True}
     out.update(_parallelism(v, mesh, names, slices, dcn_axis))
     out["data_sharding"] = [[names[a] for a in _batch_axes(inner, graph)]]

@@ -12,8 +12,16 @@ from typing import Any
 
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
-from layoutsearch.maxtext.tensors import ACTIVATIONS, LAYERS, PARAMS, STACK, Counterpart, decoder_block, zoo_dims, \
-    zoo_tensors
+from layoutsearch.maxtext.tensors import (
+    ACTIVATIONS,
+    LAYERS,
+    PARAMS,
+    STACK,
+    Counterpart,
+    decoder_block,
+    zoo_dims,
+    zoo_tensors,
+)
 
 Spec = tuple[tuple[str, ...], ...]
 _UNSCANNED = re.compile(r"/layers_(\d+)/")

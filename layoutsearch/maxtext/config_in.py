@@ -30,7 +30,7 @@ from layoutsearch.errors import LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Layout
 from layoutsearch.maxtext.tensors import ACTIVATIONS, PARAMS, zoo_dims, zoo_tensors
-from layoutsearch.maxtext.version import MaxTextVersion, maxtext_version
+from layoutsearch.maxtext.version import PIPELINE_OUTSIDE_BATCH, MaxTextVersion, maxtext_version
 from layoutsearch.mesh import Mesh
 
 MAXTEXT_REMAT: dict[str, str] = {"full": "full", "minimal": "selective", "none": "none"}
@@ -58,6 +58,13 @@ class MaxTextRun:
     config: dict[str, Any]
     reader: str
     notes: list[str] = field(default_factory=list)
+    stage_axis: str | None = None
+    """``stage`` for a pipelined run (MaxText's pipeline: schedule ``maxtext``), else None."""
+
+    @property
+    def schedule(self) -> str | None:
+        """The pipeline schedule (``maxtext``) of a pipelined run, else None."""
+        return "maxtext" if self.stage_axis is not None else None
 
 
 # -- resolving the config ---------------------------------------------------------------------------------------------
@@ -216,6 +223,18 @@ def _mesh(cfg: Mapping[str, Any], v: MaxTextVersion, devices: int | None) -> tup
     return mesh, n
 
 
+def _pipelined(rules: list[list[Any]], mesh: dict[str, int]) -> tuple[list[list[Any]], dict[str, int]]:
+    """MaxText's changes to a pipelined run: the logits' batch rule forced to :data:`PIPELINE_OUTSIDE_BATCH`,
+    the ``stage`` mesh axis moved before ``data``."""
+    rules = [[n, list(PIPELINE_OUTSIDE_BATCH)] if n == "activation_embed_and_logits_batch" else r
+             for r in rules for n in (r[0],)]
+    names = list(mesh)
+    if "data" in names and names.index("stage") > names.index("data"):
+        i, j = names.index("stage"), names.index("data")
+        names[i], names[j] = names[j], names[i]
+    return rules, {a: mesh[a] for a in names}
+
+
 def resolved_config(config: str, overrides: Sequence[str] = (), *, devices: int | None = None,
                     version: str | None = None, python: str | None = None) -> tuple[dict[str, Any], str]:
     """The run's resolved values (model dims, batch, mesh, rules, remat, ...) and which reader gave them."""
@@ -235,6 +254,8 @@ def resolved_config(config: str, overrides: Sequence[str] = (), *, devices: int 
         return cfg, f"MaxText {result.get('maxtext_version', v.version)}'s own loader"
     raw = _read(config, overrides, v)
     mesh, n = _mesh(raw, v, devices)
+    if mesh.get("stage", 1) > 1:
+        raw["logical_axis_rules"], mesh = _pipelined(raw["logical_axis_rules"], mesh)
     cfg = {**raw, **_scaled(raw), "mesh": mesh, "devices": n}
     ga = int(raw.get("gradient_accumulation_steps", 1))
     batch = float(raw["per_device_batch_size"]) * n
@@ -326,7 +347,9 @@ def _layout(graph: Graph, block: str, cfg: Mapping[str, Any], v: MaxTextVersion,
     sizes = {a: int(s) for a, s in cfg["mesh"].items()}
     mesh = Mesh(tuple((a, s) for a, s in sizes.items() if s > 1)) if any(s > 1 for s in sizes.values()) \
         else Mesh((("data", 1),))
-    rules = [[n, [a for a in axes if sizes.get(a, 1) > 1]] for n, axes in _rules(cfg["logical_axis_rules"], "config")]
+    # (the stage axis of a pipeline holds the stages: the layout applies inside them, over the other axes)
+    rules = [[n, [a for a in axes if sizes.get(a, 1) > 1 and a != "stage"]]
+             for n, axes in _rules(cfg["logical_axis_rules"], "config")]
     table = v.tensors[block]
     logical_of = {**table["params"], **table["activations"], "logits": table["logits"]}
     per_tensor: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -388,7 +411,24 @@ def run_of(cfg: Mapping[str, Any], reader: str, version: str | None = None) -> M
     notes: list[str] = []
     graph, block = _graph(cfg, notes)
     layout = _layout(graph, block, cfg, v, notes)
-    if int(cfg.get("num_pipeline_microbatches") or -1) > 0 and int(cfg["mesh"].get("stage", 1)) > 1:
-        raise LayoutError("a pipelined MaxText run (ici/dcn_pipeline_parallelism > 1) is not read yet")
     microbatches = int(cfg.get("gradient_accumulation_steps") or 1)
-    return MaxTextRun(graph, layout, _remat(cfg, notes), microbatches, dict(cfg), reader, notes)
+    remat = _remat(cfg, notes)
+    stages = int(cfg["mesh"].get("stage", 1))
+    if stages == 1:
+        return MaxTextRun(graph, layout, remat, microbatches, dict(cfg), reader, notes)
+    layers = int(cfg["num_decoder_layers"])
+    per_stage = int(cfg.get("num_layers_per_pipeline_stage") or 1)
+    repeats = int(cfg.get("num_pipeline_repeats") or -1)
+    repeats = layers // (stages * per_stage) if repeats < 1 else repeats
+    if repeats != 1 or stages * per_stage != layers:
+        raise LayoutError(f"a circular MaxText pipeline ({layers} layers, {stages} stages x {per_stage} layers per "
+                          f"stage x {repeats} repeats) is not priced: only num_layers_per_pipeline_stage = layers / "
+                          "stages")
+    if microbatches > 1:
+        raise LayoutError("gradient accumulation over a MaxText pipeline is not priced")
+    pipeline_mb = int(cfg.get("num_pipeline_microbatches") or -1)
+    if remat == "none":
+        notes.append("remat_policy none: MaxText's pipeline checkpoints every iteration (priced as full)")
+        remat = "full"
+    return MaxTextRun(graph, layout, remat, pipeline_mb if pipeline_mb > 0 else stages, dict(cfg), reader, notes,
+                      stage_axis="stage")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import metadata, resources
 from typing import Any
 
@@ -19,6 +19,12 @@ from layoutsearch.errors import LayoutError
 
 SUPPORTED = ("0.2.5",)
 """MaxText versions with a checked-in table (``layoutsearch/data/maxtext-VERSION.json``)."""
+
+PIPELINE_OUTSIDE_BATCH = ("stage", "data", "fsdp", "fsdp_transpose", "expert")
+"""What MaxText 0.2.5 sets the rule of ``activation_embed_and_logits_batch`` (the batch of the embeddings and
+logits, outside the pipeline's stages) to whenever it pipelines, whatever the config says
+(``configs/types.py``: "always prioritize the 'stage' axis for sharding when pipelining"); it also moves the
+``stage`` mesh axis before ``data``."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ def default_version() -> str:
     return v if v in SUPPORTED else SUPPORTED[-1]
 
 
-@lru_cache(maxsize=None)
+@cache
 def maxtext_version(version: str | None = None) -> MaxTextVersion:
     """The tables of MaxText ``version`` (default :func:`default_version`); LayoutError if unsupported."""
     version = version or default_version()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,6 +290,11 @@ def _why_none(reasons: list[str], bounded: int, priced: bool) -> str:
     return "fits: every candidate exceeds the memory limit" if priced else "can beat the unpipelined plan"
 
 
+STAGE_AXES: ContextVar[tuple[str, ...] | None] = ContextVar("STAGE_AXES", default=None)
+"""The mesh axes a search lets carry stages (``search(target="maxtext")``: the axis MaxText names ``stage``);
+None: any."""
+
+
 def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int | None,
                    batch_dim: str) -> tuple[int, list[str]]:
     """The batch size and the mesh axes that can carry ``stages`` stages (any of size >= 2 when None);
@@ -298,9 +304,11 @@ def _pipeline_axes(graph: Graph, m: Mesh, stages: int | None, microbatches: int 
         raise LayoutSearchError(f"model {graph.name!r} has no {batch_dim!r} dim to split into micro-batches")
     if microbatches is not None and B % microbatches:
         raise LayoutSearchError(f"{microbatches} micro-batches do not divide {batch_dim}={B}")
-    axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages)]
+    allowed = STAGE_AXES.get()
+    axes = [a for a, s in m.axes if s >= 2 and (stages is None or s == stages) and (allowed is None or a in allowed)]
     if not axes:
-        raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages")
+        raise LayoutSearchError(f"no axis of mesh {m} can carry {stages or 'at least 2'} pipeline stages"
+                                + (f" (the target framework's: {', '.join(allowed)})" if allowed is not None else ""))
     return B, axes
 
 

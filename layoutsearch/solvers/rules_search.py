@@ -143,10 +143,11 @@ def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:
     return cost, (R @ B).max(axis=0)
 
 
-CANDIDATE_FILTER: ContextVar[Callable[[Sequence[tuple[str, Axes]]], bool] | None] = ContextVar(
+CANDIDATE_FILTER: ContextVar[Callable[[Sequence[tuple[str, Axes]], Mesh], bool] | None] = ContextVar(
     "CANDIDATE_FILTER", default=None)
-"""A predicate on a candidate's rules that a search sets (``search(target="maxtext")``: what the target
-framework can express); candidates it refuses are left out of every rules space of that search."""
+"""A predicate on a candidate's rules and the mesh of the space (a pipeline's inner mesh, or the whole one)
+that a search sets (``search(target="maxtext")``: what the target framework can express); candidates it
+refuses are left out of every rules space of that search."""
 
 
 def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
@@ -161,7 +162,7 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     keep = CANDIDATE_FILTER.get()
     if keep is not None:
         dims = list(g.dims)
-        kept = [r for r in range(len(cands)) if keep(rules_of(cands, r, dims, mesh))]
+        kept = [r for r in range(len(cands)) if keep(rules_of(cands, r, dims, mesh), mesh)]
         if not kept:
             raise LayoutSearchError("no layout of the rules space can be written for the target framework")
         cands = cands.take(kept)

@@ -67,11 +67,11 @@ from layoutsearch.solvers.finer import solve_finer
 from layoutsearch.solvers.plan import Baseline, Costed, Decision, Plan
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.rules_search import (
+    CANDIDATE_FILTER,
     RulesSearch,
     costed_rules,
     first_fitting,
     overlapped_top,
-    CANDIDATE_FILTER,
     rules_candidates,
 )
 from layoutsearch.solvers.rulesets import RuleSets, rules_of
@@ -241,14 +241,18 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
             return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention,
                            overlap, remat, microbatches, pipeline, schedule or "1f1b", top, time_limit, tie,
                            baselines, progress)
+    from layoutsearch.export.maxtext import maxtext_stage_axes
+    from layoutsearch.solvers.pipeline_search import STAGE_AXES
+
     keep, remat, schedule = _target(target, graph, Mesh.of(mesh), space, remat, pipeline, schedule)
-    token = CANDIDATE_FILTER.set(keep)
+    token, stage_token = CANDIDATE_FILTER.set(keep), STAGE_AXES.set(maxtext_stage_axes(Mesh.of(mesh).names))
     try:
         with _fewer_collections():
             return _search(graph, mesh, memory_limit, solver, hardware, space, optimizer, precision, attention,
                            overlap, remat, microbatches, pipeline, schedule, top, time_limit, tie, baselines, progress)
     finally:
         CANDIDATE_FILTER.reset(token)
+        STAGE_AXES.reset(stage_token)
 
 
 TARGETS = ("maxtext",)
