@@ -456,7 +456,7 @@ def test_a_searched_plan_with_unequal_stages_and_1f1b_trains(tmp_path, capsys):
 
 
 def test_unknown_schedules_fail_clearly():
-    with pytest.raises(LayoutError, match="runs the schedules gpipe, 1f1b, interleaved:V, not 'zero-bubble'"):
+    with pytest.raises(LayoutError, match="runs the schedules gpipe, 1f1b, interleaved:V, maxtext, not 'zero-bubble'"):
         Pipeline(zoo.build("gpt", **SIZES), {"stage": 2}, microbatches=2, schedule="zero-bubble")
 
 
