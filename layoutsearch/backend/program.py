@@ -22,6 +22,7 @@ from jax.ad_checkpoint import checkpoint_name
 from layoutsearch.costmodel.fusion import attention_cores, check_attention
 from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
+from layoutsearch.ir.constants import constant_values
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.remat import parse_remat, recomputed_blocks
 from layoutsearch.ir.tensor import Tensor
@@ -540,7 +541,8 @@ def init_params(graph: Graph, seed: int = 0) -> Arrays:
 
 def random_inputs(graph: Graph, seed: int = 0) -> Arrays:
     """Deterministic data inputs: normal floats; int ids in range of the dim
-    they index (the ``dim`` of the Gather/CrossEntropy op reading them)."""
+    they index (the ``dim`` of the Gather/CrossEntropy op reading them); a constant tensor's own values
+    (:mod:`layoutsearch.ir.constants`)."""
     rng = np.random.default_rng(seed + 1)
     bound: dict[str, int] = {}
     for op in graph.ops:
@@ -549,9 +551,12 @@ def random_inputs(graph: Graph, seed: int = 0) -> Arrays:
         elif isinstance(op, O.ScatterAdd):
             bound[op.inputs[0]] = graph.dims[op.dim]
     out: Arrays = {}
+    constants = constant_values(graph.tensors, graph.meta)
     for t in graph.inputs:
         shape = [d.size for d in t.dims]
-        if t.is_float:
+        if t.name in constants:
+            out[t.name] = jnp.asarray(constants[t.name], dtype=jax_dtype(t))
+        elif t.is_float:
             out[t.name] = jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=jax_dtype(t))
         else:
             out[t.name] = jnp.asarray(rng.integers(0, bound.get(t.name, 2), size=shape), dtype=jnp.int32)

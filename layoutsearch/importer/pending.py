@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from layoutsearch.importer.labels import Labels
 from layoutsearch.ir import ops as O
+from layoutsearch.ir.constants import encode
 from layoutsearch.ir.dims import Dim
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import scoped
@@ -125,8 +128,10 @@ class PendingGraph:
             producer[p.name] = p
 
     # -- the graph
-    def build(self, name: str, loss: str, meta: Mapping[str, Any]) -> Graph:
-        """The IR graph (dims named, tensors listed in order of first use), with ``loss`` as its loss."""
+    def build(self, name: str, loss: str, meta: Mapping[str, Any],
+              constants: Mapping[str, np.ndarray] | None = None) -> Graph:
+        """The IR graph (dims named, tensors listed in order of first use), with ``loss`` as its loss;
+        ``constants``: the values of constant tensors (kept in ``meta["constants"]`` where the graph reads them)."""
         self.hoist_renames(loss)
         used = {a for t in self.tensors.values() for a in t.labels}
         for op in self.ops:
@@ -142,7 +147,11 @@ class PendingGraph:
                    for n, t in sorted(self.tensors.items(), key=lambda kv: order.get(kv[0], -1)) if n in order]
         ops = [op.cls(name=op.name, inputs=op.inputs, output=op.name, block=op.block,
                       **_resolve(op.attrs, dim_name)) for op in self.ops]
-        return Graph(name, tensors, ops, loss=loss, meta=dict(meta))
+        meta = dict(meta)
+        used_constants = {n: encode(v) for n, v in (constants or {}).items() if n in order}
+        if used_constants:
+            meta["constants"] = used_constants
+        return Graph(name, tensors, ops, loss=loss, meta=meta)
 
 
 def _refs(x: Any) -> list[DimRef]:

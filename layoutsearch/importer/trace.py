@@ -7,6 +7,12 @@ stack become the repeated blocks the cost model and the solvers tie), and each a
 source line and its scope (``jax.named_scope`` names), for error messages and block tags. The calls
 in :data:`COMPOSITES` (``log_softmax``, ``_one_hot``) are kept whole, with their body, for the
 pattern pass (:mod:`layoutsearch.importer.patterns`).
+
+Whatever the function computes from constants alone (literals, arrays captured by closure, ``iota``:
+a causal mask or a rotary table built in a Flax ``setup()``, ``sqrt(depth)``, position ids) is
+*folded*: evaluated once, here, into a scalar :class:`Lit` or an array :class:`Const` (at most
+:data:`MAX_FOLDED_ELEMENTS` elements, except a broadcast, which stays a view). The translator makes
+the arrays constant tensors of the graph.
 """
 
 from __future__ import annotations
@@ -47,12 +53,50 @@ class Var:
 
 @dataclass(frozen=True)
 class Lit:
-    """A scalar constant operand."""
+    """A scalar constant operand (``dtype``: its numpy dtype, for folding)."""
 
     value: float
+    dtype: str = "float32"
 
 
-Operand = Var | Lit
+@dataclass(eq=False)
+class Const:
+    """An array constant operand: a value the function computes from constants alone (see the module)."""
+
+    value: np.ndarray
+    where: str  # the source line that made it (or "a constant captured by the function")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    @property
+    def dtype(self) -> str:
+        return self.value.dtype.name
+
+    def uniform(self) -> Lit | None:
+        """The one value of every element, as a literal, when all are equal (a broadcast scalar)."""
+        v = self.value
+        if v.size == 0:
+            return None
+        if all(st == 0 for st in v.strides) or (v.size <= 1 << 22 and bool(np.all(v == v.flat[0]))):
+            return _literal(v.flat[0], "a constant")
+        return None
+
+
+Operand = Var | Lit | Const
+
+MAX_FOLDED_ELEMENTS = 1 << 26
+"""The most elements a folded constant may have (256 MiB of float32): a larger one is refused, to be passed
+as an argument. A broadcast of a smaller constant is a view, not counted."""
+
+ELEMENTWISE_PRIMITIVES = frozenset({
+    "add", "sub", "mul", "div", "rem", "max", "min", "pow", "integer_pow", "neg", "abs", "sign", "exp", "exp2",
+    "log", "log1p", "expm1", "sqrt", "rsqrt", "cbrt", "square", "tanh", "logistic", "erf", "erfc", "erf_inv",
+    "sin", "cos", "tan", "atan2", "floor", "ceil", "round", "is_finite", "convert_element_type", "eq", "ne",
+    "lt", "le", "gt", "ge", "and", "or", "not", "xor", "select_n", "clamp", "nextafter", "reduce_precision",
+    "stop_gradient", "copy", "copy_p", "shift_left", "shift_right_logical", "shift_right_arithmetic"})
+"""Primitives computing each output element from the same element of each operand (equal shapes)."""
 
 
 @dataclass(eq=False)
@@ -122,7 +166,7 @@ class _Flattener:
             return env[a]
 
         for v, c in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = _literal(c, f"a constant captured by the function ({v.aval.str_short()})")
+            env[v] = _constant(c, outer or "a constant captured by the function")
         for v, a in zip(jaxpr.invars, args, strict=True):
             env[v] = a
         for eqn in jaxpr.eqns:
@@ -130,7 +174,10 @@ class _Flattener:
             name = eqn.primitive.name
             where = _where(eqn) or outer
             inner = _join(scope, str(eqn.source_info.name_stack))
-            if name in _CALLS and eqn.params.get("name") in COMPOSITES:
+            folded = _fold(eqn, ins, where) if name not in _CALLS and name != "scan" else None
+            if folded is not None:
+                results = folded
+            elif name in _CALLS and eqn.params.get("name") in COMPOSITES and any(isinstance(a, Var) for a in ins):
                 outs = [_var(v.aval) for v in eqn.outvars]
                 body = _Flattener()
                 sub, sub_consts = _closed(_sub_jaxpr(eqn))
@@ -171,6 +218,9 @@ class _Flattener:
                 if isinstance(x, Lit):
                     sliced.append(x)
                     continue
+                if isinstance(x, Const):
+                    sliced.append(_constant(x.value[i], x.where))
+                    continue
                 out = Var(x.shape[1:], x.dtype)
                 self.nodes.append(Node("index", [x], [out], {"axis": 0, "index": i}, where, scope, tag))
                 sliced.append(out)
@@ -181,6 +231,10 @@ class _Flattener:
             ys.reverse()
         stacked: list[Operand] = []
         for j, aval in enumerate(eqn.outvars[n_carry:]):
+            if not any(isinstance(y[j], Var) for y in ys):
+                stacked.append(_constant(np.stack([np.broadcast_to(_array(y[j]), aval.aval.shape[1:]) for y in ys]),
+                                         where))
+                continue
             out = _var(aval.aval)
             self.nodes.append(Node("stack", [y[j] for y in ys], [out], {"axis": 0}, where, scope, block))
             stacked.append(out)
@@ -204,15 +258,82 @@ def _literal(value: Any, what: str) -> Lit:
     except (TypeError, ValueError):
         f = None
     if f is None:
-        raise GraphError(f"{what} is an array of shape {list(arr.shape)}: only scalar constants can be "
-                         "imported (pass arrays to the function as arguments)")
+        raise GraphError(f"{what} is not a number: {arr.dtype} of shape {list(arr.shape)}")
+    dtype = arr.dtype.name
     try:  # the shortest decimal that rounds to the same value in its dtype: 1e-05, not 9.99e-06
         short = float(str(arr))
         if float(np.asarray(short, arr.dtype)) == f:
-            return Lit(short)
+            return Lit(short, dtype)
     except (TypeError, ValueError, OverflowError):
         pass
-    return Lit(f)
+    return Lit(f, dtype)
+
+
+def _constant(value: Any, where: str) -> Lit | Const:
+    """A constant operand: a literal when a scalar, else an array."""
+    if isinstance(value, jax.core.Tracer):
+        raise GraphError(f"internal: a traced value as a constant at {where}")
+    dtype = getattr(value, "dtype", None)
+    if not _numeric(dtype if dtype is not None else np.asarray(value).dtype):
+        raise GraphError(f"a constant of dtype {dtype} at {where}: only numbers fold (pass it to the function as "
+                         "an argument)")
+    arr = np.asarray(value)
+    return _literal(arr, f"the constant at {where}") if arr.ndim == 0 else Const(arr, where)
+
+
+def _numeric(dtype: Any) -> bool:
+    """Whether ``dtype`` is a number or boolean type (bfloat16 included; not a PRNG key)."""
+    jnp = jax.numpy
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+    except TypeError:
+        return False
+
+
+def _array(o: Lit | Const) -> np.ndarray:
+    return o.value if isinstance(o, Const) else np.asarray(o.value, o.dtype)
+
+
+_UNFOLDED = frozenset({"rng_uniform", "rng_bit_generator", "random_seed", "random_bits", "random_wrap",
+                       "random_unwrap", "random_split", "random_fold_in", "threefry2x32"})
+"""Primitives left to the translator even on constants: random streams (the importer refuses them with
+their line)."""
+
+
+def _fold(eqn: Any, ins: Sequence[Operand], where: str) -> list[Operand] | None:
+    """The outputs of ``eqn`` evaluated, when every operand is a constant (else None)."""
+    if any(isinstance(a, Var) for a in ins) or eqn.effects or eqn.primitive.name in _UNFOLDED:
+        return None
+    name, params = eqn.primitive.name, eqn.params
+    outs = [v.aval for v in eqn.outvars]
+    if any(not hasattr(a, "shape") or not _numeric(a.dtype) for a in outs):
+        return None
+    values = [_array(a) for a in ins]  # type: ignore[arg-type]
+    if name == "broadcast_in_dim" and outs[0].shape:  # a view: no copy, whatever its size
+        src = values[0]
+        shape = [1] * len(outs[0].shape)
+        for i, d in enumerate(params["broadcast_dimensions"]):
+            shape[d] = src.shape[i]
+        return [Const(np.broadcast_to(src.reshape(shape), outs[0].shape), where)]
+    shrunk = name in ELEMENTWISE_PRIMITIVES and all(
+        v.ndim == 0 or all(st == 0 for st in v.strides) for v in values) and outs[0].shape
+    if shrunk:  # every operand a broadcast scalar: compute one element, broadcast the result
+        values = [v.reshape(-1)[:1].reshape((1,) * v.ndim) if v.ndim else v for v in values]
+    elif any(int(np.prod(a.shape)) > MAX_FOLDED_ELEMENTS for a in outs):
+        a = next(a for a in outs if int(np.prod(a.shape)) > MAX_FOLDED_ELEMENTS)
+        raise GraphError(f"primitive {name!r} at {where} computes a constant of shape {list(a.shape)} "
+                         f"({int(np.prod(a.shape)):,} elements) from constants alone: more than the "
+                         f"{MAX_FOLDED_ELEMENTS:,} the importer folds (pass it to the function as an argument)")
+    try:
+        with jax.ensure_compile_time_eval():
+            got = eqn.primitive.bind(*[jax.numpy.asarray(v) for v in values], **params)
+    except Exception:  # noqa: BLE001 -- not evaluable here: the translator takes it as it is
+        return None
+    got = got if eqn.primitive.multiple_results else [got]
+    results = [np.asarray(g) for g in got]
+    if shrunk:
+        results = [np.broadcast_to(r, a.shape) for r, a in zip(results, outs, strict=True)]
+    return [_constant(r, where) for r in results]
 
 
 def flatten(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Program, Any]:

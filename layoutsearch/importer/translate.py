@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from layoutsearch.errors import GraphError
-from layoutsearch.importer.trace import Node, Var
+from layoutsearch.importer.trace import ELEMENTWISE_PRIMITIVES, Const, Node, Var
 from layoutsearch.importer.translate_elementwise import (
     ALIAS_PRIMITIVES,
     COMPARE_PRIMITIVES,
@@ -45,6 +45,8 @@ class Translator(ElementwiseRules, ShapeRules, ReductionRules):
     def run(self, nodes: Sequence[Node], block_of: Callable[[Node], str | None]) -> None:
         for node in nodes:
             self.node, self.block = node, block_of(node)
+            if node.prim in ELEMENTWISE_PRIMITIVES:  # a constant of one value everywhere is a scalar here
+                node.ins = [(a.uniform() or a) if isinstance(a, Const) else a for a in node.ins]
             rule = getattr(self, "_" + node.prim, None)
             if rule is None:
                 if node.prim in UNARY_PRIMITIVES:
@@ -70,7 +72,7 @@ class Translator(ElementwiseRules, ShapeRules, ReductionRules):
         if lv.labels or self.tensors[lv.tensor].role != "activation":
             raise GraphError("the function must return a scalar loss computed from its arguments "
                              f"(got a value of shape {list(loss.shape)})")
-        return self.pending.build(name, lv.tensor, meta)
+        return self.pending.build(name, lv.tensor, meta, self.constants)
 
 
 def block_of(node: Node) -> str | None:

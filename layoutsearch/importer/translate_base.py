@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from layoutsearch.errors import GraphError
 from layoutsearch.importer.labels import Labels
 from layoutsearch.importer.pending import DimRef, PendingGraph, PendingTensor
-from layoutsearch.importer.trace import Lit, Node, Operand, Var
+from layoutsearch.importer.trace import Const, Lit, Node, Operand, Var
 from layoutsearch.ir import ops as O
 
 FLOAT_DTYPES = {"float32", "bfloat16", "float16"}
@@ -42,6 +44,8 @@ class TranslatorBase:
         self.splits = {k: tuple(v) for k, v in (splits or {}).items()}
         self.broadcasts: dict[tuple[str, tuple[int | None, ...]], Val] = {}
         self.views: dict[str, Val] = {}  # parts of function arguments read as tensors of their own
+        self.constants: dict[str, np.ndarray] = {}  # the values of constant tensors, by name
+        self._constant_keys: dict[tuple[Any, ...], str] = {}
         self.node: Node | None = None
         self.block: str | None = None
 
@@ -73,7 +77,34 @@ class TranslatorBase:
     def val(self, v: Operand) -> Val:
         if isinstance(v, Lit):
             raise self.unsupported("a scalar constant in this position")
+        if isinstance(v, Const):
+            return self.constant(v)
         return self.vals[v]
+
+    def constant(self, c: Const, dtype: str | None = None) -> Val:
+        """A folded constant as an input tensor of the graph whose values it carries (``constant_N``,
+        one tensor per distinct value), stored along the axes its values vary on only: a causal mask
+        ``[1, 1, seq, seq]`` is stored ``[seq, seq]``, position ids broadcast over the batch ``[seq]``.
+        ``dtype``: the tensor's (default: a float's own, int32 for integers, float32 0/1 for booleans)."""
+        value = c.value
+        keep = [i for i, s in enumerate(value.shape) if s != 1 and not _constant_along(value, i)]
+        compact = np.ascontiguousarray(value[tuple(slice(None) if i in keep else slice(0, 1)
+                                                   for i in range(value.ndim))].reshape([value.shape[i] for i in keep]))
+        if dtype is None:
+            dtype = (value.dtype.name if value.dtype.name in FLOAT_DTYPES else "float32"
+                     ) if value.dtype.kind in "fbV" else "int32"
+        compact = compact.astype(np.dtype(dtype))
+        key = (dtype, compact.shape, compact.tobytes())
+        name = self._constant_keys.get(key)
+        if name is None:
+            name = self._constant_keys[key] = f"constant_{len(self._constant_keys) + 1}"
+            stored = tuple(self.labels.placeholder(value.shape[i], f"{name}_{k}") for k, i in enumerate(keep))
+            self.tensors[name] = PendingTensor(stored, dtype, "input")
+            self.constants[name] = compact
+        stored_labels = iter(self.tensors[name].labels)
+        labels = [next(stored_labels) if i in keep else None if s == 1 else self.labels.placeholder(s, f"{name}_b{i}")
+                  for i, s in enumerate(value.shape)]
+        return self._val(name, labels)
 
     def stored(self, v: Val) -> set[int]:
         return {self.labels.find(a) for a in self.tensors[v.tensor].labels}
@@ -153,6 +184,13 @@ class TranslatorBase:
         if a is None:
             raise self.unsupported("an op over a size-1 axis")
         return a
+
+
+def _constant_along(value: np.ndarray, axis: int) -> bool:
+    """Whether ``value`` is the same at every index of ``axis`` (a broadcast axis)."""
+    if value.strides[axis] == 0:
+        return True
+    return bool(np.all(value == value.take([0], axis=axis)))
 
 
 def _stem(name: str) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from layoutsearch.importer.pending import DimRef, PendingTensor
-from layoutsearch.importer.trace import Lit, Node
+from layoutsearch.importer.trace import Const, Lit, Node
 from layoutsearch.importer.translate_base import TranslatorBase, Val
 from layoutsearch.ir import ops as O
 
@@ -154,7 +156,6 @@ class ShapeRules(TranslatorBase):
     def _gather(self, node: Node) -> Val:
         table_v, ids_v = node.ins
         dn, sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
-        table = self.dense(self.val(table_v))
         if (len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map)
                 or getattr(dn, "operand_batching_dims", ()) or ids_v.shape[-1:] != (1,)):
             raise self.unsupported("a gather other than whole rows of a table (table[ids])")
@@ -163,16 +164,42 @@ class ShapeRules(TranslatorBase):
             raise self.unsupported("a gather of partial rows")
         ids = self.val(ids_v)
         id_labels = list(ids.labels[:-1])
-        rows = [a for k, a in enumerate(table.labels) if k != axis]
         out_shape = node.outs[0].shape
-        labels: list[int | None] = [None] * len(out_shape)
         offset = list(dn.offset_dims)
         batch = [d for d in range(len(out_shape)) if d not in offset]
+        if isinstance(ids_v, Const) and (view := self._rows_view(self.val(table_v), axis, ids)) is not None:
+            rows_label = view.labels[axis]  # constant ids a..a+n-1 (positions): rows a..a+n-1, a slice
+            table, gathered = view, None
+            id_labels = [rows_label if a is not None and self.labels.find(a) in self.stored(ids) else a
+                         for a in id_labels]
+        else:
+            table, gathered = self.dense(self.val(table_v)), ids
+        rows = [a for k, a in enumerate(table.labels) if k != axis]
+        labels: list[int | None] = [None] * len(out_shape)
         for d, a in zip(offset, rows, strict=True):
             labels[d] = a
         for d, a in zip(batch, id_labels, strict=True):
             labels[d] = a
+        if gathered is None:
+            return self._val(table.tensor, labels)
         labels = self.distinct(labels)
-        ids = self.conform(self._val(ids.tensor, id_labels), [labels[d] for d in batch])
+        ids = self.conform(self.dense(self._val(ids.tensor, id_labels)), [labels[d] for d in batch])
         return self.emit(O.Gather, "gather", [table.tensor, ids.tensor], labels, self.dtype(table),
                          dim=DimRef(self._axis_label(table, axis)))
+
+    def _rows_view(self, table: Val, axis: int, ids: Val) -> Val | None:
+        """Rows ``a .. a+n-1`` of a function argument as a tensor of its own, when constant ``ids`` are those
+        numbers in order along one axis (position ids ``arange(seq)``, broadcast over the batch): the table
+        read as ``pos_embed[0:16]``, its cut axis the ids' axis. None otherwise."""
+        values = self.constants[ids.tensor]
+        t = self.tensors[table.tensor]
+        if values.ndim != 1 or t.role == "activation" or table.labels[axis] is None:
+            return None
+        start = int(values[0])
+        if start < 0 or not np.array_equal(values, np.arange(start, start + len(values))):
+            return None
+        shape = [self.labels.size(a) if a is not None else 1 for a in table.labels]
+        bounds = ", ".join(f"{start}:{start + len(values)}" if k == axis else f"0:{n}" for k, n in enumerate(shape))
+        labels = list(table.labels)
+        labels[axis] = self.tensors[ids.tensor].labels[0]
+        return self._source_view(f"{table.tensor}[{bounds}]", labels, t)

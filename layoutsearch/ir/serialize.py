@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from layoutsearch.errors import GraphError, GraphFormatError
+from layoutsearch.ir.constants import constant_values
 from layoutsearch.ir.dims import Dim, short_repr
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.ops import OP_KINDS, Op, number
@@ -223,6 +224,10 @@ def graph_from_dict(doc: Any, source: str = "<graph>") -> Graph:
                 raise r.fail(where, f"bad fields for {kind} op: {e}") from None
         g = Graph(name, tensors, ops, loss=loss, meta=meta)
         g.check_size()
+        try:
+            constant_values(g.tensors, g.meta)
+        except GraphFormatError as e:
+            raise GraphFormatError(f"{source}: {e}") from None
         return g
     except GraphFormatError:
         raise
