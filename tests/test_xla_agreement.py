@@ -37,6 +37,7 @@ from cases import ADAM, CASES, CASES_BY_NAME, SGD, Case, case_params, compiled
 from layoutsearch.backend.hlo import CompiledSummary, summarize
 from layoutsearch.backend.program import ELEMENTWISE_IMPL
 from layoutsearch.backend.sharding import FAST_COMPILE, UNFUSED
+from layoutsearch.costmodel.flops import WHERE_FNS
 from layoutsearch.costmodel.memory import memory_profile
 from layoutsearch.costmodel.ops import (
     ELEMENTWISE_FLOPS,
@@ -353,7 +354,19 @@ def test_elementwise_flops_match_xla(fn: str):
         got = _xla_flops_per_element(lambda *xs: ELEMENTWISE_IMPL[fn](*xs, **params), spec.arity, n)
         per_exponent = integer_pow_flops(O.Elementwise(name="x", inputs=("a",) * spec.arity, output="y", fn=fn,
                                                        params=tuple(params.items())))
-        assert got == ELEMENTWISE_FLOPS[fn] + per_exponent + CONSTANT_FLOPS.get(fn, 0) / n, n
+        compare = 1 if fn in WHERE_FNS else 0  # a select's compare, of a condition as large as the output here
+        assert got == ELEMENTWISE_FLOPS[fn] + compare + per_exponent + CONSTANT_FLOPS.get(fn, 0) / n, n
+
+
+def test_a_select_compares_its_mask_at_the_mask_size():
+    """``where(mask[batch, seq], x[batch, seq, d], y)``: XLA compares the mask before it broadcasts it (one
+    compare per mask element, one select per output element)."""
+    def f(c, a, b):
+        return ELEMENTWISE_IMPL["where"](c[:, :, None], a, b)
+
+    c, a = jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((4, 8, 16), jnp.float32)
+    got = jax.jit(f).lower(c, a, a).compile().cost_analysis()["flops"]
+    assert got == 4 * 8 * 16 + 4 * 8
 
 
 @pytest.mark.parametrize("fn", ["gelu", "silu", "sigmoid", "tanh", "relu"])

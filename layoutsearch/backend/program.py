@@ -403,6 +403,24 @@ class _Interpreter:
         y = zeros.at[self.env[ids]].add(upd, mode="promise_in_bounds")
         return align(y, [op.dim, *other], out)
 
+    def _slice(self, op: O.Slice) -> jax.Array:
+        x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
+        ax = xd.index(op.dim)
+        y = jax.lax.slice_in_dim(x, op.start, op.start + self.g.dims[op.out_dim], axis=ax)
+        return align(y, [op.out_dim if d == op.dim else d for d in xd], self.dims(op.output))
+
+    def _pad(self, op: O.Pad) -> jax.Array:
+        x, xd = self.env[op.inputs[0]], self.dims(op.inputs[0])
+        after = self.g.dims[op.out_dim] - op.start - self.g.dims[op.dim]
+        y = jnp.pad(x, [(op.start, after) if d == op.dim else (0, 0) for d in xd])
+        return align(y, [op.out_dim if d == op.dim else d for d in xd], self.dims(op.output))
+
+    def _concat(self, op: O.Concat) -> jax.Array:
+        out = self.dims(op.output)
+        parts = [align(self.env[t], [op.out_dim if e == d else e for e in self.dims(t)], out)
+                 for t, d in zip(op.inputs, op.dims, strict=True)]
+        return jnp.concatenate(parts, axis=out.index(op.out_dim))
+
     def _class_last(self, logits: str, dim: str) -> tuple[jax.Array, list[str]]:
         """``logits`` with the class dim ``dim`` last, and the other dims in their order."""
         rest = [d for d in self.dims(logits) if d != dim]

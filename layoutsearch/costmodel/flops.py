@@ -22,7 +22,7 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
     "exp_grad": 1, "log_grad": 1, "sqrt_grad": 2, "rsqrt_grad": 3, "div_rhs_grad": 4,
     "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5, "dropout_mask": 35,
     "shift": 1, "erf": 0, "erf_grad": 4, "stop_gradient": 0, "maximum": 1, "maximum_grad": 5,
-    "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2, "where": 2, "where_grad_true": 2, "where_grad_false": 2,
+    "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2, "where": 1, "where_grad_true": 1, "where_grad_false": 1,
     "pow": 0, "pow_grad": 0,  # per exponent: integer_pow_flops
 }
 """FLOPs per output element of each elementwise function, as XLA's cost
@@ -38,6 +38,11 @@ the select of the scaled value; XLA also counts 7 FLOPs per op that do not
 scale with its size (the loop counter and key schedule), which the table
 leaves out. JAX lowers threefry unrolled for GPUs and TPUs: 121 FLOPs per
 element there (as XLA counts it)."""
+
+WHERE_FNS = ("where", "where_grad_true", "where_grad_false")
+"""Selects by a 0/1 condition: one compare per element of the condition (a mask ``[batch, seq]`` broadcast over
+``d_model`` is compared at ``[batch, seq]``, and a gradient's select shares its forward's compare) and one
+select per output element."""
 
 FORWARD_SHARED_FLOPS: dict[str, float] = {"gelu_grad": 7, "silu_grad": 3, "sigmoid_grad": 3}
 """FLOPs per element of ``fn_grad(x, dy)`` that XLA shares (CSE) with the forward
@@ -75,7 +80,7 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
 
     * einsum: ``2 N`` per product (one input: ``N - out`` if it reduces);
     * elementwise: :data:`ELEMENTWISE_FLOPS` per output element, plus one per
-      element of each operand of another dtype (its convert);
+      element of each operand of another dtype (its convert); selects: :data:`WHERE_FNS`;
     * reduce: sum/max ``N - out``, mean ``N``;
     * softmax ``4N - R`` (max, subtract, sum, one divide per row, multiply);
       softmax_grad ``4N - R``; layer_norm ``5N + R``; layer_norm_grad ``7N``
@@ -112,6 +117,8 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
             per -= 1  # multiplying by 1 folds away
         if forward_shared:
             per -= FORWARD_SHARED_FLOPS.get(op.fn, 0)
+        if op.fn in WHERE_FNS:  # the condition compared at its own size (a mask broadcast after), once per mask
+            return float(count(op.output)) + (0.0 if forward_shared else float(count(op.inputs[0])))
         # an operand of another dtype than the result is converted first (one FLOP per element, as XLA counts
         # a convert); fill and dropout_mask read only their operand's shape
         out_dtype = t[op.output].dtype
@@ -138,7 +145,7 @@ def op_flops(graph: Graph, op: O.Op, sizes: dict[str, int] | None = None, *, spl
         return float(8 * ids + count(op.output) if op.dim in split else 3 * ids)
     if isinstance(op, O.ScatterAdd):
         return float(count(op.inputs[1]) + (count(op.inputs[0]) if op.dim in split else 0))
-    return 0.0  # reshape: data movement only
+    return 0.0  # reshape, slice, pad, concat: data movement only
 
 
 SMALL_CONTRACTION = 8
@@ -162,7 +169,7 @@ def constant_tensors(graph: Graph) -> frozenset[str]:
     const: set[str] = set()
     for op in graph.ops:
         if isinstance(op, O.Elementwise) and op.fn == "fill" or (
-                isinstance(op, (O.Elementwise, O.Reshape)) and all(i in const for i in op.inputs)):
+                isinstance(op, (O.Elementwise, O.Reshape, O.Slice, O.Pad, O.Concat)) and all(i in const for i in op.inputs)):
             const.add(op.output)
     return frozenset(const)
 

@@ -65,7 +65,7 @@ ATTENTION_KINDS = ("standard", "flash")
 """How the attention core runs: materializing the scores, or as a flash-attention kernel."""
 
 FUSIBLE = (O.Elementwise, O.Reduce, O.Softmax, O.SoftmaxGrad, O.LayerNorm, O.LayerNormGrad, O.CrossEntropy,
-           O.CrossEntropyGrad, O.Reshape)
+           O.CrossEntropyGrad, O.Reshape, O.Slice, O.Pad, O.Concat)
 """Op kinds a fusing backend merges with their producers and consumers (and einsums that are no matmuls,
 :func:`~layoutsearch.costmodel.ops.is_matmul`)."""
 

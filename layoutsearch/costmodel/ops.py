@@ -18,6 +18,8 @@ The rules are Mesh-TensorFlow's, for any op over named dims:
   ``Hardware.float32_collectives``) moves 4 bytes per element;
 * normalizations over a split dim (softmax, layer norm, cross-entropy and
   their gradients) all-reduce their per-row statistics over the splitting axes;
+* a slice, pad or concat (:func:`~layoutsearch.ir.ops.window_dims`) runs with the dims it moves data along
+  unsplit: an input split along one is all-gathered first, the output sliced to its stored layout (free);
 * a ``dropout_mask(x)`` draws its values from its seed and x's shape: it reads
   nothing (no HBM read of x, no reshard of x);
 * the result, laid out as the computation layout restricted to the output's
@@ -164,9 +166,11 @@ def _facts(graph: Graph) -> tuple[frozenset[str], frozenset[str], frozenset[str]
     elementwise ops whose gradient shares a unary op's work (see :func:`op_flops`)."""
     matmuls = frozenset(op.name for op in graph.ops if is_matmul(op, graph.tensors))
     fwd = {(op.fn, op.inputs[0]) for op in graph.ops if isinstance(op, O.Elementwise) and len(op.inputs) == 1}
+    masks = {op.inputs[0] for op in graph.ops if isinstance(op, O.Elementwise) and op.fn == "where"}
     forward_shared = frozenset(
         op.name for op in graph.ops if isinstance(op, O.Elementwise)
-        and any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn))
+        and (any((f, op.inputs[0]) in fwd for f, g in O.UNARY_GRAD.items() if g == op.fn)
+             or op.fn in ("where_grad_true", "where_grad_false") and op.inputs[0] in masks))
     return constant_tensors(graph), matmuls, forward_shared
 
 
@@ -236,6 +240,8 @@ class OpRules:
                     best = c
             assert best is not None
             return best
+        if window := O.window_dims(op):  # a slice, pad or concat runs with the dims it moves along whole
+            iteration = {d: axes for d, axes in iteration.items() if d not in window}
         return self._cost(op, iteration, inputs, output)
 
     def _passthrough(self, op: O.Op, inputs: Sequence[DimLayout], output: DimLayout) -> DimLayout:

@@ -66,6 +66,12 @@ class Labels:
         r = self.find(a)
         return self._name[r] or self._hint[r]
 
+    def rename_placeholder(self, a: int, hint: str) -> None:
+        """Name placeholder ``a`` (its root) after ``hint`` when the names are given out (:meth:`names`)."""
+        r = self.find(a)
+        if self._name[r] is None:
+            self._hint[r] = hint
+
     def hold(self, holder: int, labels: tuple[int | None, ...]) -> None:
         """Record that value ``holder`` has axes with ``labels``."""
         for a in labels:

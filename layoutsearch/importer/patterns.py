@@ -8,7 +8,10 @@ the importer rewrites these sub-graphs into single nodes before naming dims:
 * ``softmax``: ``exp(x - stop_gradient(max_a x)) / sum_a exp(...)`` (``jax.nn.softmax``);
 * ``layer_norm``: ``(x - mean_a x) * rsqrt(mean_a (x - mean_a x)**2 + eps)``; RMSNorm without the mean;
 * ``gelu``: the tanh approximation ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3)))``;
-* ``cross_entropy``: ``-sum_a log_softmax(x) * one_hot(labels)`` (``jax.nn.log_softmax``, ``jax.nn.one_hot``);
+* ``cross_entropy``: ``-sum_a log_softmax(x) * one_hot(labels)`` (``jax.nn.log_softmax``, ``jax.nn.one_hot``), and
+  ``logsumexp(x) - take_along_axis(x, labels)`` (``optax.softmax_cross_entropy_with_integer_labels``), and
+  ``-take_along_axis(log_softmax(x), labels)``;
+* ``gather``: index vectors joined from parts, constant parts for axes taken whole dropped;
 * ``alias``: JAX's normalization of negative indices, ``where(i < 0, i + n, i)``, for ids in range.
 
 A rewrite applies only when the intermediate values are used nowhere else, so it never changes what
@@ -21,7 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
-from layoutsearch.importer.trace import Lit, Node, Operand, Var
+from layoutsearch.importer.trace import Const, Lit, Node, Operand, Var
 
 _TRANSPARENT = {"broadcast_in_dim", "stop_gradient", "reshape", "transpose"}
 """Primitives that only add, drop or move size-1 axes (on the paths the patterns walk) or stop gradients."""
@@ -281,22 +284,76 @@ def _gelu(rw: _Rewriter, final: Node) -> Match | None:
 
 
 def _cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
-    if final.prim != "neg":
+    """``-sum_a log_softmax(x) * one_hot(labels)``: the cross-entropy."""
+    red = rw.node(final.ins[0], "reduce_sum") if final.prim == "neg" else None
+    got = _minus_cross_entropy(rw, red) if red is not None else None
+    if got is None:
         return None
-    red = rw.node(final.ins[0], "reduce_sum")
-    prod = rw.node(red.ins[0], "mul") if red is not None and len(red.params["axes"]) == 1 else None
+    (ce, _), internal = got
+    return _new("cross_entropy", final, ce.ins, **ce.params), [red, *internal]
+
+
+def _minus_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
+    """``sum_a log_softmax(x) * one_hot(labels)`` without the minus (a mean or a mask around it stay
+    elementwise ops): the cross-entropy, negated."""
+    if final.prim != "reduce_sum" or len(final.params["axes"]) != 1:
+        return None
+    prod = rw.node(final.ins[0], "mul")
     if prod is None:
         return None
     for lsm_v, hot_v in (prod.ins, prod.ins[::-1]):
         lsm, hot = rw.node(lsm_v, "log_softmax"), rw.node(hot_v, "_one_hot")
         if lsm is None or hot is None:
             continue
-        axis = red.params["axes"][0]
+        axis = final.params["axes"][0]
         lsm_axes = [n.params["axes"] for n in lsm.body or [] if n.prim == "reduce_max"]
         if lsm_axes != [(axis,)] or lsm.outs[0].shape[axis] != hot.outs[0].shape[axis]:
             continue
-        return _new("cross_entropy", final, [lsm.ins[0], hot.ins[0]], axis=axis), [red, prod, lsm, hot]
+        x = lsm.ins[0]
+        assert isinstance(x, Var)
+        ce = Var(final.outs[0].shape, x.dtype)
+        return [Node("cross_entropy", [x, hot.ins[0]], [ce], {"axis": axis}, final.where, final.scope, final.block),
+                _new("neg", final, [ce])], [prod, lsm, hot]
     return None
+
+
+def _integer_label_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
+    """``logsumexp_a(x) - take_along_axis(x, labels[..., None], a)[..., 0]``: the cross-entropy as
+    ``optax.softmax_cross_entropy_with_integer_labels`` writes it (a batched gather of each row's label, then
+    a gather of its one column)."""
+    if final.prim != "sub":
+        return None
+    lse, picked = final.ins
+    take = rw.node(picked, "gather")
+    if take is None:
+        return None
+    along = rw.node(take.ins[0], "gather") if isinstance(take.ins[1], Const) else None
+    if along is None:
+        along, take = take, None
+    x, idx = along.ins
+    dn = along.params["dimension_numbers"]
+    if not isinstance(x, Var) or not isinstance(idx, Var) or len(dn.start_index_map) != 1:
+        return None
+    axis = dn.start_index_map[0]
+    if tuple(sorted((*dn.operand_batching_dims, axis))) != tuple(range(len(x.shape))):
+        return None
+    labels = idx
+    while (n := rw.node(labels)) is not None and (n.prim == "alias" or n.prim in _TRANSPARENT and _unit_only(n)):
+        labels = n.ins[0]
+    if not isinstance(labels, Var) or tuple(labels.shape) != tuple(n for k, n in enumerate(x.shape) if k != axis):
+        return None
+    add = rw.node(lse, "add")
+    log = next((n for n in (rw.node(a, "log") for a in add.ins) if n is not None), None) if add is not None else None
+    if log is None:
+        return None
+    inner = rw.node(log.ins[0], "abs")
+    red = rw.node(inner.ins[0] if inner is not None else log.ins[0], "reduce_sum")
+    exp = rw.node(red.ins[0], "exp") if red is not None and tuple(red.params["axes"]) == (axis,) else None
+    sub = rw.node(exp.ins[0], "sub") if exp is not None else None
+    if sub is None or sub.ins[0] is not x:
+        return None
+    internal = [n for n in (along, take, add, log, inner, red, exp, sub) if n is not None]
+    return _new("cross_entropy", final, [x, labels], axis=axis), internal
 
 
 def _index_normalization(rw: _Rewriter, final: Node) -> Match | None:
@@ -310,7 +367,61 @@ def _index_normalization(rw: _Rewriter, final: Node) -> Match | None:
     return _new("alias", final, [i]), [lt, add]
 
 
-PATTERNS = (_index_normalization, _mean, _softmax, _layer_norm, _gelu, _cross_entropy)
+def _picked_log_softmax(rw: _Rewriter, final: Node) -> Match | None:
+    """``take_along_axis(log_softmax(x), labels[..., None], a)``: minus the cross-entropy (the Equinox and
+    Haiku examples' loss)."""
+    if final.prim != "gather":
+        return None
+    x_v, idx = final.ins
+    lsm = rw.node(x_v, "log_softmax")
+    dn = final.params["dimension_numbers"]
+    if lsm is None or not isinstance(idx, Var) or len(dn.start_index_map) != 1:
+        return None
+    axis = dn.start_index_map[0]
+    x = lsm.ins[0]
+    lsm_axes = [n.params["axes"] for n in lsm.body or [] if n.prim == "reduce_max"]
+    if not isinstance(x, Var) or lsm_axes != [(axis,)] or tuple(sorted((*dn.operand_batching_dims, axis))) != tuple(
+            range(len(x.shape))):
+        return None
+    labels = idx
+    while (n := rw.node(labels)) is not None and (n.prim == "alias" or n.prim in _TRANSPARENT and _unit_only(n)):
+        labels = n.ins[0]
+    rest = tuple(n for k, n in enumerate(x.shape) if k != axis)
+    if not isinstance(labels, Var) or tuple(labels.shape) != rest:
+        return None
+    ce, neg = Var(rest, x.dtype), Var(rest, x.dtype)
+    at = (final.where, final.scope, final.block)
+    return [Node("cross_entropy", [x, labels], [ce], {"axis": axis}, *at), Node("neg", [ce], [neg], {}, *at),
+            _new("reshape", final, [neg], new_sizes=final.outs[0].shape, dimensions=None)], [lsm]
+
+
+def _gather_index_parts(rw: _Rewriter, final: Node) -> Match | None:
+    """A gather whose index vectors are joined from parts, some of them constant indices of axes the gather
+    takes whole (``weight[x]`` of a vmapped ``eqx.nn.Embedding``: ``[x, 0]`` picking whole rows): the same
+    gather by the other parts alone (a start index along an axis taken whole is clamped to 0)."""
+    if final.prim != "gather":
+        return None
+    table, ids = final.ins
+    cat = rw.node(ids, "concatenate")
+    if cat is None or cat.params["dimension"] != len(ids.shape) - 1:
+        return None
+    dn, sizes = final.params["dimension_numbers"], final.params["slice_sizes"]
+    keep, at = [], 0
+    for part in cat.ins:
+        width = part.shape[-1]
+        axes = dn.start_index_map[at:at + width]
+        if not (isinstance(part, Const) and all(sizes[a] == table.shape[a] for a in axes)):
+            keep.append((part, axes))
+        at += width
+    if len(keep) != 1 or len(keep) == len(cat.ins):
+        return None
+    part, axes = keep[0]
+    params = dict(final.params, dimension_numbers=dn._replace(start_index_map=tuple(axes)))
+    return Node("gather", [table, part], final.outs, params, final.where, final.scope, final.block), [cat]
+
+
+PATTERNS = (_index_normalization, _mean, _softmax, _layer_norm, _gelu, _cross_entropy, _minus_cross_entropy,
+            _integer_label_cross_entropy, _picked_log_softmax, _gather_index_parts)
 
 
 def rewrite(nodes: list[Node]) -> list[Node]:

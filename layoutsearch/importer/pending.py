@@ -127,12 +127,25 @@ class PendingGraph:
             p.name, p.inputs = r.name, tuple(inputs)
             producer[p.name] = p
 
+    def prune(self, loss: str) -> None:
+        """Drop the ops the loss does not read (a negation folded into a scale by the translator)."""
+        needed, keep = {loss}, []
+        for op in reversed(self.ops):
+            if op.name in needed:
+                needed.update(op.inputs)
+                keep.append(op)
+        self.ops = keep[::-1]
+
     # -- the graph
     def build(self, name: str, loss: str, meta: Mapping[str, Any],
               constants: Mapping[str, np.ndarray] | None = None) -> Graph:
         """The IR graph (dims named, tensors listed in order of first use), with ``loss`` as its loss;
         ``constants``: the values of constant tensors (kept in ``meta["constants"]`` where the graph reads them)."""
+        from layoutsearch.importer.roles import name_roles  # (roles reads pending graphs)
+
+        self.prune(loss)
         self.hoist_renames(loss)
+        name_roles(self.labels, self.tensors, self.ops)
         used = {a for t in self.tensors.values() for a in t.labels}
         for op in self.ops:
             used |= {x.id for x in _refs(op.attrs)}

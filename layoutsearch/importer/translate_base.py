@@ -43,6 +43,8 @@ class TranslatorBase:
         self.tensors = self.pending.tensors
         self.splits = {k: tuple(v) for k, v in (splits or {}).items()}
         self.broadcasts: dict[tuple[str, tuple[int | None, ...]], Val] = {}
+        self.casts: dict[tuple[str, str], Val] = {}  # integer tensors read as floats
+        self.negated: dict[str, Var] = {}  # the tensors of negations, with the value each negates
         self.views: dict[str, Val] = {}  # parts of function arguments read as tensors of their own
         self.constants: dict[str, np.ndarray] = {}  # the values of constant tensors, by name
         self._constant_keys: dict[tuple[Any, ...], str] = {}
@@ -106,6 +108,14 @@ class TranslatorBase:
                   for i, s in enumerate(value.shape)]
         return self._val(name, labels)
 
+    def as_float(self, v: Val, dtype: str = "float32") -> Val:
+        """``v`` (an integer tensor: a mask or a count given as ints) cast to floats, once per tensor."""
+        key = (v.tensor, dtype)
+        if key not in self.casts:
+            t = self.tensors[v.tensor]
+            self.casts[key] = self.emit(O.Elementwise, "cast", [v.tensor], t.labels, dtype, fn="identity")
+        return self._val(self.casts[key].tensor, v.labels)
+
     def stored(self, v: Val) -> set[int]:
         return {self.labels.find(a) for a in self.tensors[v.tensor].labels}
 
@@ -151,6 +161,7 @@ class TranslatorBase:
             if old is not None and new is not None and self.labels.find(old) != self.labels.find(new) and (
                     self.labels.find(old) in have):
                 groups.append(((DimRef(old),), (DimRef(new),)))
+                self.labels.rename_placeholder(old, self.labels.base(new))  # a mask's axis met as seq: seq_N
         if not groups:
             return self._val(v.tensor, labels)
         renames = {self.labels.find(g[0][0].id): g[1][0].id for g in groups}

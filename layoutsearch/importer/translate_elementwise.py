@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from layoutsearch.importer.trace import Lit, Node, Operand, Var
+from layoutsearch.importer.trace import Const, Lit, Node, Operand, Var
 from layoutsearch.importer.translate_base import FLOAT_DTYPES, TranslatorBase, Val
 from layoutsearch.ir import ops as O
 
@@ -14,6 +14,8 @@ UNARY_PRIMITIVES = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "l
                     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "erf": "erf",
                     "stop_gradient": "stop_gradient"}
 COMPARE_PRIMITIVES = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint32")
+
 ALIAS_PRIMITIVES = {"copy", "copy_p", "sharding_constraint", "optimization_barrier", "convert_element_type",
                     "reduce_precision"}
 """Primitives translated without a rule of their own: unary functions and comparisons (primitive ->
@@ -26,8 +28,11 @@ class ElementwiseRules(TranslatorBase):
     def elementwise(self, fn: str, operands: Sequence[Operand], out: Var, **params: float) -> Val:
         """Elementwise ``fn``; a literal operand becomes a ``fill`` tensor of its partner's dims."""
         vals: list[Val | None] = [None if isinstance(o, Lit) else self.val(o) for o in operands]
-        if out.dtype not in FLOAT_DTYPES and out.dtype != "bool":
-            raise self.unsupported(f"arithmetic on {out.dtype} values (integer arrays may only be ids)")
+        if out.dtype not in FLOAT_DTYPES and out.dtype != "bool" and any(
+                v is not None and self.dtype(v) not in FLOAT_DTYPES for v in vals):
+            raise self.unsupported(f"arithmetic on {out.dtype} values (integer arrays may only be ids, "
+                                   "compared or cast to floats)")
+        vals = [self.as_float(v) if v is not None and self.dtype(v) not in FLOAT_DTYPES else v for v in vals]
         if all(v is None for v in vals):
             raise self.unsupported("every operand is a constant")
         rank = len(out.shape)
@@ -41,16 +46,20 @@ class ElementwiseRules(TranslatorBase):
         for o, v in zip(operands, vals, strict=True):
             if v is None:
                 assert isinstance(o, Lit)
+                if not math.isfinite(o.value):
+                    raise self.unsupported(f"a constant {o.value} in {fn}")
                 ins.append(self.emit(O.Elementwise, "fill", [partner.tensor], partner.labels, self.dtype(partner),
                                      fn="fill", params=(("value", o.value),)).tensor)
             elif len(v.labels) != rank:  # a scalar operand
                 ins.append(v.tensor)
             else:
                 ins.append(self.conform(v, labels).tensor)
-        dtype = out.dtype if out.dtype in FLOAT_DTYPES else self.dtype(partner)
+        dtype = out.dtype if out.dtype in FLOAT_DTYPES else self.dtype(partner)  # bools and counts: floats
         return self.emit(O.Elementwise, fn, ins, labels, dtype, fn=fn, params=tuple(params.items()))
 
     def _alias(self, node: Node) -> None:
+        """A value itself (copies, sharding constraints), or converted: between floats, an integer to a float,
+        a boolean (a 0/1 float here) to an integer count. An integer tensor made a float is not an id again."""
         src = node.ins[0]
         v = self.val(src)
         if node.prim == "convert_element_type":
@@ -58,7 +67,9 @@ class ElementwiseRules(TranslatorBase):
             old = self.dtype(v)
             if new in FLOAT_DTYPES and old in FLOAT_DTYPES and new != old:
                 v = self.emit(O.Elementwise, "convert", [self.dense(v).tensor], v.labels, new, fn="identity")
-            elif (new in FLOAT_DTYPES) != (old in FLOAT_DTYPES) and not (new in FLOAT_DTYPES and node.ins[0].dtype == "bool"):
+            elif new in FLOAT_DTYPES and old not in FLOAT_DTYPES:
+                v = self.as_float(v, new)
+            elif new not in FLOAT_DTYPES and old in FLOAT_DTYPES and node.ins[0].dtype not in ("bool", *INT_DTYPES):
                 raise self.unsupported(f"a conversion from {node.ins[0].dtype} to {new}")
         for o in node.outs:
             self.vals[o] = v
@@ -76,6 +87,9 @@ class ElementwiseRules(TranslatorBase):
         c, first = lit.value, lit is a
         if node.prim == "mul" or (node.prim == "div" and not first):
             factor = c if node.prim == "mul" else 1.0 / c
+            v = self.val(x)
+            if v.tensor in self.negated:  # -x * c: x * -c, as XLA's simplifier folds it
+                x, factor = self.negated[v.tensor], -factor
             return self.val(x) if factor == 1 else self.elementwise("scale", [x], out, factor=factor)
         if node.prim in ("add", "sub") and not (node.prim == "sub" and first):
             offset = c if node.prim == "add" else -c
@@ -126,6 +140,13 @@ class ElementwiseRules(TranslatorBase):
         if len(node.ins) != 3:
             raise self.unsupported("select_n with more than two cases")
         pred, on_false, on_true = node.ins
+        if isinstance(pred, Const):
+            pred = pred.uniform() or pred
+        if isinstance(pred, Lit):  # a constant choice (jnp.var's guard of an empty reduction): that case itself
+            chosen = on_true if pred.value else on_false
+            if isinstance(chosen, Lit):
+                raise self.unsupported("a select of constants only")
+            return self.val(chosen)
         return self.elementwise("where", [pred, on_true, on_false], node.outs[0])
 
     def _gelu(self, node: Node) -> Val:
@@ -133,3 +154,38 @@ class ElementwiseRules(TranslatorBase):
 
     def _silu(self, node: Node) -> Val:
         return self.elementwise("silu", node.ins, node.outs[0])
+
+    def _erfc(self, node: Node) -> Val:  # 1 - erf(x): the exact GELU of BERT, Linen's gelu(approximate=False)
+        e = self.elementwise("erf", node.ins, node.outs[0])
+        return self._wrap_elementwise("shift", self._wrap_elementwise("neg", e, node.outs[0]), node.outs[0], offset=1.0)
+
+    def _log1p(self, node: Node) -> Val:
+        return self._wrap_elementwise("log", self.elementwise("shift", node.ins, node.outs[0], offset=1.0), node.outs[0])
+
+    def _expm1(self, node: Node) -> Val:
+        return self._wrap_elementwise("shift", self.elementwise("exp", node.ins, node.outs[0]), node.outs[0], offset=-1.0)
+
+    def _and(self, node: Node) -> Val:  # of booleans (0/1 floats here): a product; or: a maximum; not: 1 - x
+        return self._logical(node, "mul")
+
+    def _or(self, node: Node) -> Val:
+        return self._logical(node, "maximum")
+
+    def _not(self, node: Node) -> Val:
+        if node.outs[0].dtype != "bool":
+            raise self.unsupported("a bitwise not of integers")
+        neg = self.elementwise("neg", node.ins, node.outs[0])
+        return self._wrap_elementwise("shift", neg, node.outs[0], offset=1.0)
+
+    def _logical(self, node: Node, fn: str) -> Val:
+        if node.outs[0].dtype != "bool":
+            raise self.unsupported(f"a bitwise {node.prim} of integers")
+        if any(isinstance(o, Lit) for o in node.ins):  # x and True, x or False: x; x and False: no value
+            raise self.unsupported(f"a logical {node.prim} with a constant")
+        return self.elementwise(fn, node.ins, node.outs[0])
+
+    def _neg(self, node: Node) -> Val:
+        out = self.elementwise("neg", node.ins, node.outs[0])
+        if isinstance(node.ins[0], Var):
+            self.negated[out.tensor] = node.ins[0]
+        return out

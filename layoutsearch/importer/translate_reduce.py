@@ -35,6 +35,7 @@ class ReductionRules(TranslatorBase):
 
     def _dot_general(self, node: Node) -> Val:
         lhs, rhs = (self.dense(self.val(x)) for x in node.ins)
+        lhs, rhs = (v if self.dtype(v) in FLOAT_DTYPES else self.as_float(v) for v in (lhs, rhs))
         (lc, rc), (lb, rb) = node.params["dimension_numbers"]
         ll, rl = list(lhs.labels), list(rhs.labels)
         for i, j in zip((*lc, *lb), (*rc, *rb), strict=True):

@@ -1,6 +1,7 @@
 """Translation of shape and indexing primitives: transposes and broadcasts (relabelled axes, no op),
-reshapes (a reshape op when dims split or merge), static slices and scan iterations (parts of function
-arguments as tensors of their own) and gathers of whole table rows."""
+reshapes (a reshape op when dims split or merge), static slices, splits and concatenations (parts of function
+arguments as tensors of their own, slice and concat ops of computed values), scan iterations and gathers of
+whole table rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layoutsearch.importer.pending import DimRef, PendingTensor
-from layoutsearch.importer.trace import Const, Lit, Node
+from layoutsearch.importer.trace import Const, Lit, Node, Operand
 from layoutsearch.importer.translate_base import TranslatorBase, Val
 from layoutsearch.ir import ops as O
 
@@ -75,7 +76,7 @@ class ShapeRules(TranslatorBase):
                 labels[gj[0]] = self._merged([a for a, _ in gi if a is not None], out.shape[gj[0]])
                 groups.append((tuple(DimRef(a) for a, _ in gi if a is not None), (DimRef(labels[gj[0]]),)))
             elif len(gi) == 1 and gi[0][0] is not None:
-                parts = self._split(gi[0][0], [out.shape[k] for k in gj])
+                parts = self._split_label(gi[0][0], [out.shape[k] for k in gj])
                 for k, a in zip(gj, parts, strict=True):
                     labels[k] = a
                 groups.append(((DimRef(gi[0][0]),), tuple(DimRef(a) for a in parts)))
@@ -91,11 +92,13 @@ class ShapeRules(TranslatorBase):
             return self.labels.named(name, size)
         return self.labels.placeholder(size, name)
 
-    def _split(self, a: int, sizes: list[int]) -> list[int]:
+    def _split_label(self, a: int, sizes: list[int]) -> list[int]:
         base = self.labels.base(a)
         names = self.splits.get(base, tuple(f"{base}_{k}" for k in range(len(sizes))))
         if len(names) != len(sizes):
             raise self.unsupported(f"splits[{base!r}] names {len(names)} dims, the reshape makes {len(sizes)}")
+        if base not in self.splits and self.labels.name(a) is None:  # parts of a placeholder: placeholders too
+            return [self.labels.placeholder(s, n) for n, s in zip(names, sizes, strict=True)]
         return [self.labels.named(n, s) for n, s in zip(names, sizes, strict=True)]
 
     def _squeeze(self, node: Node) -> Val:
@@ -110,30 +113,80 @@ class ShapeRules(TranslatorBase):
         starts = tuple(int(x) for x in node.params["start_indices"])
         if any(st not in (None, 1) for st in node.params.get("strides") or ()):
             raise self.unsupported("a strided slice")
-        return self._static_slice(node, starts)
+        return self._static_slice(node.ins[0], starts, node.outs[0].shape)
 
     def _dynamic_slice(self, node: Node) -> Val:
-        if not all(isinstance(i, Lit) for i in node.ins[1:]):
+        if not all(isinstance(i, Lit | Const) for i in node.ins[1:]):
             raise self.unsupported("a dynamic slice at a computed index")
-        return self._static_slice(node, tuple(int(i.value) for i in node.ins[1:]))  # type: ignore[union-attr]
+        starts = tuple(int(np.asarray(i.value).reshape(-1)[0]) for i in node.ins[1:])  # type: ignore[union-attr]
+        src, shape = node.ins[0], node.outs[0].shape
+        starts = tuple(min(max(a, 0), n - m) for a, n, m in zip(starts, src.shape, shape, strict=True))  # XLA clamps
+        return self._static_slice(src, starts, shape)
 
-    def _static_slice(self, node: Node, starts: tuple[int, ...]) -> Val:
+    def _split(self, node: Node) -> None:
+        """``jnp.split`` (the fused q, k, v of GPT-2's ``c_attn``): one slice per part."""
+        axis, at = node.params["axis"], 0
+        src = node.ins[0]
+        for out, n in zip(node.outs, node.params["sizes"], strict=True):
+            starts = tuple(at if k == axis else 0 for k in range(len(src.shape)))
+            self.vals[out] = self._static_slice(src, starts, out.shape)
+            at += n
+
+    def _static_slice(self, src: Operand, starts: tuple[int, ...], shape: Sequence[int]) -> Val:
         """A static slice: the value itself when whole; of a function argument, a source tensor of its own
         (``pos_embed[0:16, 0:512]``: the rows a model reads of a longer table), whose cut axes take the
-        name of the axes they meet (placeholders named after the argument's dim)."""
-        src, out = node.ins[0], node.outs[0]
+        name of the axes they meet (placeholders named after the argument's dim); of a computed value, a
+        slice op per cut axis (along an axis the value is broadcast on, no op)."""
         v = self.val(src)
-        if tuple(src.shape) == tuple(out.shape):
+        if tuple(src.shape) == tuple(shape):
             return v
         t = self.tensors[v.tensor]
-        if t.role == "activation":
-            raise self.unsupported("a partial slice of a computed value (only slices of function arguments "
-                                   "or whole arrays import)")
-        bounds = ", ".join(f"{a}:{a + n}" for a, n in zip(starts, out.shape, strict=True))
-        labels = [a if a is None or src.shape[i] == out.shape[i] else
-                  self.labels.placeholder(out.shape[i], self.labels.base(a)) if out.shape[i] != 1 else None
+        labels = [a if a is None or src.shape[i] == shape[i] else
+                  self.labels.placeholder(shape[i], self.labels.base(a)) if shape[i] != 1 else None
                   for i, a in enumerate(v.labels)]
-        return self._source_view(f"{v.tensor}[{bounds}]", labels, t)
+        if t.role != "activation":
+            bounds = ", ".join(f"{a}:{a + n}" for a, n in zip(starts, shape, strict=True))
+            return self._source_view(f"{v.tensor}[{bounds}]", labels, t)
+        stored = self.stored(v)
+        for i, (a, new) in enumerate(zip(v.labels, labels, strict=True)):
+            if a is None or new == a:
+                continue
+            cut = list(v.labels)
+            cut[i] = new
+            if self.labels.find(a) not in stored:  # a broadcast axis: every index holds the same values
+                v = self._val(v.tensor, cut)
+                continue
+            one = self.labels.placeholder(1, self.labels.base(a)) if new is None else new
+            out = tuple(one if self.labels.find(b) == self.labels.find(a) else b for b in self.tensors[v.tensor].labels)
+            s = self.emit(O.Slice, "slice", [v.tensor], out, self.dtype(v), dim=DimRef(a), start=int(starts[i]),
+                          out_dim=DimRef(one))
+            if new is None:  # one index of the axis: its slice of size 1 summed away (the axis dropped)
+                s = self.emit(O.Reduce, "take", [s.tensor], [b for b in out if b != one], self.dtype(v), fn="sum")
+            v = self._val(s.tensor, cut)
+            stored = self.stored(v)
+        return v
+
+    def _concatenate(self, node: Node) -> Val:
+        """``jnp.concatenate`` (``rotate_half``'s ``[-x2, x1]``, a prefix joined to a sequence): the parts laid
+        end to end along a new dim; the parts' other axes paired by position."""
+        axis, out = node.params["dimension"], node.outs[0]
+        parts = [self.dense(self.val(o)) for o in node.ins if o.shape[axis] != 0]
+        if len(parts) == 1:
+            return parts[0]
+        if any(p.labels[axis] is None for p in parts):
+            raise self.unsupported("a concatenation of parts of size 1 along the joined axis")
+        labels = list(parts[0].labels)
+        for p in parts[1:]:
+            labels = [a if a is not None else b for a, b in zip(labels, p.labels, strict=True)]
+        labels[axis] = self.labels.placeholder(out.shape[axis], self.labels.base(parts[0].labels[axis]))
+        ins, dims = [], []
+        for p in parts:
+            want = [p.labels[axis] if k == axis else a for k, a in enumerate(labels)]
+            q = self.dense(self.conform(p, want))
+            ins.append(q.tensor)
+            dims.append(DimRef(q.labels[axis]))
+        dtype = self.dtype(parts[0])
+        return self.emit(O.Concat, "concat", ins, labels, dtype, dims=tuple(dims), out_dim=DimRef(labels[axis]))
 
     def _index(self, node: Node) -> Val:
         """Iteration ``i`` of a scan reads slice ``i`` of a stacked input: a source tensor of its own."""
@@ -154,36 +207,54 @@ class ShapeRules(TranslatorBase):
         raise self.unsupported("a scan's stacked outputs (the importer keeps only the carry)")
 
     def _gather(self, node: Node) -> Val:
+        """A gather of whole rows along one axis: ``table[ids]`` / ``jnp.take`` (the ids' axes first), and with
+        batching axes ``jnp.take_along_axis`` (the ids and the table share those dims); constant ids of one
+        value are a static slice, constant ids ``a .. a+n-1`` a slice of a function argument."""
         table_v, ids_v = node.ins
         dn, sizes = node.params["dimension_numbers"], node.params["slice_sizes"]
-        if (len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map)
-                or getattr(dn, "operand_batching_dims", ()) or ids_v.shape[-1:] != (1,)):
-            raise self.unsupported("a gather other than whole rows of a table (table[ids])")
+        t_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+        i_batch = tuple(getattr(dn, "start_indices_batching_dims", ()))
+        if len(dn.start_index_map) != 1 or ids_v.shape[-1:] != (1,) or not set(dn.collapsed_slice_dims) <= set(
+                dn.start_index_map):
+            raise self.unsupported("a gather other than whole rows of a table (table[ids], take_along_axis)")
         axis = dn.start_index_map[0]
-        if any(s != (1 if k == axis else table_v.shape[k]) for k, s in enumerate(sizes)):
+        if any(s != (1 if k == axis or k in t_batch else table_v.shape[k]) for k, s in enumerate(sizes)):
             raise self.unsupported("a gather of partial rows")
-        ids = self.val(ids_v)
-        id_labels = list(ids.labels[:-1])
         out_shape = node.outs[0].shape
         offset = list(dn.offset_dims)
         batch = [d for d in range(len(out_shape)) if d not in offset]
-        if isinstance(ids_v, Const) and (view := self._rows_view(self.val(table_v), axis, ids)) is not None:
+        kept = [k for k in range(len(table_v.shape)) if k not in t_batch and k not in dn.collapsed_slice_dims]
+        if isinstance(ids_v, Const) and not t_batch and (c := ids_v.uniform()) is not None:
+            start = min(max(int(c.value), 0), table_v.shape[axis] - 1)  # one row for every id (clamped, as XLA)
+            row = self._static_slice(table_v, tuple(start if k == axis else 0 for k in range(len(table_v.shape))),
+                                     [1 if k == axis else n for k, n in enumerate(table_v.shape)])
+            labels: list[int | None] = [None] * len(out_shape)
+            for d, k in zip(offset, kept, strict=True):
+                labels[d] = row.labels[k]
+            for d in batch:
+                labels[d] = None if out_shape[d] == 1 else self.labels.placeholder(out_shape[d], f"dim{out_shape[d]}")
+            return self._val(row.tensor, labels)
+        ids = self.val(ids_v)
+        id_labels = list(ids.labels[:-1])
+        if isinstance(ids_v, Const) and not t_batch and (
+                view := self._rows_view(self.val(table_v), axis, ids)) is not None:
             rows_label = view.labels[axis]  # constant ids a..a+n-1 (positions): rows a..a+n-1, a slice
             table, gathered = view, None
             id_labels = [rows_label if a is not None and self.labels.find(a) in self.stored(ids) else a
                          for a in id_labels]
         else:
             table, gathered = self.dense(self.val(table_v)), ids
-        rows = [a for k, a in enumerate(table.labels) if k != axis]
-        labels: list[int | None] = [None] * len(out_shape)
-        for d, a in zip(offset, rows, strict=True):
-            labels[d] = a
+        shared = dict(zip(i_batch, t_batch, strict=True))  # ids axis -> table axis (take_along_axis)
+        id_labels = [table.labels[shared[j]] if j in shared else a for j, a in enumerate(id_labels)]
+        labels = [None] * len(out_shape)
+        for d, k in zip(offset, kept, strict=True):
+            labels[d] = None if k == axis else table.labels[k]
         for d, a in zip(batch, id_labels, strict=True):
             labels[d] = a
         if gathered is None:
             return self._val(table.tensor, labels)
-        labels = self.distinct(labels)
-        ids = self.conform(self.dense(self._val(ids.tensor, id_labels)), [labels[d] for d in batch])
+        labels = self.distinct(labels) if not shared else labels
+        ids = self.conform(self.dense(self._val(ids.tensor, list(ids.labels[:-1]))), [labels[d] for d in batch])
         return self.emit(O.Gather, "gather", [table.tensor, ids.tensor], labels, self.dtype(table),
                          dim=DimRef(self._axis_label(table, axis)))
 

@@ -38,6 +38,11 @@ def number(v: Any, fail: Any) -> float:
     return f
 
 
+def window_dims(op: Op) -> tuple[str, ...]:
+    """The dims a slice, pad or concat moves data along (none for other ops): they run unsplit."""
+    return op.window_dims() if isinstance(op, _Window | Concat) else ()
+
+
 def is_dropout_mask(op: Op) -> bool:
     """Whether ``op`` is a ``dropout_mask``: its values come from its seed and its input's dims only, so it
     reads no input value (nor needs its input recomputed)."""
@@ -203,10 +208,15 @@ class Elementwise(Op):
         if spec is None:
             raise self._fail(f"unknown elementwise function {self.fn!r}")
         self._expect_arity(spec.arity)
-        # floating point throughout, but for byte masks: dropout_mask may write one, mul may read one
+        # floating point throughout, but for byte masks (dropout_mask may write one, mul may read one) and
+        # identity of integers (a cast of a mask or a count given as ints, a broadcast of ids)
         masks = {self.output} if self.fn == "dropout_mask" else set(self.inputs) if self.fn == "mul" else set()
+        casts = set(self.inputs) if self.fn == "identity" else set()
+        if casts and all(tensors[t].dtype == "int32" for t in self.inputs):
+            casts.add(self.output)
         self._expect_float(tensors, *(t for t in (*self.inputs, self.output)
-                                      if not (t in masks and tensors[t].dtype == "uint8")))
+                                      if not (t in masks and tensors[t].dtype == "uint8")
+                                      and not (t in casts and tensors[t].dtype == "int32")))
         if set(self.param) != set(spec.attrs):
             raise self._fail(f"function {self.fn!r} takes attributes {list(spec.attrs)}, got {sorted(self.param)}")
         out = self._dims(tensors, self.output)
@@ -469,15 +479,118 @@ class CrossEntropyGrad(_OnDim):
             raise self._fail("dloss must have the labels' dims and the output the logits' dims")
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Window(_OnDim):
+    """A copy between a dim and a window of another: ``dim`` of the input and ``out_dim`` of the output, one of
+    them the window ``start .. start + n - 1`` of the other (``n`` the smaller size); every other dim passes
+    through. It moves data and computes nothing (0 FLOPs)."""
+
+    start: int
+    out_dim: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("out_dim")
+        if isinstance(self.start, bool) or not isinstance(self.start, int) or self.start < 0:
+            raise self._fail(f"start must be an integer >= 0, got {short_repr(self.start)}")
+
+    def window_dims(self) -> tuple[str, ...]:
+        return (self.dim, self.out_dim)
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        self._expect_arity(1)
+        x, y = tensors[self.inputs[0]], tensors[self.output]
+        if self.dim not in x.dim_names:
+            raise self._fail(f"dim {self.dim!r} is not a dim of input {x.name!r}")
+        if self.out_dim not in y.dim_names or self.out_dim in x.dim_names:
+            raise self._fail(f"out_dim {self.out_dim!r} must be a dim of the output {y.name!r} and not of the input")
+        if set(x.dim_names) - {self.dim} != set(y.dim_names) - {self.out_dim}:
+            raise self._fail(f"the other dims must pass through: input {list(x.dim_names)}, output {list(y.dim_names)}")
+        if x.dtype != y.dtype:
+            raise self._fail("a window op cannot change the dtype")
+        sizes = {d.name: d.size for d in (*x.dims, *y.dims)}
+        inner, outer = (self.out_dim, self.dim) if self.kind == "slice" else (self.dim, self.out_dim)
+        if self.start + sizes[inner] > sizes[outer]:
+            raise self._fail(f"the window {self.start}:{self.start + sizes[inner]} of {inner!r} does not fit in "
+                             f"{outer!r} (size {sizes[outer]})")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Slice(_Window):
+    """``x[..., start:start + n, ...]`` along ``dim``, as dim ``out_dim`` of size ``n`` (a part of ``jnp.split``,
+    half of ``rotate_half``). Gradient: a :class:`Pad` of ``dy``."""
+
+    kind: ClassVar[str] = "slice"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pad(_Window):
+    """``x`` placed at ``start`` along ``out_dim`` (the larger dim), zeros elsewhere: the gradient of a
+    :class:`Slice` (and of one part of a :class:`Concat`)."""
+
+    kind: ClassVar[str] = "pad"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Concat(Op):
+    """The inputs laid end to end along ``out_dim``: input ``i`` contributes its dim ``dims[i]`` (dims of
+    several inputs may share a name); every other dim is the same in all inputs and the output. A copy
+    (0 FLOPs). Gradient of input ``i``: a :class:`Slice` of ``dy``."""
+
+    kind: ClassVar[str] = "concat"
+    dims: tuple[str, ...]
+    out_dim: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._expect_str("out_dim")
+        if isinstance(self.dims, str) or not isinstance(self.dims, list | tuple) or not all(
+                isinstance(d, str) for d in self.dims):
+            raise self._fail(f"dims must be a list of dim names, one per input, got {short_repr(self.dims)}")
+        object.__setattr__(self, "dims", tuple(self.dims))
+
+    def window_dims(self) -> tuple[str, ...]:
+        return (*dict.fromkeys(self.dims), self.out_dim)
+
+    def offsets(self, tensors: Mapping[str, Tensor]) -> list[int]:
+        """Where each input starts along ``out_dim``."""
+        out, at = [], 0
+        for t, d in zip(self.inputs, self.dims, strict=True):
+            out.append(at)
+            at += tensors[t].dim(d).size
+        return out
+
+    def check(self, tensors: Mapping[str, Tensor]) -> None:
+        if len(self.inputs) < 1 or len(self.dims) != len(self.inputs):
+            raise self._fail(f"expects one dim per input, got {len(self.dims)} dims for {len(self.inputs)} inputs")
+        y = tensors[self.output]
+        if self.out_dim not in y.dim_names:
+            raise self._fail(f"out_dim {self.out_dim!r} is not a dim of the output {y.name!r}")
+        rest = set(y.dim_names) - {self.out_dim}
+        total = 0
+        for t, d in zip(self.inputs, self.dims, strict=True):
+            x = tensors[t]
+            if d not in x.dim_names or d == self.out_dim:
+                raise self._fail(f"dim {d!r} is not a dim of input {t!r} other than out_dim")
+            if set(x.dim_names) - {d} != rest:
+                raise self._fail(f"input {t!r} must have the output's dims but {self.out_dim!r}: {sorted(rest)}")
+            if x.dtype != y.dtype:
+                raise self._fail(f"input {t!r} has dtype {x.dtype}, the output {y.dtype}")
+            total += x.dim(d).size
+        if total != y.dim(self.out_dim).size:
+            raise self._fail(f"the inputs' sizes along {list(self.dims)} add up to {total}, "
+                             f"not to the size of {self.out_dim!r} ({y.dim(self.out_dim).size})")
+
+
 OP_KINDS: dict[str, type[Op]] = {
     cls.kind: cls
     for cls in (Einsum, Elementwise, Reduce, Softmax, SoftmaxGrad, LayerNorm, LayerNormGrad,
-                Reshape, Gather, ScatterAdd, CrossEntropy, CrossEntropyGrad)
+                Reshape, Gather, ScatterAdd, CrossEntropy, CrossEntropyGrad, Slice, Pad, Concat)
 }
 """Op classes by their ``kind`` string (as written in graph files)."""
 
 __all__ = [
-    "ELEMENTWISE_FNS", "OP_KINDS", "PHASES", "UNARY_GRAD", "CrossEntropy", "CrossEntropyGrad", "Einsum",
-    "Elementwise", "ElementwiseFn", "Gather", "LayerNorm", "LayerNormGrad", "Op", "Reduce", "Reshape",
-    "ScatterAdd", "Softmax", "SoftmaxGrad", "is_dropout_mask",
+    "ELEMENTWISE_FNS", "OP_KINDS", "PHASES", "UNARY_GRAD", "Concat", "CrossEntropy", "CrossEntropyGrad",
+    "Einsum", "Elementwise", "ElementwiseFn", "Gather", "LayerNorm", "LayerNormGrad", "Op", "Pad", "Reduce",
+    "Reshape", "ScatterAdd", "Slice", "Softmax", "SoftmaxGrad", "is_dropout_mask", "window_dims",
 ]

@@ -114,7 +114,7 @@ class _Reader:
                                     f"got {short_repr(v)}")
         elif typ == "tuple[str, ...]":
             if not isinstance(v, list | tuple) or not all(is_label(x) for x in v):
-                raise self.fail(at, f"expected a list of tensor names, got {short_repr(v)}")
+                raise self.fail(at, f"expected a list of {'tensor' if key == 'inputs' else 'dim'} names, got {short_repr(v)}")
         elif typ == "float":
             number(v, lambda msg: self.fail(at, msg))
         elif typ == "tuple[tuple[str, float], ...]":

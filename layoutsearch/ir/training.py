@@ -320,6 +320,18 @@ class _Derivation:
             groups = tuple((dst, src) for src, dst in op.groups)
             self._emit(O.Reshape, self._target(op, 0), [dy], x.dims, x.dtype, op.block, groups=groups)
             self._add(op, 0, self._target(op, 0))
+        elif isinstance(op, O.Slice | O.Pad):  # the gradient of a slice is a pad of dy, and the other way round
+            x = t[op.inputs[0]]
+            back = O.Pad if isinstance(op, O.Slice) else O.Slice
+            self._emit(back, self._target(op, 0), [dy], x.dims, x.dtype, op.block, dim=op.out_dim, start=op.start,
+                       out_dim=op.dim)
+            self._add(op, 0, self._target(op, 0))
+        elif isinstance(op, O.Concat):
+            for i, start in zip(wanted, (op.offsets(t)[i] for i in wanted), strict=True):
+                x = t[op.inputs[i]]
+                self._emit(O.Slice, self._target(op, i), [dy], x.dims, x.dtype, op.block, dim=op.out_dim,
+                           start=start, out_dim=op.dims[i])
+                self._add(op, i, self._target(op, i))
         elif isinstance(op, O.Gather):
             table, ids = (t[n] for n in op.inputs)
             self._emit(O.ScatterAdd, self._target(op, 0), [ids.name, dy], table.dims, table.dtype, op.block,
