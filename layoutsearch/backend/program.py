@@ -24,6 +24,7 @@ from layoutsearch.errors import GraphError, LayoutError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.constants import constant_values
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import leaf_tensors, pytree_key
 from layoutsearch.ir.remat import parse_remat, recomputed_blocks
 from layoutsearch.ir.tensor import Tensor
 
@@ -578,4 +579,26 @@ def random_inputs(graph: Graph, seed: int = 0) -> Arrays:
             out[t.name] = jnp.asarray(rng.standard_normal(shape, dtype=np.float32), dtype=jax_dtype(t))
         else:
             out[t.name] = jnp.asarray(rng.integers(0, bound.get(t.name, 2), size=shape), dtype=jnp.int32)
+    return out
+
+
+def user_arrays(graph: Graph, tree: Any, arg: int, what: str) -> dict[str, np.ndarray]:
+    """The values of ``graph``'s tensors in ``tree``, argument ``arg`` of the function the graph was imported
+    from (its pytree paths name the tensors, :func:`~layoutsearch.ir.names.leaf_tensors`: a leaf itself, a
+    scanned stack's slices, a static slice), as float32 numpy arrays (ids as int32). ``what`` names the
+    argument in errors. Raises LayoutError for a tensor whose shape is not the array's."""
+    names = graph.meta.get("arguments") or []
+    default = names[arg] if arg < len(names) else f"arg{arg}"
+    out: dict[str, np.ndarray] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        key = pytree_key(path) or default
+        value = np.asarray(leaf)
+        for name, index in leaf_tensors(graph.tensors, key):
+            t = graph.tensors[name]
+            part = value[index] if index else value
+            want = tuple(d.size for d in t.dims)
+            if tuple(s for s in part.shape if s != 1) != tuple(s for s in want if s != 1):
+                raise LayoutError(f"{what}: array {key!r} of shape {list(value.shape)} does not hold tensor "
+                                  f"{name!r} of shape {list(want)} (dims {list(t.dim_names)})")
+            out[name] = part.reshape(want).astype(np.float32 if t.is_float else np.int32)
     return out

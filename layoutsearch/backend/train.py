@@ -52,11 +52,13 @@ from layoutsearch.backend.program import (
     random_inputs,
     run_graph,
     unflashed_cores,
+    user_arrays,
 )
 from layoutsearch.backend.sharding import jax_mesh
 from layoutsearch.costmodel.fusion import check_attention
 from layoutsearch.devices import jax_devices
 from layoutsearch.errors import LayoutError
+from layoutsearch.ir.constants import constant_values
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision, with_precision
 from layoutsearch.ir.remat import check_remat
@@ -289,11 +291,17 @@ class Program:
         pipelined program a layer parameter also lies on the stage axis, stacked)."""
         return {t.name: self.layout.partition_spec(t) for t in self.graph.tensors.values()}
 
-    def init(self, seed: int = 0) -> TrainState:
-        """Parameters (:func:`~layoutsearch.backend.program.init_params`: the same values for a seed on any
-        mesh) and a fresh optimizer state, placed with their shardings."""
-        values = {k: np.asarray(v, np.float32) for k, v in init_params(self.graph, seed).items()
-                  if k in self._store}
+    def init(self, seed: int = 0, params: Any = None) -> TrainState:
+        """Parameters and a fresh optimizer state, placed with their shardings. ``params``: the initial values,
+        the user's own (the parameter argument of the function the graph was imported from, a pytree such as a
+        Flax ``params`` dict or an ``nnx.State``; or a mapping of the graph's parameter names to arrays); without
+        it, values drawn from ``seed`` (:func:`~layoutsearch.backend.program.init_params`: the same values for a
+        seed on any mesh)."""
+        if params is None:
+            values = {k: np.asarray(v, np.float32) for k, v in init_params(self.graph, seed).items()
+                      if k in self._store}
+        else:
+            values = self._given_params(params)
         if self.pipeline is not None:
             stacked, outer = self.pipeline.stack(values)
             values = {"stacked": {k: np.asarray(v) for k, v in stacked.items()}, "outer": outer}
@@ -301,6 +309,48 @@ class Program:
         params = jax.tree.map(lambda a, v: _place(np.asarray(v, a.dtype), a.sharding), abstract, values)
         opt_state = jax.jit(self.tx.init, out_shardings=self._opt_sh)(params)
         return TrainState(_place(np.zeros((), np.int32), self._state_sh.step), params, opt_state)
+
+    def _given_params(self, params: Any) -> dict[str, np.ndarray]:
+        """The parameters' values in ``params`` (see :meth:`init`); LayoutError naming those missing."""
+        if isinstance(params, Mapping) and params and all(isinstance(k, str) and k in self._store for k in params):
+            values = {k: np.asarray(v, np.float32) for k, v in params.items()}
+        else:
+            argnums = self.graph.meta.get("params_argnums") or [0]
+            trees = params if len(argnums) > 1 else (params,)
+            if len(trees) != len(argnums):
+                raise LayoutError(f"params: the graph's parameters come from {len(argnums)} arguments "
+                                  f"({argnums}): give a tuple of {len(argnums)} pytrees")
+            values = {}
+            for k, tree in zip(argnums, trees, strict=True):
+                values.update(user_arrays(self.graph, tree, k, "params"))
+            values = {k: v for k, v in values.items() if k in self._store}
+        missing = [p for p in self.param_names if p not in values]
+        if missing:
+            raise LayoutError(f"params has no value for {len(missing)} parameter(s) of the graph: "
+                              f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}")
+        for k, v in values.items():
+            if v.shape != self._shape(k):
+                raise LayoutError(f"params: {k!r} has shape {list(v.shape)}, the graph's is {list(self._shape(k))}")
+        return values
+
+    def batch(self, *args: Any) -> dict[str, jax.Array]:
+        """The graph's inputs from the user's own arrays, placed with their shardings: ``args`` are the
+        arguments of the function the graph was imported from other than its parameters, in order (the
+        constant tensors the importer folded come with the graph)."""
+        argnums = set(self.graph.meta.get("params_argnums") or [0])
+        names = self.graph.meta.get("arguments") or []
+        rest = [k for k in range(len(names)) if k not in argnums]
+        if len(args) != len(rest):
+            raise LayoutError(f"batch takes the function's {len(rest)} non-parameter argument(s) "
+                              f"({', '.join(names[k] for k in rest) or 'none'}), got {len(args)}")
+        values: dict[str, Any] = dict(constant_values(self.graph.tensors, self.graph.meta))
+        for k, tree in zip(rest, args, strict=True):
+            values.update(user_arrays(self.graph, tree, k, names[k]))
+        missing = [k for k in self._input_sh if k not in values]
+        if missing:
+            raise LayoutError(f"batch has no value for input(s) {', '.join(missing)}")
+        return {k: _place(np.asarray(values[k], jax_dtype(self.graph.tensors[k])), sh)
+                for k, sh in self._input_sh.items()}
 
     def random_batch(self, seed: int = 0) -> dict[str, jax.Array]:
         """Inputs of the right shapes, dtypes and shardings (token ids in range), deterministic in ``seed``."""

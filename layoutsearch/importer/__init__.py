@@ -28,6 +28,7 @@ from layoutsearch.importer.trace import Node, Program, Var, flatten, flatten_jax
 from layoutsearch.importer.translate import BLOCK_PATTERN, Translator, block_of
 from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.names import leaf_tensors, pytree_key
 from layoutsearch.layout import Layout
 
 
@@ -47,14 +48,24 @@ def from_jax(fn: Callable[..., Any], *args: Any, dims: Any, params_argnums: Sequ
     """
     if not isinstance(args, tuple) or not args:
         raise GraphError("from_jax needs example arguments: from_jax(fn, params, batch, dims=...)")
-    leaves = _named_leaves(args, dims, set(params_argnums), _arg_names(fn, len(args)))
+    arg_names = _arg_names(fn, len(args))
+    leaves = _named_leaves(args, dims, set(params_argnums), arg_names)
     program, _ = flatten(fn, args)
-    return _translate(fn, program, leaves, splits, name)
+    return _translate(fn, program, leaves, splits, name, _arguments(arg_names, params_argnums))
+
+
+def _arguments(arg_names: list[str], params_argnums: Sequence[int]) -> dict[str, Any]:
+    """What the graph's metadata keeps of the function's arguments: their names (an array argument's tensor is
+    named after it) and which hold the parameters, so that a program finds its tensors in the user's own
+    arrays (``Program.init(params=...)``, ``Program.batch``)."""
+    return {"arguments": list(arg_names), "params_argnums": sorted({int(k) for k in params_argnums})}
 
 
 def _translate(fn: Callable[..., Any], program: Program, leaves: list[tuple[str, Any, str]],
-               splits: Mapping[str, Sequence[str]] | None, name: str | None) -> Graph:
-    """The graph of ``program``, the flattened trace of ``fn``, whose inputs are ``leaves`` (:func:`_named_leaves`)."""
+               splits: Mapping[str, Sequence[str]] | None, name: str | None,
+               arguments: Mapping[str, Any]) -> Graph:
+    """The graph of ``program``, the flattened trace of ``fn``, whose inputs are ``leaves`` (:func:`_named_leaves`)
+    and whose arguments ``arguments`` describes (:func:`_arguments`)."""
     if len(leaves) != len(program.inputs):
         raise GraphError(f"internal: {len(leaves)} argument arrays for {len(program.inputs)} jaxpr inputs")
     loss = program.outputs[0] if program.outputs else None
@@ -67,7 +78,8 @@ def _translate(fn: Callable[..., Any], program: Program, leaves: list[tuple[str,
         for var, (path, names, role) in zip(program.inputs, leaves, strict=True):
             tr.source(var, path, names, role)
         tr.run(nodes, block_of)
-        return tr.graph(re.sub(r"[^\w.\-]+", "_", title), loss, {"imported_from": getattr(fn, "__qualname__", "?")})
+        return tr.graph(re.sub(r"[^\w.\-]+", "_", title), loss,
+                        {"imported_from": getattr(fn, "__qualname__", "?"), **arguments})
     except GraphError as e:
         e.add_note(f"the traced program (jaxpr) of {title}:\n{program.jaxpr}")  # shown with --debug
         raise
@@ -81,19 +93,28 @@ def partition_specs(layout: Layout, graph: Graph, tree: Any, arg: int = 0, name:
     gets its slices' spec with the stacked axis whole; an array the function reads a static slice of
     (``pos_embed[0:16, 0:512]``) the slice's spec. Arrays the graph does not read are replicated."""
     flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    default = name or _argument_name(graph, arg)
     specs = []
     for path, _ in flat:
-        key = _path_name(path) or name or f"arg{arg}"
-        cut = [t for n, t in graph.tensors.items() if n.startswith(f"{key}[") and ":" in n]
-        if key in graph.tensors:
-            specs.append(layout.partition_spec(graph.tensors[key]))
-        elif f"{key}[0]" in graph.tensors:
-            specs.append(jax.sharding.PartitionSpec(None, *layout.partition_spec(graph.tensors[f"{key}[0]"])))
+        parts = leaf_tensors(graph.tensors, pytree_key(path) or default)
+        whole = [t for t, index in parts if not index]
+        stacked = [t for t, index in parts if len(index) == 1 and isinstance(index[0], int)]
+        cut = [t for t, index in parts if index and all(isinstance(i, slice) for i in index)]
+        if whole:
+            specs.append(layout.partition_spec(graph.tensors[whole[0]]))
+        elif stacked:
+            specs.append(jax.sharding.PartitionSpec(None, *layout.partition_spec(graph.tensors[stacked[0]])))
         elif len(cut) == 1:  # the graph reads a static slice of it: lay it out as the slice
-            specs.append(layout.partition_spec(cut[0]))
+            specs.append(layout.partition_spec(graph.tensors[cut[0]]))
         else:
             specs.append(jax.sharding.PartitionSpec())
     return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _argument_name(graph: Graph, arg: int) -> str:
+    """The name of argument ``arg`` of the function ``graph`` was imported from (``arg0`` when unknown)."""
+    names = graph.meta.get("arguments") or []
+    return names[arg] if arg < len(names) else f"arg{arg}"
 
 
 def flax_dims(tree: Any) -> Any:
@@ -155,7 +176,7 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
         arg_names = _arg_names(fn, len(args))
         leaves = _named_leaves(args, dims, set(argnums), arg_names)
         program = flatten_jaxpr(_trace_spec(fn, args, target, spec_path, arg_names))
-    return _translate(fn, program, leaves, splits, name)
+    return _translate(fn, program, leaves, splits, name, _arguments(arg_names, argnums))
 
 
 def _split_target(target: str) -> tuple[str, str, str, Path | None]:
@@ -356,7 +377,7 @@ def _named_leaves(args: tuple[Any, ...], dims: Any, params: set[int],
     for k, (arg, sub) in enumerate(zip(args, dims, strict=True)):
         flat, _ = jax.tree_util.tree_flatten_with_path(arg)
         for path, leaf in flat:
-            name = _path_name(path) or arg_names[k]
+            name = pytree_key(path) or arg_names[k]
             names = _lookup(sub, path, name)
             is_float = jax.numpy.issubdtype(jax.numpy.result_type(leaf), jax.numpy.floating)
             out.append((name, names, "parameter" if k in params and is_float else "input"))
@@ -386,16 +407,6 @@ def _lookup(dims: Any, path: tuple[Any, ...], name: str) -> Sequence[str | None]
 
 def _is_leaf(x: Any) -> bool:
     return isinstance(x, tuple | list) and all(n is None or isinstance(n, str) for n in x)
-
-
-def _path_name(path: tuple[Any, ...]) -> str:
-    parts = []
-    for key in path:
-        if isinstance(key, jax.tree_util.GetAttrKey) and key.name == "value":
-            continue  # a Flax NNX Variable's array: name it after the variable
-        k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
-        parts.append(str(k))
-    return "/".join(parts)
 
 
 __all__ = ["BLOCK_PATTERN", "flax_dims", "from_jax", "from_spec_file", "partition_specs"]

@@ -90,7 +90,7 @@ class TranslatorBase:
         ``dtype``: the tensor's (default: a float's own, int32 for integers, float32 0/1 for booleans)."""
         value = c.value
         keep = [i for i, s in enumerate(value.shape) if s != 1 and not _constant_along(value, i)]
-        compact = np.ascontiguousarray(value[tuple(slice(None) if i in keep else slice(0, 1)
+        compact = np.array(value[tuple(slice(None) if i in keep else slice(0, 1)
                                                    for i in range(value.ndim))].reshape([value.shape[i] for i in keep]))
         if dtype is None:
             dtype = (value.dtype.name if value.dtype.name in FLOAT_DTYPES else "float32"

@@ -27,7 +27,7 @@ MAX_CONSTANT_BYTES = 1 << 30
 
 def encode(value: np.ndarray) -> dict[str, Any]:
     """``value`` as JSON-ready data (see the module)."""
-    data = np.ascontiguousarray(value)
+    data = np.array(value, order="C")  # (not ascontiguousarray: a 0-d array stays 0-d)
     return {"dtype": data.dtype.name, "shape": list(data.shape),
             "zlib_base64": base64.b64encode(zlib.compress(data.tobytes(), 6)).decode("ascii")}
 

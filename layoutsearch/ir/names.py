@@ -17,6 +17,10 @@ only through this module:
   ``adam_m/P``, ``adam_v/P`` and ``master/P`` are optimizer state
   (:func:`state_name`); ``new/X`` is the value replacing ``X`` after the step
   (:func:`new_name`).
+* **Imported arrays.** A graph imported from a JAX function names the tensor of each array of its
+  arguments after the array's pytree path (:func:`pytree_key`: ``transformer/h/0/attn/c_attn/kernel``); a
+  tensor read as one slice of a scanned stack is ``KEY[i]``, as a static slice ``KEY[0:16, 0:512]``
+  (:func:`leaf_tensors` finds them from the key).
 
 The module imports nothing from the package, so every layer can use it.
 """
@@ -126,3 +130,44 @@ __all__ = [
     "fold_block_numbers", "grad_name", "is_adam_state", "is_derived", "is_grad", "is_grad_sum", "is_new",
     "new_name", "scope_prefix", "scoped", "state_name", "top_block",
 ]
+
+
+def pytree_key(path: tuple[object, ...]) -> str:
+    """The name of a pytree leaf from its path (``jax.tree_util.tree_flatten_with_path``): the keys joined by
+    ``/``, a Flax NNX Variable's ``.value`` left out."""
+    parts = []
+    for key in path:
+        if type(key).__name__ == "GetAttrKey" and getattr(key, "name", None) == "value":
+            continue  # a Flax NNX Variable's array: name it after the variable
+        k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
+        parts.append(str(k))
+    return SEP.join(parts)
+
+
+Index = tuple[int | slice, ...]
+"""Where a tensor lies in its array: the indices (a scan's slice) and slices (a static slice) to apply."""
+
+_PART = re.compile(r"\[(\d+)\]|\[((?:\d+:\d+)(?:, \d+:\d+)*)\]")
+
+
+def leaf_tensors(tensors: object, key: str) -> list[tuple[str, Index]]:
+    """The tensors of ``tensors`` (names) read from the array named ``key``, each with where it lies in the
+    array: ``key`` itself (``()``), a scanned stack's slices ``key[i]`` (``(i,)``), static slices
+    ``key[a:b, c:d]`` (``(slice(a, b), slice(c, d))``), or slices of those."""
+    out = []
+    for name in tensors:  # type: ignore[attr-defined]
+        if not isinstance(name, str) or not name.startswith(key):
+            continue
+        rest, index = name[len(key):], []
+        while rest:
+            m = _PART.match(rest)
+            if m is None:
+                break
+            if m.group(1) is not None:
+                index.append(int(m.group(1)))
+            else:
+                index.extend(slice(*map(int, b.split(":"))) for b in m.group(2).split(", "))
+            rest = rest[m.end():]
+        if not rest:
+            out.append((name, tuple(index)))
+    return out
