@@ -38,3 +38,7 @@ class CostDAGError(LayoutSearchError):
 class PartitionError(LayoutSearchError):
     """A partition that cannot be found: too few nodes for the stages, an infeasible memory limit, a DAG
     too wide for the exact DP, an objective the chosen method does not support."""
+
+
+class DimNameWarning(UserWarning):
+    """Dim names that look wrong but are accepted (a contraction pairing two differently named axes)."""

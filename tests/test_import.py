@@ -260,6 +260,39 @@ def test_cli_import_writes_a_graph_the_other_commands_take(tmp_path, capsys, mon
     sys.modules.pop("usermodel", None)
 
 
+def test_cli_run_trains_from_the_users_arrays(tmp_path, capsys, monkeypatch) -> None:
+    """``import`` a module, ``search`` it, and ``run`` the plan from the user's own parameters and batch
+    (``--params`` / ``--batch``, numpy .npz files named as the graph's tensors): the first loss is the user's."""
+    (tmp_path / "usermodel2.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = {"args": [{"w1": {"dims": ["d_model", "d_ff"], "shape": [64, 256]},
+                      "w2": {"dims": ["d_ff", "d_model"], "shape": [256, 64]}},
+                     {"dims": ["batch", "d_model"], "shape": [32, 64]}]}
+    (tmp_path / "dims.json").write_text(json.dumps(spec))
+    try:
+        run_json(capsys, "import", "usermodel2:loss", "--dims", str(tmp_path / "dims.json"), "--out",
+                 str(tmp_path / "g.json"))
+    finally:
+        sys.modules.pop("usermodel2", None)
+    run_json(capsys, "search", str(tmp_path / "g.json"), "--mesh", "data:2,model:4", "--precision", "fp32",
+             "--out", str(tmp_path / "plan.json"))
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((64, 256)) / 8, "w2": rng.standard_normal((256, 64)) / 16}
+    x = rng.standard_normal((32, 64)).astype(np.float32)
+    np.savez(tmp_path / "p.npz", **params)
+    np.savez(tmp_path / "b.npz", x=x)
+    res = run_json(capsys, "run", str(tmp_path / "plan.json"), "--steps", "2", "--params", str(tmp_path / "p.npz"),
+                   "--batch", str(tmp_path / "b.npz"))
+    h = np.tanh(x @ params["w1"].astype(np.float32))
+    np.testing.assert_allclose(res["steps"][0]["loss"], np.mean((h @ params["w2"].astype(np.float32)) ** 2), rtol=1e-5)
+    (tmp_path / "bad.npz").write_text("not a zip")
+    code, _, err = run(capsys, "run", str(tmp_path / "plan.json"), "--steps", "1", "--params", str(tmp_path / "bad.npz"))
+    assert code == 2 and "--params" in err and len(err.strip().splitlines()) == 1
+    np.savez(tmp_path / "short.npz", w1=params["w1"])
+    code, _, err = run(capsys, "run", str(tmp_path / "plan.json"), "--steps", "1", "--params", str(tmp_path / "short.npz"))
+    assert code == 2 and "w2" in err
+
+
 @pytest.mark.parametrize("target, spec, match", [
     ("nosuchmodule_xyz:loss", {"args": []}, "cannot import module"),
     ("json:nosuchfn", {"args": []}, "has no attribute"),

@@ -333,19 +333,27 @@ class Program:
                 raise LayoutError(f"params: {k!r} has shape {list(v.shape)}, the graph's is {list(self._shape(k))}")
         return values
 
-    def batch(self, *args: Any) -> dict[str, jax.Array]:
+    def batch(self, *args: Any, arrays: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
         """The graph's inputs from the user's own arrays, placed with their shardings: ``args`` are the
-        arguments of the function the graph was imported from other than its parameters, in order (the
-        constant tensors the importer folded come with the graph)."""
-        argnums = set(self.graph.meta.get("params_argnums") or [0])
-        names = self.graph.meta.get("arguments") or []
-        rest = [k for k in range(len(names)) if k not in argnums]
-        if len(args) != len(rest):
-            raise LayoutError(f"batch takes the function's {len(rest)} non-parameter argument(s) "
-                              f"({', '.join(names[k] for k in rest) or 'none'}), got {len(args)}")
+        arguments of the function the graph was imported from other than its parameters, in order; or
+        ``arrays`` maps the graph's input names to arrays (``run --batch FILE.npz``). The constant tensors
+        the importer folded come with the graph."""
         values: dict[str, Any] = dict(constant_values(self.graph.tensors, self.graph.meta))
-        for k, tree in zip(rest, args, strict=True):
-            values.update(user_arrays(self.graph, tree, k, names[k]))
+        if arrays is not None:
+            unknown = [k for k in arrays if k not in self._input_sh]
+            if unknown or args:
+                raise LayoutError(f"batch: {', '.join(map(repr, unknown[:5]))} name no input of the graph (inputs: "
+                                  f"{', '.join(self._input_sh)})" if unknown else "batch: give args or arrays, not both")
+            values.update(arrays)
+        else:
+            argnums = set(self.graph.meta.get("params_argnums") or [0])
+            names = self.graph.meta.get("arguments") or []
+            rest = [k for k in range(len(names)) if k not in argnums]
+            if len(args) != len(rest):
+                raise LayoutError(f"batch takes the function's {len(rest)} non-parameter argument(s) "
+                                  f"({', '.join(names[k] for k in rest) or 'none'}), got {len(args)}")
+            for k, tree in zip(rest, args, strict=True):
+                values.update(user_arrays(self.graph, tree, k, names[k]))
         missing = [k for k in self._input_sh if k not in values]
         if missing:
             raise LayoutError(f"batch has no value for input(s) {', '.join(missing)}")
@@ -440,17 +448,19 @@ def tokens_per_step(graph: Graph) -> int:
     return graph.dims.get("batch", 1) * graph.dims.get("seq", 1)
 
 
-def train(program: Program, steps: int, *, seed: int = 0,
-          on_step: Callable[[StepRecord], None] | None = None) -> TrainRun:
-    """Run ``steps`` training steps from ``program.init(seed)`` on batches ``random_batch(seed + i)``, timing
-    each (``block_until_ready``); ``on_step`` sees each record as it is measured."""
+def train(program: Program, steps: int, *, seed: int = 0, on_step: Callable[[StepRecord], None] | None = None,
+          params: Any = None, batch: Mapping[str, Any] | None = None) -> TrainRun:
+    """Run ``steps`` training steps from ``program.init(seed, params)`` on batches ``random_batch(seed + i)``
+    (or on ``batch``, the graph's inputs by name, every step), timing each (``block_until_ready``);
+    ``on_step`` sees each record as it is measured."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise LayoutError(f"steps must be a positive integer, got {steps!r}")
     tokens = tokens_per_step(program.graph)
-    state = program.init(seed)
+    state = program.init(seed, params=params)
+    fixed = program.batch(arrays=batch) if batch is not None else None
     records = []
     for i in range(steps):
-        batch = program.random_batch(seed + i)
+        batch = fixed if fixed is not None else program.random_batch(seed + i)
         t0 = time.perf_counter()
         state, metrics = program.train_step(state, batch)
         loss = float(jax.block_until_ready(metrics["loss"]))

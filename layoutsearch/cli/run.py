@@ -28,6 +28,12 @@ def add(sub: Any) -> None:
     add_hardware_args(p)
     p.add_argument("--steps", type=int, default=10, metavar="N", help="training steps (default 10)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the parameters and batches (default 0)")
+    p.add_argument("--params", metavar="FILE.npz",
+                   help="initial parameters (numpy .npz, arrays named as the graph's parameters, e.g. an imported "
+                        "model's pytree paths) instead of drawn ones")
+    p.add_argument("--batch", metavar="FILE.npz",
+                   help="the batch every step trains on (numpy .npz, arrays named as the graph's inputs) instead of "
+                        "drawn ones")
     p.add_argument("--coordinator", metavar="HOST:PORT", help="multi-process run: process 0's address")
     p.add_argument("--num-processes", type=int, metavar="N", help="multi-process run: the number of processes")
     p.add_argument("--process-id", type=int, metavar="I", help="multi-process run: this process's index")
@@ -112,8 +118,10 @@ def run(args: argparse.Namespace) -> Result:
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
                                     optimizer=plan.optimizer, precision=plan.precision, attention=program.attention,
                                     overlap=plan.overlap)
+    params = _arrays(args.params, "--params") if args.params else None
+    batch = _arrays(args.batch, "--batch") if args.batch else None
     with _StepBar(args.steps) as bar:
-        measured = train(program, args.steps, seed=args.seed, on_step=bar.advance)
+        measured = train(program, args.steps, seed=args.seed, on_step=bar.advance, params=params, batch=batch)
     import jax
 
     step = measured.median_step_s
@@ -132,6 +140,21 @@ def run(args: argparse.Namespace) -> Result:
                             "memory_bytes": predicted_here.memory_bytes} if predicted_here is not None else None),
         "measured_over_predicted": step / reference if reference else None,
     }
+
+
+def _arrays(path: str, flag: str) -> dict[str, Any]:
+    """The arrays of a numpy ``.npz`` file (read as data: no pickled objects)."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise LayoutSearchError(f"{flag}: no file {path!r}") from None
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise LayoutSearchError(f"{flag}: {path!r} is not a numpy .npz file of arrays ({e})") from None
 
 
 class _StepBar:

@@ -70,7 +70,8 @@ def _translate(fn: Callable[..., Any], program: Program, leaves: list[tuple[str,
         raise GraphError(f"internal: {len(leaves)} argument arrays for {len(program.inputs)} jaxpr inputs")
     loss = program.outputs[0] if program.outputs else None
     if not isinstance(loss, Var) or loss.shape != () or loss.dtype not in ("float32", "bfloat16", "float16"):
-        raise GraphError("the function must return a scalar float loss (or a tuple whose first item is one)")
+        raise GraphError("the function must return a scalar float loss (or a tuple whose first item is one), got "
+                         + (f"an array of shape {list(loss.shape)}, dtype {loss.dtype}" if isinstance(loss, Var) else "a constant"))
     nodes = _needed(patterns.rewrite(_needed(program.nodes, loss)), loss)
     tr = Translator(splits)
     title = name or getattr(fn, "__qualname__", None) or "imported"

@@ -48,6 +48,10 @@ class Labels:
         lid = self._named[name] = self._add(size, name, name)
         return lid
 
+    def named_label(self, name: str) -> int:
+        """The label of dim ``name``, given before."""
+        return self._named[name]
+
     def find(self, a: int) -> int:
         while self._parent[a] != a:
             self._parent[a] = self._parent[self._parent[a]]

@@ -32,6 +32,7 @@ from layoutsearch.importer.translate_elementwise import (
 from layoutsearch.importer.translate_reduce import ReductionRules
 from layoutsearch.importer.translate_shape import ShapeRules
 from layoutsearch.ir.graph import Graph
+from layoutsearch.ir.training import trained_parameters
 
 BLOCK_PATTERN = re.compile(r"^(layer|layers|block|blocks|h)[._]?\d+$", re.IGNORECASE)
 """Scope names (``jax.named_scope``, Flax module names) that mark a repeated block: ``layer.3``,
@@ -45,25 +46,33 @@ class Translator(ElementwiseRules, ShapeRules, ReductionRules):
     def run(self, nodes: Sequence[Node], block_of: Callable[[Node], str | None]) -> None:
         for node in nodes:
             self.node, self.block = node, block_of(node)
-            if node.prim in ELEMENTWISE_PRIMITIVES:  # a constant of one value everywhere is a scalar here
-                node.ins = [(a.uniform() or a) if isinstance(a, Const) else a for a in node.ins]
-            rule = getattr(self, "_" + node.prim, None)
-            if rule is None:
-                if node.prim in UNARY_PRIMITIVES:
-                    fn = UNARY_PRIMITIVES[node.prim]
-                    self.vals[node.outs[0]] = self.elementwise(fn, node.ins, node.outs[0])
-                    continue
-                if node.prim in COMPARE_PRIMITIVES:
-                    fn = COMPARE_PRIMITIVES[node.prim]
-                    self.vals[node.outs[0]] = self.elementwise(fn, node.ins, node.outs[0])
-                    continue
-                if node.prim in ALIAS_PRIMITIVES:
-                    self._alias(node)
-                    continue
-                raise self.unsupported("the importer has no rule for it")
-            out = rule(node)
-            if out is not None:
-                self.vals[node.outs[0]] = out
+            try:
+                self._translate(node)
+            except GraphError as e:
+                if "cannot import primitive" in str(e):
+                    raise
+                raise GraphError(f"{e} (importing primitive {node.prim!r} at {node.where})") from None
+
+    def _translate(self, node: Node) -> None:
+        if node.prim in ELEMENTWISE_PRIMITIVES:  # a constant of one value everywhere is a scalar here
+            node.ins = [(a.uniform() or a) if isinstance(a, Const) else a for a in node.ins]
+        rule = getattr(self, "_" + node.prim, None)
+        if rule is None:
+            if node.prim in UNARY_PRIMITIVES:
+                fn = UNARY_PRIMITIVES[node.prim]
+                self.vals[node.outs[0]] = self.elementwise(fn, node.ins, node.outs[0])
+                return
+            if node.prim in COMPARE_PRIMITIVES:
+                fn = COMPARE_PRIMITIVES[node.prim]
+                self.vals[node.outs[0]] = self.elementwise(fn, node.ins, node.outs[0])
+                return
+            if node.prim in ALIAS_PRIMITIVES:
+                self._alias(node)
+                return
+            raise self.unsupported("the importer has no rule for it")
+        out = rule(node)
+        if out is not None:
+            self.vals[node.outs[0]] = out
 
     # -- the graph
     def graph(self, name: str, loss: Var, meta: Mapping[str, Any]) -> Graph:
@@ -72,7 +81,14 @@ class Translator(ElementwiseRules, ShapeRules, ReductionRules):
         if lv.labels or self.tensors[lv.tensor].role != "activation":
             raise GraphError("the function must return a scalar loss computed from its arguments "
                              f"(got a value of shape {list(loss.shape)})")
-        return self.pending.build(name, lv.tensor, meta, self.constants)
+        graph = self.pending.build(name, lv.tensor, meta, self.constants)
+        if not trained_parameters(graph):
+            names = meta.get("arguments") or []
+            which = ", ".join(repr(names[k]) for k in meta.get("params_argnums", [0]) if k < len(names)) or "0"
+            raise GraphError(f"the loss is not differentiable in the parameters (the float arrays of argument "
+                             f"{which}): none reaches it but through comparisons, stop_gradient or integer ids"
+                             + ("" if graph.parameters else "; the argument holds no float array"))
+        return graph
 
 
 def block_of(node: Node) -> str | None:

@@ -45,6 +45,7 @@ class TranslatorBase:
         self.broadcasts: dict[tuple[str, tuple[int | None, ...]], Val] = {}
         self.casts: dict[tuple[str, str], Val] = {}  # integer tensors read as floats
         self.negated: dict[str, Var] = {}  # the tensors of negations, with the value each negates
+        self.given: dict[str, str] = {}  # dim names the user gave, with the first array given each
         self.views: dict[str, Val] = {}  # parts of function arguments read as tensors of their own
         self.constants: dict[str, np.ndarray] = {}  # the values of constant tensors, by name
         self._constant_keys: dict[tuple[Any, ...], str] = {}
@@ -68,7 +69,13 @@ class TranslatorBase:
             if given is not None:
                 if not isinstance(given, str) or not given.isidentifier():
                     raise GraphError(f"{name}: dim names must be identifiers, got {given!r}")
-                labels.append(self.labels.named(given, size))
+                first = self.given.setdefault(given, name)
+                try:
+                    labels.append(self.labels.named(given, size))
+                except GraphError:
+                    raise GraphError(f"{name}: dim {given!r} of size {size} (axis {i}) was given size "
+                                     f"{self.labels.size(self.labels.named_label(given))} by {first}: "
+                                     "one name, one size (give the axes different names)") from None
             else:
                 labels.append(None if size == 1 else self.labels.placeholder(size, f"{_stem(name)}_{i}"))
         if len({self.labels.find(a) for a in labels if a is not None}) < sum(a is not None for a in labels):

@@ -4,9 +4,10 @@ cross-entropy -> their IR ops over a named dim."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 
-from layoutsearch.errors import GraphError
+from layoutsearch.errors import DimNameWarning, GraphError
 from layoutsearch.importer.pending import DimRef
 from layoutsearch.importer.trace import Node
 from layoutsearch.importer.translate_base import FLOAT_DTYPES, TranslatorBase, Val
@@ -19,6 +20,8 @@ class ReductionRules(TranslatorBase):
     # -- reductions and contractions
     def _reduce(self, node: Node, fn: str) -> Val:
         v = self.dense(self.val(node.ins[0]))
+        if self.dtype(v) not in FLOAT_DTYPES:  # a count of an integer mask: summed as floats
+            v = self.as_float(v)
         axes = set(node.params["axes"])
         kept = [a for i, a in enumerate(v.labels) if i not in axes]
         out = self.emit(O.Reduce, fn, [v.tensor], kept, self.dtype(v), fn=fn)
@@ -41,6 +44,7 @@ class ReductionRules(TranslatorBase):
         for i, j in zip((*lc, *lb), (*rc, *rb), strict=True):
             if ll[i] is None or rl[j] is None or self.labels.same(ll[i], rl[j]):
                 continue
+            self._warn_if_typo(ll[i], rl[j])
             if not self._holds(rl, ll[i]):
                 rl[j] = ll[i]  # rename the rhs axis after the lhs one
             elif not self._holds(ll, rl[j]):
@@ -62,6 +66,16 @@ class ReductionRules(TranslatorBase):
         dtype = node.outs[0].dtype
         return self.emit(O.Einsum, "einsum", [lhs.tensor, rhs.tensor], labels,
                          dtype if dtype in FLOAT_DTYPES else self.dtype(lhs))
+
+    def _warn_if_typo(self, a: int, b: int) -> None:
+        """Warn when a contraction pairs two axes the user named differently (``d_model`` with ``d_modle``): the
+        importer renames one to the other, which a typo makes silently."""
+        na, nb = self.labels.name(a), self.labels.name(b)
+        if na in self.given and nb in self.given and na != nb:
+            assert self.node is not None
+            warnings.warn(f"{self.node.where}: a contraction pairs dim {na!r} of {self.given[na]} with dim {nb!r} "
+                          f"of {self.given[nb]} (both of size {self.labels.size(a)}): the same dim under two names? "
+                          "(the importer renames one to the other)", DimNameWarning, stacklevel=2)
 
     # -- composites (patterns)
     def _softmax(self, node: Node) -> Val:

@@ -141,6 +141,13 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
     return Graph(forward.name, tensors, d.ops, loss=forward.loss, meta=meta)
 
 
+def trained_parameters(graph: Graph) -> list[str]:
+    """The parameters of forward ``graph`` the loss has a gradient for (a path of differentiable ops to it:
+    not only through comparisons, ``stop_gradient`` or integer ids)."""
+    needs = _Derivation(graph).needs
+    return [p.name for p in graph.parameters if p.name in needs]
+
+
 def parameter_gradients(graph: Graph) -> set[str]:
     """Tensors of training graph ``graph`` that are parameter gradients: ``grad/P`` of every
     parameter and the contributions its sum chain adds up."""
@@ -452,4 +459,4 @@ class _Derivation:
                           role=old.role, updates=old.name, fn=fn, params=tuple(params.items()))
 
 
-__all__ = ["OPTIMIZERS", "Optimizer", "parameter_gradients", "training_graph"]
+__all__ = ["OPTIMIZERS", "Optimizer", "parameter_gradients", "trained_parameters", "training_graph"]
