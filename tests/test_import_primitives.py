@@ -20,6 +20,7 @@ from layoutsearch.ir.training import training_graph
 from layoutsearch.validate import validate
 
 B, S, D, H, V = 2, 8, 16, 4, 32
+_KEY = jax.random.key(0)  # a PRNG key a function captures: refused where it is read
 
 
 def _rotate_half(x):
@@ -58,11 +59,21 @@ def _one_hot_loss(p, x, y):
     return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(y, V), axis=-1))
 
 
+def _updated(p, x, y):
+    """``dynamic_update_slice`` at a constant offset, and ``h.at[:, 6].set(...)`` (a scatter at one index)."""
+    h = jnp.tanh(x @ p["w"])
+    h = jax.lax.dynamic_update_slice(h, jnp.exp(h[:, :3]) * 2.0, (0, 2, 0))
+    h = h.at[:, 6].set(h[:, 0] ** 2)
+    return jnp.mean(h @ p["out"])
+
+
+
 CASES = {
     "split_concat": (_split_concat, {"qkv": (D, 3 * D), "out": (D, V)}),
     "exact_gelu_and_masks": (_exact_gelu_and_masks, {"w": (D, D)}),
     "integer_labels": (_integer_labels, {"w": (D, D), "out": (D, V)}),
     "one_hot_loss": (_one_hot_loss, {"w": (D, D), "out": (D, V)}),
+    "dynamic_update_slice": (_updated, {"w": (D, D), "out": (D, V)}),
 }
 
 
@@ -103,6 +114,7 @@ def test_the_new_ops_are_in_the_graphs() -> None:
     ("exact_gelu_and_masks", "batch:data,seq:model", True),
     ("integer_labels", "batch:data,seq:model", False),
     ("one_hot_loss", "batch:data,vocab:model", False),
+    ("dynamic_update_slice", "batch:data,d_model:model", False),
 ])
 def test_priced_as_xla_compiles_it(name: str, rules: str, window_split: bool) -> None:
     """FLOPs per device within 3% of XLA's count (these toy graphs are mostly elementwise work, where XLA's
@@ -130,3 +142,33 @@ def test_a_slice_op_refuses_a_window_that_does_not_fit() -> None:
     op = Slice(name="s", inputs=("x",), output="y", dim="a", start=2, out_dim="b")
     with pytest.raises(GraphError, match="does not fit"):
         op.check({"x": x, "y": y})
+
+
+@pytest.mark.parametrize("fn, params, dims, match", [
+    (lambda p, x: jnp.sum(x ** 2), {"w": jnp.ones((8, 4))}, (None, ("batch", "d")),
+     r"not differentiable in the parameters .*'p'"),
+    (lambda p, x: jnp.sum(x @ jax.lax.stop_gradient(p["w"])), {"w": jnp.ones((8, 4))}, (None, ("batch", "d")),
+     "stop_gradient"),
+    (lambda p, x: x @ p["w"], {"w": jnp.ones((8, 4))}, (None, ("batch", "d")), r"scalar float loss.*shape \[2, 4\]"),
+    (lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, (None, ("batch",)), r"x: 1 dim names"),
+    (lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, ({"w": ("d", "f")}, ("batch", "f")),
+     r"x: dim 'f' of size 8 .* size 4 by w"),
+    (lambda p, x: jnp.sum(jnp.cumsum(x @ p["w"], axis=1)), {"w": jnp.ones((8, 4))}, (None, ("batch", "d")),
+     r"cannot import primitive 'cumsum' at .*test_import_primitives.py:\d+"),
+    (lambda p, x: jnp.sum(x @ p["w"]) + jnp.sum(jnp.arange(1 << 27, dtype=jnp.float32)), {"w": jnp.ones((8, 4))},
+     (None, ("batch", "d")), r"2\*\*26|67,108,864"),
+    (lambda p, x: jnp.sum(x @ p["w"] + jax.random.normal(_KEY, (2, 4))), {"w": jnp.ones((8, 4))},
+     (None, ("batch", "d")), r"at .*test_import_primitives.py:\d+.* captured, of dtype key"),
+])
+def test_bad_functions_are_one_error_naming_the_offender(fn, params, dims, match) -> None:
+    with pytest.raises(GraphError, match=match):
+        from_jax(fn, params, jnp.ones((2, 8)), dims=dims)
+
+
+def test_a_contraction_of_two_names_for_one_size_warns() -> None:
+    from layoutsearch.errors import DimNameWarning
+
+    with pytest.warns(DimNameWarning, match=r"test_import_primitives.py:\d+.*'d_model' of x with dim 'd_modle' of w"):
+        from_jax(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, jnp.ones((2, 8)),
+                 dims=({"w": ("d_modle", "f")}, ("batch", "d_model")))
+

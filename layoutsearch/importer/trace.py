@@ -160,19 +160,29 @@ class _Flattener:
         line of an inner primitive whose frames are all JAX's own)."""
         env: dict[Any, Operand] = {}
 
-        def read(a: Any) -> Operand:
+        refused: dict[Any, str] = {}  # captured constants that cannot fold: refused where a primitive reads them
+
+        def read(a: Any, where: str) -> Operand:
             if isinstance(a, jcore.Literal):
                 return _literal(a.val, "a literal")
+            if a in refused:
+                raise GraphError(f"cannot import primitive {eqn.primitive.name!r} at {where}: it reads a constant "
+                                 f"the function captured, of dtype {refused[a]}: only numbers fold (pass it to "
+                                 "the function as an argument)")
             return env[a]
 
         for v, c in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = _constant(c, outer or "a constant captured by the function")
+            dtype = getattr(c, "dtype", None)
+            if _numeric(dtype if dtype is not None else np.asarray(c).dtype):
+                env[v] = _constant(c, outer or "a constant captured by the function")
+            else:
+                refused[v] = str(dtype)
         for v, a in zip(jaxpr.invars, args, strict=True):
             env[v] = a
         for eqn in jaxpr.eqns:
-            ins = [read(a) for a in eqn.invars]
             name = eqn.primitive.name
             where = _where(eqn) or outer
+            ins = [read(a, where) for a in eqn.invars]
             inner = _join(scope, str(eqn.source_info.name_stack))
             folded = _fold(eqn, ins, where) if name not in _CALLS and name != "scan" else None
             if folded is not None:
@@ -201,7 +211,7 @@ class _Flattener:
                 results = list(outs)
             for v, r in zip(eqn.outvars, results, strict=True):
                 env[v] = r
-        return [read(a) for a in jaxpr.outvars]
+        return [read(a, outer or "its result") for a in jaxpr.outvars]
 
     def _scan(self, eqn: Any, ins: list[Operand], scope: str, block: str | None, where: str) -> list[Operand]:
         """Unroll a scan: iteration ``i`` reads slice ``i`` of each scanned input (an ``index`` node)."""

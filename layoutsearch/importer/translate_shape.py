@@ -123,6 +123,66 @@ class ShapeRules(TranslatorBase):
         starts = tuple(min(max(a, 0), n - m) for a, n, m in zip(starts, src.shape, shape, strict=True))  # XLA clamps
         return self._static_slice(src, starts, shape)
 
+    def _dynamic_update_slice(self, node: Node) -> Val:
+        """``lax.dynamic_update_slice`` at constant offsets: see :meth:`_update_window`."""
+        src, upd, *idx = node.ins
+        if not all(isinstance(i, Lit | Const) for i in idx):
+            raise self.unsupported("a dynamic update at a computed index")
+        starts = [int(np.asarray(i.value).reshape(-1)[0]) for i in idx]  # type: ignore[union-attr]
+        return self._update_window(src, self.val(upd), tuple(upd.shape), starts)
+
+    def _scatter(self, node: Node) -> Val:
+        """``x.at[..., i, ...].set(update)`` at one constant index vector: an update of one window."""
+        src, idx, upd = node.ins
+        dn = node.params["dimension_numbers"]
+        if not isinstance(idx, Const) or int(np.prod(idx.shape[:-1] or (1,))) != 1 or dn.operand_batching_dims or (
+                node.params.get("update_jaxpr") is not None):
+            raise self.unsupported("a scatter other than a set at one constant index (x.at[i].set(u))")
+        starts = [0] * len(src.shape)
+        for axis, i in zip(dn.scatter_dims_to_operand_dims, np.asarray(idx.value).reshape(-1), strict=True):
+            starts[axis] = int(i)
+        v = self.val(upd)
+        labels, shape, window = iter(v.labels), [], iter(dn.update_window_dims)
+        full: list[int | None] = []
+        sizes = iter(upd.shape)
+        for k in range(len(src.shape)):
+            if k in dn.inserted_window_dims:
+                full.append(None)
+                shape.append(1)
+            else:
+                next(window)
+                full.append(next(labels))
+                shape.append(next(sizes))
+        return self._update_window(src, self._val(v.tensor, full), tuple(shape), starts)
+
+    def _update_window(self, src: Operand, u: Val, shape: tuple[int, ...], starts: list[int]) -> Val:
+        """``src`` with the window of ``shape`` at ``starts`` (clamped into range, as XLA does) replaced by ``u``:
+        the update padded out to the operand's dims (a pad op per cut axis), selected inside the window by a
+        constant 0/1 mask, the operand outside."""
+        starts = [min(max(a, 0), n - m) for a, n, m in zip(starts, src.shape, shape, strict=True)]
+        x = self.dense(self.val(src))
+        u = self.dense(u)
+        dtype = self.dtype(x)
+        if self.dtype(u) != dtype:
+            raise self.unsupported("an update of another dtype than its operand")
+        whole = [a if src.shape[i] == shape[i] else b for i, (a, b) in enumerate(zip(x.labels, u.labels, strict=True))]
+        u = self.dense(self.conform(u, whole))
+        for i, (n, m) in enumerate(zip(src.shape, shape, strict=True)):
+            if n == m:
+                continue
+            if u.labels[i] is None:  # one index: a size-1 axis to pad along
+                one = list(u.labels)
+                one[i] = self.labels.placeholder(1, self.labels.base(x.labels[i]))
+                u = self.emit(O.Elementwise, "broadcast", [u.tensor], one, dtype, fn="identity")
+            out = [x.labels[i] if k == i else a for k, a in enumerate(u.labels)]
+            u = self.emit(O.Pad, "pad", [u.tensor], out, dtype, dim=DimRef(u.labels[i]), start=starts[i],
+                          out_dim=DimRef(x.labels[i]))
+        assert self.node is not None
+        mask = np.ones(src.shape, np.float32)
+        mask[tuple(slice(a, a + m) for a, m in zip(starts, shape, strict=True))] = 0.0
+        keep = self.dense(self.conform(self.constant(Const(mask, self.node.where)), x.labels))
+        return self.emit(O.Elementwise, "update", [keep.tensor, x.tensor, u.tensor], x.labels, dtype, fn="where")
+
     def _split(self, node: Node) -> None:
         """``jnp.split`` (the fused q, k, v of GPT-2's ``c_attn``): one slice per part."""
         axis, at = node.params["axis"], 0
