@@ -8,6 +8,8 @@ placeholder), is searched on ``data:2,model:4``, compiled, trained 5 steps from 
 (the first loss is the user's eager loss, float32: rtol 1e-5; the loss falls), and the plan put back on the
 user's pytree gives the unsharded gradients (rtol 2e-5: float32 sums reassociated across 8 devices).
 The libraries come with the ``test`` extra; a case whose library does not install is skipped with the reason.
+The ninth, MaxText's own decoder, needs Python >= 3.12 and runs across two interpreters:
+``tests/test_import_maxtext_decoder.py``.
 """
 
 from __future__ import annotations

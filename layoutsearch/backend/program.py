@@ -60,6 +60,7 @@ _UNARY: dict[str, Callable[[jax.Array], jax.Array]] = {
     "identity": lambda x: x, "neg": jnp.negative, "square": jnp.square, "relu": jax.nn.relu, "gelu": _gelu,
     "silu": jax.nn.silu, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "exp": jnp.exp, "log": jnp.log,
     "sqrt": jnp.sqrt, "rsqrt": jax.lax.rsqrt, "erf": jax.lax.erf,
+    "sin": jnp.sin, "cos": jnp.cos,
 }
 
 

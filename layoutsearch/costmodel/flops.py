@@ -23,6 +23,7 @@ ELEMENTWISE_FLOPS: dict[str, float] = {
     "sgd": 2, "adam_m": 3, "adam_v": 4, "adam_update": 5, "dropout_mask": 35,
     "shift": 1, "erf": 0, "erf_grad": 4, "stop_gradient": 0, "maximum": 1, "maximum_grad": 5,
     "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2, "where": 1, "where_grad_true": 1, "where_grad_false": 1,
+    "sin": 0, "cos": 0, "sin_grad": 1, "cos_grad": 2,
     "pow": 0, "pow_grad": 0,  # per exponent: integer_pow_flops
 }
 """FLOPs per output element of each elementwise function, as XLA's cost

@@ -24,7 +24,7 @@ import jax
 
 from layoutsearch.errors import GraphError
 from layoutsearch.importer import patterns
-from layoutsearch.importer.trace import Node, Program, Var, flatten, flatten_jaxpr
+from layoutsearch.importer.trace import Node, Program, Var, flatten, flatten_jaxpr, refuse_opaque
 from layoutsearch.importer.translate import BLOCK_PATTERN, Translator, block_of
 from layoutsearch.ir import strictjson
 from layoutsearch.ir.graph import Graph
@@ -72,7 +72,9 @@ def _translate(fn: Callable[..., Any], program: Program, leaves: list[tuple[str,
     if not isinstance(loss, Var) or loss.shape != () or loss.dtype not in ("float32", "bfloat16", "float16"):
         raise GraphError("the function must return a scalar float loss (or a tuple whose first item is one), got "
                          + (f"an array of shape {list(loss.shape)}, dtype {loss.dtype}" if isinstance(loss, Var) else "a constant"))
-    nodes = _needed(patterns.rewrite(_needed(program.nodes, loss)), loss)
+    needed = _needed(program.nodes, loss)
+    refuse_opaque(needed)
+    nodes = _needed(patterns.rewrite(needed), loss)
     tr = Translator(splits)
     title = name or getattr(fn, "__qualname__", None) or "imported"
     try:

@@ -10,7 +10,10 @@ the importer rewrites these sub-graphs into single nodes before naming dims:
 * ``gelu``: the tanh approximation ``x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x**3)))``;
 * ``cross_entropy``: ``-sum_a log_softmax(x) * one_hot(labels)`` (``jax.nn.log_softmax``, ``jax.nn.one_hot``), and
   ``logsumexp(x) - take_along_axis(x, labels)`` (``optax.softmax_cross_entropy_with_integer_labels``), and
-  ``-take_along_axis(log_softmax(x), labels)``;
+  ``-take_along_axis(log_softmax(x), labels)``, and ``-sum_a one_hot(labels) * (x - logsumexp_a(x))`` (MaxText's
+  ``max_utils.cross_entropy_with_logits``, T5X's);
+* ``alias`` of ``v``: ``v + 0 * w``, a term scaled by a literal zero (MaxText's z-loss at its default
+  ``z_loss_multiplier: 0.0``), the same value for finite ``w``;
 * ``gather``: index vectors joined from parts, constant parts for axes taken whole dropped;
 * ``alias``: JAX's normalization of negative indices, ``where(i < 0, i + n, i)``, for ids in range.
 
@@ -71,6 +74,22 @@ class _Rewriter:
         self.nodes = out
         self.alive = {id(n) for n in out}
         self.refresh()
+
+    def feeding(self, nodes: list[Node]) -> list[Node]:
+        """``nodes`` and the nodes computing only for them: every producer all of whose outputs only ``nodes``
+        (and the producers added) read, transitively; what a rewrite that drops ``nodes`` leaves unread."""
+        group, ids = list(nodes), {id(n) for n in nodes}
+        changed = True
+        while changed:
+            changed = False
+            reads: Counter[Var] = Counter(v for n in group for v in n.ins if isinstance(v, Var))
+            for v in list(reads):
+                n = self.producer.get(v)
+                if n is not None and id(n) not in ids and all(self.uses[o] == reads[o] for o in n.outs):
+                    group.append(n)
+                    ids.add(id(n))
+                    changed = True
+        return group
 
     def chain(self, end: Operand, stop: Callable[[Node], bool]) -> list[Node]:
         """The nodes from ``end`` back through transparent ones to the first node ``stop`` accepts
@@ -317,6 +336,59 @@ def _minus_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
     return None
 
 
+def _logsumexp_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
+    """``-sum_a one_hot(labels) * (x - logsumexp_a(x, keepdims=True))``: the cross-entropy as MaxText's
+    ``max_utils.cross_entropy_with_logits`` (T5X's) writes it, ``jax.scipy.special.logsumexp`` being
+    ``log(|sum_a exp(x - m)|) + m`` with ``m`` the stop-gradient row maximum (left unread)."""
+    red = rw.node(final.ins[0], "reduce_sum") if final.prim == "neg" else None
+    if red is None or len(red.params["axes"]) != 1:
+        return None
+    axis = red.params["axes"][0]
+    prod = rw.node(red.ins[0], "mul")
+    if prod is None:
+        return None
+    for hot_v, lsm_v in (prod.ins, prod.ins[::-1]):
+        hot, lsm = rw.node(hot_v, "_one_hot"), rw.node(lsm_v, "sub")
+        if hot is None or lsm is None or not isinstance(lsm.ins[0], Var):
+            continue
+        x = lsm.ins[0]
+        lse_path = rw.chain(lsm.ins[1], lambda n: n.prim == "add")
+        add = lse_path[-1] if lse_path else None
+        if add is None or hot.outs[0].shape != x.shape:
+            continue
+        for log_v, m in (add.ins, add.ins[::-1]):
+            log = rw.node(log_v, "log")
+            if log is None:
+                continue
+            inner = rw.node(log.ins[0], "abs")
+            sum_path = rw.chain(inner.ins[0] if inner is not None else log.ins[0], lambda n: n.prim == "reduce_sum")
+            total = sum_path[-1] if sum_path else None
+            if total is None or tuple(total.params["axes"]) != (axis,):
+                continue
+            exp = rw.node(total.ins[0], "exp")
+            shifted = rw.node(exp.ins[0], "sub") if exp is not None else None
+            if shifted is None or shifted.ins[0] is not x or shifted.ins[1] is not m:
+                continue
+            internal = [red, prod, hot, lsm, *lse_path, log, *([inner] if inner else []), *sum_path, exp, shifted]
+            return _new("cross_entropy", final, [x, hot.ins[0]], axis=axis), internal
+    return None
+
+
+def _plus_zero_product(rw: _Rewriter, final: Node) -> Match | None:
+    """``v + 0 * w`` (a literal zero): ``v`` (MaxText's z-loss term at ``z_loss_multiplier: 0.0``); ``w`` and
+    what computes only it are dropped."""
+    if final.prim != "add" or len(final.ins) != 2:
+        return None
+    for v, term in (final.ins, final.ins[::-1]):
+        prod = rw.node(term, "mul")
+        if prod is None or not any(isinstance(a, Lit) and a.value == 0.0 for a in prod.ins):
+            continue
+        if not isinstance(v, Var) or v.shape != final.outs[0].shape:
+            continue
+        return _new("alias", final, [v]), rw.feeding([prod])
+    return None
+
+
 def _integer_label_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
     """``logsumexp_a(x) - take_along_axis(x, labels[..., None], a)[..., 0]``: the cross-entropy as
     ``optax.softmax_cross_entropy_with_integer_labels`` writes it (a batched gather of each row's label, then
@@ -420,8 +492,9 @@ def _gather_index_parts(rw: _Rewriter, final: Node) -> Match | None:
     return Node("gather", [table, part], final.outs, params, final.where, final.scope, final.block), [cat]
 
 
-PATTERNS = (_index_normalization, _mean, _softmax, _layer_norm, _gelu, _cross_entropy, _minus_cross_entropy,
-            _integer_label_cross_entropy, _picked_log_softmax, _gather_index_parts)
+PATTERNS = (_index_normalization, _plus_zero_product, _mean, _softmax, _layer_norm, _gelu, _cross_entropy,
+            _minus_cross_entropy, _logsumexp_cross_entropy, _integer_label_cross_entropy, _picked_log_softmax,
+            _gather_index_parts)
 
 
 def rewrite(nodes: list[Node]) -> list[Node]:

@@ -10,7 +10,8 @@ A parameter's axes start as placeholders named after the parameter (``kernel_1``
   (two activations multiplied, neither a parameter); ``kv_heads``: the axis merged with a broadcast into the
   keys' ``heads`` (grouped-query attention's ``jnp.repeat``); a projection's axis split into such axes is
   ``heads_d_kv`` (``kv_heads_d_kv``), one cut into three, q, k and v, ``qkv``; the halves of a dim cut in two
-  (``rotate_half``) ``d_kv_half``, other parts ``<dim>_part``;
+  (``rotate_half``), and the parts a concat joins into one (a rotary table ``[sin, sin]`` computed from
+  position ids given as inputs, MaxText's), ``d_kv_half``, other parts ``<dim>_part``;
 * ``d_ff``: an axis a parameter adds to the model's width in an einsum (the first projection of an MLP).
 
 A role never overrides a name the user or the model's logical-axis metadata gave; placeholders of one name
@@ -130,6 +131,15 @@ def name_roles(labels: Labels, tensors: Mapping[str, PendingTensor], ops: Iterab
             if base is not None:
                 half = 2 * labels.size(part) == labels.size(whole)
                 give(part, f"{base}_half" if half else f"{base}_part")
+    for op in ops:  # the parts a concat joins into a named dim: a rotary table's [sin, sin] halves of d_kv
+        if op.cls is O.Concat:
+            whole, parts = op.attrs["out_dim"], op.attrs["dims"]
+            assert isinstance(whole, DimRef) and all(isinstance(r, DimRef) for r in parts)
+            base = role.get(find(whole.id)) or labels.name(whole.id)
+            if base is not None:
+                for r in parts:
+                    half = 2 * labels.size(r.id) == labels.size(whole.id)
+                    give(r.id, f"{base}_half" if half else f"{base}_part")
     for r, name in role.items():
         labels.rename_placeholder(r, name)
 

@@ -33,7 +33,7 @@ from layoutsearch.ir.names import block_name, scoped
 COMPOSITES = frozenset({"log_softmax", "_one_hot"})
 """Named calls kept whole for the pattern pass: JAX's ``jax.nn.log_softmax`` and ``jax.nn.one_hot``."""
 
-_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+_CALLS = {"pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
 
 _ids = itertools.count()
@@ -84,7 +84,18 @@ class Const:
         return None
 
 
-Operand = Var | Lit | Const
+@dataclass(eq=False)
+class Opaque:
+    """A constant that is not a number, captured by the function: a PRNG key (Flax NNX's ``Rngs`` state, which
+    MaxText's model carries through its remat'd layers unused). It may pass through calls; a primitive the loss
+    needs that reads it is refused with its line (:func:`refuse_opaque`)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    where: str
+
+
+Operand = Var | Lit | Const | Opaque
 
 MAX_FOLDED_ELEMENTS = 1 << 26
 """The most elements a folded constant may have (256 MiB of float32): a larger one is refused, to be passed
@@ -125,7 +136,8 @@ class Program:
 
 
 def _var(aval: Any) -> Var:
-    return Var(tuple(int(d) for d in aval.shape), np.dtype(aval.dtype).name)
+    dtype = np.dtype(aval.dtype).name if _numeric(aval.dtype) else str(aval.dtype)  # a PRNG key: key<fry>
+    return Var(tuple(int(d) for d in aval.shape), dtype)
 
 
 def _where(eqn: Any) -> str:
@@ -160,29 +172,19 @@ class _Flattener:
         line of an inner primitive whose frames are all JAX's own)."""
         env: dict[Any, Operand] = {}
 
-        refused: dict[Any, str] = {}  # captured constants that cannot fold: refused where a primitive reads them
-
-        def read(a: Any, where: str) -> Operand:
+        def read(a: Any) -> Operand:
             if isinstance(a, jcore.Literal):
                 return _literal(a.val, "a literal")
-            if a in refused:
-                raise GraphError(f"cannot import primitive {eqn.primitive.name!r} at {where}: it reads a constant "
-                                 f"the function captured, of dtype {refused[a]}: only numbers fold (pass it to "
-                                 "the function as an argument)")
             return env[a]
 
         for v, c in zip(jaxpr.constvars, consts, strict=True):
-            dtype = getattr(c, "dtype", None)
-            if _numeric(dtype if dtype is not None else np.asarray(c).dtype):
-                env[v] = _constant(c, outer or "a constant captured by the function")
-            else:
-                refused[v] = str(dtype)
+            env[v] = _constant(c, outer or "a constant captured by the function")
         for v, a in zip(jaxpr.invars, args, strict=True):
             env[v] = a
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
             where = _where(eqn) or outer
-            ins = [read(a, where) for a in eqn.invars]
+            ins = [read(a) for a in eqn.invars]
             inner = _join(scope, str(eqn.source_info.name_stack))
             folded = _fold(eqn, ins, where) if name not in _CALLS and name != "scan" else None
             if folded is not None:
@@ -205,13 +207,16 @@ class _Flattener:
                 results = self.run(sub, sub_consts, ins, inner, block, where)
             elif name == "scan":
                 results = self._scan(eqn, ins, inner, block, where)
+            elif not any(_numeric(v.aval.dtype) for v in eqn.outvars):  # PRNG key arithmetic: not a number
+                results = [Opaque(str(v.aval.dtype), tuple(int(d) for d in v.aval.shape), f"made by {name} at {where}")
+                           for v in eqn.outvars]
             else:
                 outs = [_var(v.aval) for v in eqn.outvars]
                 self.nodes.append(Node(name, ins, outs, dict(eqn.params), where, inner, block))
                 results = list(outs)
             for v, r in zip(eqn.outvars, results, strict=True):
                 env[v] = r
-        return [read(a, outer or "its result") for a in jaxpr.outvars]
+        return [read(a) for a in jaxpr.outvars]
 
     def _scan(self, eqn: Any, ins: list[Operand], scope: str, block: str | None, where: str) -> list[Operand]:
         """Unroll a scan: iteration ``i`` reads slice ``i`` of each scanned input (an ``index`` node)."""
@@ -279,14 +284,13 @@ def _literal(value: Any, what: str) -> Lit:
     return Lit(f, dtype)
 
 
-def _constant(value: Any, where: str) -> Lit | Const:
-    """A constant operand: a literal when a scalar, else an array."""
+def _constant(value: Any, where: str) -> Lit | Const | Opaque:
+    """A constant operand: a literal when a scalar, else an array (:class:`Opaque` when not a number)."""
     if isinstance(value, jax.core.Tracer):
         raise GraphError(f"internal: a traced value as a constant at {where}")
     dtype = getattr(value, "dtype", None)
     if not _numeric(dtype if dtype is not None else np.asarray(value).dtype):
-        raise GraphError(f"a constant of dtype {dtype} at {where}: only numbers fold (pass it to the function as "
-                         "an argument)")
+        return Opaque(str(dtype), tuple(int(d) for d in getattr(value, "shape", ())), where)
     arr = np.asarray(value)
     return _literal(arr, f"the constant at {where}") if arr.ndim == 0 else Const(arr, where)
 
@@ -312,7 +316,7 @@ their line)."""
 
 def _fold(eqn: Any, ins: Sequence[Operand], where: str) -> list[Operand] | None:
     """The outputs of ``eqn`` evaluated, when every operand is a constant (else None)."""
-    if any(isinstance(a, Var) for a in ins) or eqn.effects or eqn.primitive.name in _UNFOLDED:
+    if any(isinstance(a, Var | Opaque) for a in ins) or eqn.effects or eqn.primitive.name in _UNFOLDED:
         return None
     name, params = eqn.primitive.name, eqn.params
     outs = [v.aval for v in eqn.outvars]
@@ -344,6 +348,15 @@ def _fold(eqn: Any, ins: Sequence[Operand], where: str) -> list[Operand] | None:
     if shrunk:
         results = [np.broadcast_to(r, a.shape) for r, a in zip(results, outs, strict=True)]
     return [_constant(r, where) for r in results]
+
+
+def refuse_opaque(nodes: Sequence[Node]) -> None:
+    """GraphError for the first of ``nodes`` (those the loss needs) reading a constant that is not a number."""
+    for n in nodes:
+        for a in n.ins:
+            if isinstance(a, Opaque):
+                raise GraphError(f"primitive {n.prim!r} at {n.where or a.where} reads a constant of dtype {a.dtype} "
+                                 f"({a.where}): only numbers fold (pass it to the function as an argument)")
 
 
 def flatten(fn: Callable[..., Any], args: Sequence[Any]) -> tuple[Program, Any]:

@@ -12,14 +12,17 @@ from layoutsearch.ir import ops as O
 
 UNARY_PRIMITIVES = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "sigmoid",
                     "sqrt": "sqrt", "rsqrt": "rsqrt", "square": "square", "erf": "erf",
+                    "sin": "sin", "cos": "cos",
                     "stop_gradient": "stop_gradient"}
 COMPARE_PRIMITIVES = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint32")
 
 ALIAS_PRIMITIVES = {"copy", "copy_p", "sharding_constraint", "optimization_barrier", "convert_element_type",
-                    "reduce_precision"}
+                    "reduce_precision", "name"}
 """Primitives translated without a rule of their own: unary functions and comparisons (primitive ->
-elementwise function), and aliases (the value itself, or a float conversion)."""
+elementwise function), and aliases (the value itself, or a float conversion; ``name`` is
+``jax.ad_checkpoint.checkpoint_name``, which tags a value for a remat policy: MaxText's layers tag their
+inputs and projections)."""
 
 
 class ElementwiseRules(TranslatorBase):

@@ -29,17 +29,18 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
     ("exp", 1, ()), ("log", 1, ()), ("sqrt", 1, ()), ("rsqrt", 1, ()),
     # binary
     ("add", 2, ()), ("sub", 2, ()), ("mul", 2, ()), ("div", 2, ()), ("eq", 2, ()),
-    # from imported JAX programs (layoutsearch.importer): x + offset, x ** exponent, erf, stop_gradient
+    # from imported JAX programs (layoutsearch.importer): x + offset, x ** exponent, erf, sin and cos (rotary
+    # tables of position ids given as inputs, as MaxText's RotaryEmbedding computes them), stop_gradient
     # (identity; no gradient flows), max(a, b), comparisons (1.0 where true, else 0.0), where(c, a, b) = a
     # where c != 0, else b
     ("shift", 1, ("offset",)), ("pow", 1, ("exponent",)), ("erf", 1, ()), ("stop_gradient", 1, ()),
     ("maximum", 2, ()), ("ne", 2, ()), ("lt", 2, ()), ("le", 2, ()), ("gt", 2, ()), ("ge", 2, ()),
-    ("where", 3, ()),
+    ("where", 3, ()), ("sin", 1, ()), ("cos", 1, ()),
     # their gradients: pow_grad(x, dy) = exponent * x ** (exponent - 1) * dy; maximum_grad(x, other, dy) =
     # dy where x > other, dy / 2 where equal, else 0; where_grad_true(c, dy) = dy where c != 0, else 0;
     # where_grad_false(c, dy) the other way round
     ("pow_grad", 2, ("exponent",)), ("erf_grad", 2, ()), ("maximum_grad", 3, ()), ("where_grad_true", 2, ()),
-    ("where_grad_false", 2, ()),
+    ("where_grad_false", 2, ()), ("sin_grad", 2, ()), ("cos_grad", 2, ()),
     # constant: fill(x) = value everywhere (x gives only dims and ordering; no gradient flows)
     ("fill", 1, ("value",)),
     # random: dropout_mask(x) = 1 with probability 1 - rate, else 0, drawn per element from the integer ``seed``
@@ -64,7 +65,7 @@ ELEMENTWISE_FNS: dict[str, ElementwiseFn] = _fns(
 
 UNARY_GRAD: dict[str, str] = {
     f: f"{f}_grad" for f in ("square", "relu", "gelu", "silu", "tanh", "sigmoid", "exp", "log", "sqrt", "rsqrt",
-                             "erf")
+                             "erf", "sin", "cos")
 }
 """Unary function -> the binary function ``grad(x, dy)`` of its derivative."""
 
