@@ -93,7 +93,17 @@ def _maxtext_primitives(p, x, y):
     return jnp.sum(xent) / xent.size
 
 
+def _positions_from_a_mask(p, x, y):
+    """RoBERTa's position ids, ``cumsum(mask) * mask + padding_idx`` of the ids, picking rows of a position table;
+    a float cumsum too."""
+    mask = (y != 0).astype(jnp.int32)
+    positions = jnp.cumsum(mask, axis=1) * mask + 1
+    h = jnp.tanh(x @ p["w"] + p["pos"][positions])
+    return jnp.mean(jnp.cumsum(h, axis=1) @ p["out"])
+
+
 CASES = {
+    "positions_from_a_mask": (_positions_from_a_mask, {"w": (D, D), "out": (D, V), "pos": (S + 2, D)}),
     "maxtext_primitives": (_maxtext_primitives, {"w": (D, D), "out": (D, V)}),
     "split_concat": (_split_concat, {"qkv": (D, 3 * D), "out": (D, V)}),
     "exact_gelu_and_masks": (_exact_gelu_and_masks, {"w": (D, D)}),
@@ -158,6 +168,7 @@ def test_a_prng_key_the_loss_reads_is_refused_with_its_line() -> None:
     ("integer_labels", "batch:data,seq:model", False),
     ("one_hot_loss", "batch:data,vocab:model", False),
     ("dynamic_update_slice", "batch:data,d_model:model", False),
+    ("positions_from_a_mask", "batch:data,d_model:model", False),
     ("maxtext_primitives", "batch:data,vocab:model", False),
 ])
 def test_priced_as_xla_compiles_it(name: str, rules: str, window_split: bool) -> None:
@@ -197,8 +208,10 @@ def test_a_slice_op_refuses_a_window_that_does_not_fit() -> None:
     (lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, (None, ("batch",)), r"x: 1 dim names"),
     (lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, ({"w": ("d", "f")}, ("batch", "f")),
      r"x: dim 'f' of size 8 .* size 4 by w"),
-    (lambda p, x: jnp.sum(jnp.cumsum(x @ p["w"], axis=1)), {"w": jnp.ones((8, 4))}, (None, ("batch", "d")),
-     r"cannot import primitive 'cumsum' at .*test_import_primitives.py:\d+"),
+    (lambda p, x: jnp.sum(jnp.sort(x @ p["w"], axis=1)), {"w": jnp.ones((8, 4))}, (None, ("batch", "d")),
+     r"cannot import primitive 'sort' at .*test_import_primitives.py:\d+"),
+    (lambda p, x: jnp.sum(x @ p["w"]) + jnp.sum((x > 0).astype(jnp.int32) // 3), {"w": jnp.ones((8, 4))},
+     (None, ("batch", "d")), r"'div' at .*integer arithmetic is done in float32"),
     (lambda p, x: jnp.sum(x @ p["w"]) + jnp.sum(jnp.arange(1 << 27, dtype=jnp.float32)), {"w": jnp.ones((8, 4))},
      (None, ("batch", "d")), r"2\*\*26|67,108,864"),
     (lambda p, x: jnp.sum(x @ p["w"] + jax.random.normal(_KEY, (2, 4))), {"w": jnp.ones((8, 4))},

@@ -123,6 +123,13 @@ class TranslatorBase:
             self.casts[key] = self.emit(O.Elementwise, "cast", [v.tensor], t.labels, dtype, fn="identity")
         return self._val(self.casts[key].tensor, v.labels)
 
+    def as_ids(self, v: Val) -> Val:
+        """``v`` as int32 ids: integer values computed as floats (positions counted from a mask) read back."""
+        if self.dtype(v) not in FLOAT_DTYPES:
+            return v
+        t = self.tensors[v.tensor]
+        return self._val(self.emit(O.Elementwise, "ids", [v.tensor], t.labels, "int32", fn="identity").tensor, v.labels)
+
     def stored(self, v: Val) -> set[int]:
         return {self.labels.find(a) for a in self.tensors[v.tensor].labels}
 

@@ -15,6 +15,11 @@ UNARY_PRIMITIVES = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "l
                     "sin": "sin", "cos": "cos",
                     "stop_gradient": "stop_gradient"}
 COMPARE_PRIMITIVES = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+EXACT_INTEGER_FNS = frozenset({"add", "sub", "mul", "neg", "maximum", "relu", "shift", "scale", "where", "identity"})
+"""Elementwise functions whose float32 result is the integer result for integer operands below 2**24 (positions
+counted from a mask, ``ids + offset``): integer arrays take part in them as floats, read back as ids where a
+gather or cross-entropy takes them."""
+
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint32")
 
 ALIAS_PRIMITIVES = {"copy", "copy_p", "sharding_constraint", "optimization_barrier", "convert_element_type",
@@ -31,10 +36,9 @@ class ElementwiseRules(TranslatorBase):
     def elementwise(self, fn: str, operands: Sequence[Operand], out: Var, **params: float) -> Val:
         """Elementwise ``fn``; a literal operand becomes a ``fill`` tensor of its partner's dims."""
         vals: list[Val | None] = [None if isinstance(o, Lit) else self.val(o) for o in operands]
-        if out.dtype not in FLOAT_DTYPES and out.dtype != "bool" and any(
-                v is not None and self.dtype(v) not in FLOAT_DTYPES for v in vals):
-            raise self.unsupported(f"arithmetic on {out.dtype} values (integer arrays may only be ids, "
-                                   "compared or cast to floats)")
+        if out.dtype not in FLOAT_DTYPES and out.dtype != "bool" and fn not in EXACT_INTEGER_FNS:
+            raise self.unsupported(f"{fn} of {out.dtype} values (integer arithmetic is done in float32, exact "
+                                   f"below 2**24, for {', '.join(sorted(EXACT_INTEGER_FNS))})")
         vals = [self.as_float(v) if v is not None and self.dtype(v) not in FLOAT_DTYPES else v for v in vals]
         if all(v is None for v in vals):
             raise self.unsupported("every operand is a constant")
@@ -88,6 +92,9 @@ class ElementwiseRules(TranslatorBase):
         if not isinstance(lit, Lit) or isinstance(x, Lit):
             return None
         c, first = lit.value, lit is a
+        if node.prim == "div" and out.dtype not in FLOAT_DTYPES:
+            raise self.unsupported(f"an integer division of {out.dtype} values (integer arithmetic is done in "
+                                   f"float32, exact below 2**24, for {', '.join(sorted(EXACT_INTEGER_FNS))})")
         if node.prim == "mul" or (node.prim == "div" and not first):
             factor = c if node.prim == "mul" else 1.0 / c
             v = self.val(x)

@@ -7,9 +7,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from layoutsearch.errors import DimNameWarning, GraphError
 from layoutsearch.importer.pending import DimRef
-from layoutsearch.importer.trace import Node
+from layoutsearch.importer.trace import Const, Node
 from layoutsearch.importer.translate_base import FLOAT_DTYPES, TranslatorBase, Val
 from layoutsearch.ir import ops as O
 
@@ -35,6 +37,24 @@ class ReductionRules(TranslatorBase):
 
     def _reduce_mean(self, node: Node) -> Val:
         return self._reduce(node, "mean")
+
+    def _cumsum(self, node: Node) -> Val:
+        """``jnp.cumsum`` along an axis (positions counted from a mask, ``cumsum(mask) * mask + pad``): a product
+        with a constant triangular 0/1 matrix (an einsum; an integer operand, a mask or ids, summed as floats
+        and read back as ids where a gather takes them)."""
+        x = self.dense(self.val(node.ins[0]))
+        if self.dtype(x) not in FLOAT_DTYPES:
+            x = self.as_float(x)
+        axis = node.params["axis"]
+        a = self._axis_label(x, axis)
+        n = self.labels.size(a)
+        lower = np.tril(np.ones((n, n), np.float32))  # out[i] = sum_{j <= i} x[j]
+        assert self.node is not None
+        tri = self.constant(Const(lower.T if node.params.get("reverse") else lower, self.node.where))
+        out = self.labels.placeholder(n, self.labels.base(a))
+        tri = self.relabel(tri, [out, a])
+        labels = [out if i == axis else b for i, b in enumerate(x.labels)]
+        return self.emit(O.Einsum, "cumsum", [x.tensor, tri.tensor], labels, self.dtype(x))
 
     def _dot_general(self, node: Node) -> Val:
         lhs, rhs = (self.dense(self.val(x)) for x in node.ins)
@@ -95,7 +115,7 @@ class ReductionRules(TranslatorBase):
         axis = node.params["axis"]
         dim = self._axis_label(logits, axis)
         rest = [a for i, a in enumerate(logits.labels) if i != axis]
-        ids = self.conform(self.val(node.ins[1]), rest)
+        ids = self.conform(self.as_ids(self.val(node.ins[1])), rest)
         out = self.emit(O.CrossEntropy, "cross_entropy", [logits.tensor, ids.tensor], rest, self.dtype(logits),
                         dim=DimRef(dim))
         return self._val(out.tensor, _fit_units(rest, node.outs[0].shape, self.labels.size))

@@ -294,7 +294,7 @@ class ShapeRules(TranslatorBase):
             for d in batch:
                 labels[d] = None if out_shape[d] == 1 else self.labels.placeholder(out_shape[d], f"dim{out_shape[d]}")
             return self._val(row.tensor, labels)
-        ids = self.val(ids_v)
+        ids = self.as_ids(self.val(ids_v))
         id_labels = list(ids.labels[:-1])
         if isinstance(ids_v, Const) and not t_batch and (
                 view := self._rows_view(self.val(table_v), axis, ids)) is not None:

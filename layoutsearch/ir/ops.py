@@ -212,8 +212,8 @@ class Elementwise(Op):
         # identity of integers (a cast of a mask or a count given as ints, a broadcast of ids)
         masks = {self.output} if self.fn == "dropout_mask" else set(self.inputs) if self.fn == "mul" else set()
         casts = set(self.inputs) if self.fn == "identity" else set()
-        if casts and all(tensors[t].dtype == "int32" for t in self.inputs):
-            casts.add(self.output)
+        if casts and (all(tensors[t].dtype == "int32" for t in self.inputs) or tensors[self.output].dtype == "int32"):
+            casts.add(self.output)  # ids broadcast, or integer values held as floats read back as ids
         self._expect_float(tensors, *(t for t in (*self.inputs, self.output)
                                       if not (t in masks and tensors[t].dtype == "uint8")
                                       and not (t in casts and tensors[t].dtype == "int32")))
