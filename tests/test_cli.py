@@ -259,3 +259,31 @@ def test_infeasible_search_names_the_pipeline_flag(capsys):
                          "--memory-limit", "1KiB")
     assert code == 2 and out == ""
     assert "a pipeline (pipeline='auto')" in err and "(on the command line: --pipeline auto)" in err
+
+
+@pytest.mark.parametrize("preset", ["h100", "tpu-v5p", "a100", "tpu-v4"])
+def test_every_hardware_figure_has_a_source_or_says_assumption(capsys, preset):
+    """Issue 32, deliver 1: ``hardware PRESET --json`` gives every figure a source (a document, a measurement)
+    or ``assumption``; the peaks and capacities always cite their datasheet; a figure given with --hw is
+    sourced as given."""
+    from layoutsearch.figure_sources import ASSUMPTION, figure_names
+
+    res = run_json(capsys, "hardware", preset)
+    sources = res["sources"]
+    assert set(sources) == set(figure_names())
+    assert all(isinstance(v, str) and v for v in sources.values())
+    for figure in ("peak_flops", "hbm_bytes", "hbm_bandwidth", "fast_link_bandwidth"):
+        assert sources[figure] != ASSUMPTION and ("datasheet" in sources[figure] or "Cloud TPU" in sources[figure])
+    assert sources["memory_efficiency"] == ASSUMPTION and sources["fast_link_latency"] == ASSUMPTION
+    assert (sources["matmul_efficiency"] == ASSUMPTION) == preset.startswith("tpu")
+    given = run_json(capsys, "hardware", preset, "--hw", "memory_efficiency=0.9")["sources"]
+    assert given["memory_efficiency"] == "given (--hw)" and given["peak_flops"] == sources["peak_flops"]
+
+
+def test_cost_notes_a_step_that_rests_on_assumed_figures(capsys):
+    code, out, _ = run(capsys, "cost", "gpt", "--mesh", "data:4,model:2", "--layout", "batch:data,d_ff:model",
+                       "--hardware", "tpu-v5p")
+    assert code == 0 and "rests on assumed figures" in out and "matmul_efficiency" in out
+    res = run_json(capsys, "cost", "gpt", "--mesh", "data:4,model:2", "--layout", "batch:data,d_ff:model",
+                   "--hardware", "tpu-v5p")
+    assert 0.5 < res["assumed"]["share"] <= 1 and "matmul_efficiency" in res["assumed"]["figures"]

@@ -19,6 +19,7 @@ from layoutsearch.cli.common import (
     table,
 )
 from layoutsearch.errors import LayoutSearchError, PartitionError
+from layoutsearch.figure_sources import assumed_share
 from layoutsearch.units import format_bytes, format_seconds
 
 
@@ -89,7 +90,9 @@ def _run(args: argparse.Namespace, graph: Any, layout: Any, hw: Any) -> Result:
 
         report = estimate(graph, layout, hw, optimizer=args.optimizer, precision=args.precision, remat=args.remat,
                           attention=args.attention, overlap=args.overlap)
-        return {**report.to_dict(), "explain": explain(report, graph)}
+        share, figures = assumed_share(report)
+        return {**report.to_dict(), "explain": explain(report, graph),
+                "assumed": {"share": share, "figures": figures}}
     if args.overlap not in ("auto", 0):
         raise LayoutSearchError("--overlap takes 'auto' or 0 with --microbatches or --stage-axis (the schedule "
                                 f"decides what overlaps; 0: nothing does), got {args.overlap}")
@@ -107,14 +110,23 @@ def _run(args: argparse.Namespace, graph: Any, layout: Any, hw: Any) -> Result:
     return {**rep.to_dict(), "overlap": args.overlap, "gantt": rep.gantt() if args.stage_axis is not None else None}
 
 
+ASSUMED_NOTE = 0.5
+"""``cost`` notes the assumed figures when more than this share of the step's predicted time rests on them."""
+
+
 def render(result: Result, args: argparse.Namespace) -> list[Any]:
     from layoutsearch.costmodel.report import render_report
 
     head = maxtext_lines(result["maxtext"]) if result.get("maxtext") else []
     if "stage_costs" in result:
         return [*head, *render_microbatched(result)]
+    note = []
+    if result["assumed"]["share"] > ASSUMED_NOTE:
+        note = [f"note: {result['assumed']['share']:.0%} of this step's predicted time rests on assumed figures "
+                f"({', '.join(result['assumed']['figures'])}; `layoutsearch hardware {result['hardware']['name']}` shows "
+                "each figure's source): `layoutsearch calibrate` measures them on your devices"]
     return [*head, *render_report(result, top=args.top), "in words:",
-            *(f"  - {line}" for line in result["explain"])]
+            *(f"  - {line}" for line in result["explain"]), *note]
 
 
 def maxtext_lines(mt: Result) -> list[str]:

@@ -7,6 +7,7 @@ from typing import Any
 
 from layoutsearch.cli.common import Result, add_mesh_arg, command, hardware_of, mesh_of, table
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.figure_sources import ASSUMPTION, figure_sources
 from layoutsearch.mesh import PRESETS
 
 
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> Result:
     args.hardware = args.name
     hw = hardware_of(args)
     assert hw is not None
-    result: Result = {"hardware": hw.to_dict()}
+    result: Result = {"hardware": hw.to_dict(), "sources": figure_sources(hw)}
     if args.mesh:
         mesh = mesh_of(args)
         result["mesh"] = str(mesh)
@@ -42,14 +43,17 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
                 for n, h in result["presets"].items()]
         return [table(["preset", "peak TFLOP/s", "HBM GB", "HBM GB/s", "fast link GB/s", "slow link GB/s",
                        "devices per node"], rows)]
-    h = result["hardware"]
+    h, sources = result["hardware"], result["sources"]
     rows = []
     for k, v in h.items():
         if isinstance(v, dict):
-            rows += [[f"{k}.{sub}", sv] for sub, sv in v.items()]
-        else:
-            rows.append([k, v])
-    out: list[Any] = [table(["figure", "value"], rows)]
+            rows += [[f"{k}.{sub}", sv, sources.get(f"{k}_{sub}", "")] for sub, sv in v.items()]
+        elif k not in ("name", "source"):
+            rows.append([k, v, sources.get(k, "")])
+    out: list[Any] = [f"{h['name']}: {h['source']}", table(["figure", "value", "source"], rows)]
+    assumed = [k for k, v in sources.items() if v == ASSUMPTION]
+    if assumed:
+        out.append(f"assumed (no public figure; `layoutsearch calibrate` measures them): {', '.join(assumed)}")
     if "axis_links" in result:
         out.append(f"mesh {result['mesh']}: " + ", ".join(f"{a} uses the {k} link"
                                                         for a, k in result["axis_links"].items()))
