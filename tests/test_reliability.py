@@ -587,3 +587,80 @@ def test_partition_memory_does_not_wrap_around():
     # every 2-stage split has a stage of two nodes: 2 * 8 * 2**59 = 2**63 bytes > the limit
     with pytest.raises(PartitionError, match="no partition"):
         partition(dag, 2, microbatches=8, memory_limit=2**62, solver="dp")
+
+
+# -- issue 33: placement instances, huge counts ----------------------------------------------------------------------
+
+INSTANCE = {"maxSizePerFPGA": 1000, "maxFPGAs": 2, "maxCPUs": 1,
+            "nodes": [{"id": 1, "name": "a", "supportedOnFpga": True, "cpuLatency": 5, "fpgaLatency": 1},
+                      {"id": 2, "name": "b", "supportedOnFpga": False, "cpuLatency": 2},
+                      {"id": 3, "name": "c", "supportedOnFpga": 1, "cpuLatency": 5, "fpgaLatency": 1}],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 1}, {"sourceId": 2, "destId": 3, "cost": 1}]}
+
+
+def instance(tmp_path, change=None, name="inst.json"):
+    d = copy.deepcopy(INSTANCE)
+    if change is not None:
+        change(d)
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def refused(capsys, *argv):
+    """``layoutsearch ARGV``: exit 2, nothing on stdout, one line on stderr; that line."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("layoutsearch: error: "), (code, err)
+    return err
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d["edges"][0].__setitem__("sourceId", [1]), "edges[0].sourceId must be a node id (an integer), got [1]"),
+    (lambda d: d["edges"][1].__setitem__("destId", {"a": 1}), "edges[1].destId must be a node id"),
+    (lambda d: d["edges"][0].__setitem__("sourceId", 1.0), "edges[0].sourceId must be a node id"),
+    (lambda d: d["nodes"][0].__setitem__("id", -1), "nodes[0].id must be an integer from 0 to 2**63 - 1"),
+    (lambda d: d["nodes"][0].__setitem__("id", 2**64), "nodes[0].id must be an integer from 0 to 2**63 - 1"),
+    (lambda d: d["nodes"][1].__setitem__("supportedOnFpga", "false"),
+     "nodes[1].supportedOnFpga must be true or false (or 1 or 0), got 'false'"),
+    (lambda d: d["nodes"][0].__setitem__("isBackwardNode", "false"), "nodes[0].isBackwardNode must be true or false"),
+    (lambda d: d["nodes"][0].__setitem__("isBackwardNode", 2), "nodes[0].isBackwardNode must be true or false"),
+    (lambda d: d["nodes"][0].__setitem__("colorClass", [1]), "nodes[0].colorClass must be an integer or a string"),
+    (lambda d: d["nodes"][0].__setitem__("name", ["a"]), "nodes[0].name must be a string"),
+    (lambda d: d["nodes"][0].__setitem__("layerId", "1"), "nodes[0].layerId must be an integer"),
+])
+def test_placement_instance_ids_and_flags_are_type_checked(capsys, tmp_path, change, fragment):
+    err = refused(capsys, "partition", instance(tmp_path, change))
+    assert "inst.json: " + fragment in err, err
+
+
+def test_a_cpu_only_node_stays_off_the_accelerators(capsys, tmp_path):
+    part = json.loads(run(capsys, "partition", instance(tmp_path), "--json")[1])
+    assert [s for s in part["stages"] if "b" in s["nodes"]][0]["device"].startswith("cpu")
+
+
+def test_an_infeasible_expert_split_is_an_error_not_inf_units(capsys, tmp_path):
+    expert = tmp_path / "expert.json"
+    expert.write_text(json.dumps({"fpgas": [{"nodes": [1, 2, 3]}], "cpus": []}))
+    err = refused(capsys, "partition", instance(tmp_path), "--expert", expert)
+    assert "the expert split is infeasible: it places node 'b' on accelerator 0, where it cannot run" in err
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--stages", "1000000000"], "must be an integer from 1 to 4096, got 1000000000"),
+    (["--stages", "1000000000", "--at-most"], "must be an integer from 1 to 4096"),
+    (["--stages", "1000000000", "--objective", "gpipe"], "must be an integer from 1 to 4096"),
+    (["--stages", "5"], "cannot split 3 nodes of cost DAG 'dag' into 5 non-empty stages"),
+    (["--stages", "2", "--microbatches", "1000000000"], "microbatches must be an integer from 1 to 65536, got 1000000000"),
+])
+def test_stage_and_microbatch_counts_are_bounded(capsys, tmp_path, flags, fragment):
+    dag = tmp_path / "inst.json"
+    dag.write_text(json.dumps({"format": "layoutsearch.costdag", "version": 1,
+                               "nodes": [{"name": n, "compute_s": 1} for n in "abc"],
+                               "edges": [{"src": "a", "dst": "b", "transfer_s": 0.1},
+                                         {"src": "b", "dst": "c", "transfer_s": 0.1}]}))
+    assert fragment in refused(capsys, "partition", dag, *flags)
+
+
+def test_at_most_more_stages_than_nodes_uses_at_most_one_per_node(capsys, tmp_path):
+    part = json.loads(run(capsys, "partition", instance(tmp_path), "--stages", "4096", "--at-most", "--json")[1])
+    assert part["num_stages"] <= 3
