@@ -664,3 +664,105 @@ def test_stage_and_microbatch_counts_are_bounded(capsys, tmp_path, flags, fragme
 def test_at_most_more_stages_than_nodes_uses_at_most_one_per_node(capsys, tmp_path):
     part = json.loads(run(capsys, "partition", instance(tmp_path), "--stages", "4096", "--at-most", "--json")[1])
     assert part["num_stages"] <= 3
+
+
+# -- issue 33: plan files are read field by field, their figures priced again; run's counts are bounded -------------
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """A rules plan and a per-op plan of mtf-ffn on data:2 (cpu-sim), as saved documents."""
+    d = tmp_path_factory.mktemp("plans")
+    g = zoo.build("mtf-ffn")
+    ls.search(g, "data:2", hardware="cpu-sim", baselines=False).save(d / "rules.json")
+    ls.search(g, "data:2", hardware="cpu-sim", space="ops", baselines=False).save(d / "ops.json")
+    return {k: json.loads((d / f"{k}.json").read_text()) for k in ("rules", "ops")}
+
+
+def tampered(plans, tmp_path, kind, change, name="plan.json"):
+    doc = copy.deepcopy(plans[kind])
+    change(doc)
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def put(path, value):
+    """A change setting ``doc[path[0]][path[1]]... = value``."""
+    def change(doc):
+        for key in path[:-1]:
+            doc = doc[key]
+        doc[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize("kind, change, fragment", [
+    ("rules", put(["plan", "step_s"], "fast"), "plan.step_s: expected a finite number >= 0, got 'fast'"),
+    ("ops", put(["plan", "step_s"], -1.0), "plan.step_s: expected a finite number >= 0, got -1.0"),
+    ("ops", put(["plan", "memory_bytes"], 1e15 + 0.5), "plan.memory_bytes: expected an integer"),
+    ("ops", put(["plan", "layout", "mesh"], "data:4"), "plan.mesh 'data:2' (2 devices) is not the layout's mesh 'data:4'"),
+    ("rules", put(["plan", "devices"], 4), "is not the layout's mesh"),
+    ("rules", put(["plan", "optimal"], "yes"), "plan.optimal: expected true or false, got 'yes'"),
+    ("rules", put(["plan", "gap"], -3), "plan.gap: expected a finite number >= 0 or null, got -3"),
+    ("rules", put(["plan", "gap"], 2.0), "plan.gap: expected at most 1"),
+    ("rules", put(["plan", "cut_short"], "abc"), "plan.cut_short: expected a list, got 'abc'"),
+    ("rules", put(["plan", "cut_short"], [3]), "plan.cut_short[0]: expected a string, got 3"),
+    ("rules", put(["plan", "runner_ups"], [{"name": "#2"}]), "plan.runner_ups[0].rules: missing"),
+    ("rules", put(["plan", "decisions", 0, "fits"], "true"), "plan.decisions[0].fits: expected true or false"),
+    ("rules", put(["plan", "microbatches"], 0), "plan.microbatches: expected an integer from 1"),
+    ("rules", put(["plan", "hardware"], "h100"), "plan.hardware 'h100' is not the hardware's name 'cpu-sim'"),
+    ("rules", put(["plan", "model"], "gpt"), "plan.model 'gpt' is not the model's name 'mtf-ffn'"),
+    ("ops", put(["plan", "layout", "iteration", "h"], {"nope": ["data"]}), "plan.layout.iteration"),
+    ("ops", put(["plan", "layout", "iteration", "h"], {"batch": ["model"]}), "plan.layout.iteration"),
+])
+def test_a_tampered_plan_file_is_refused_naming_the_field(capsys, plans, tmp_path, kind, change, fragment):
+    p = tampered(plans, tmp_path, kind, change)
+    with pytest.raises(LayoutSearchError) as e:
+        ls.Plan.load(p)
+    assert str(e.value).startswith(f"{p}: ") and fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert fragment in refused(capsys, "export", p, "--format", "specs")
+
+
+@pytest.mark.parametrize("kind", ["rules", "ops"])
+def test_saved_figures_are_priced_again_not_trusted(plans, tmp_path, kind):
+    saved = plans[kind]["plan"]
+    p = tampered(plans, tmp_path, kind, lambda d: d["plan"].update(step_s=123.0, memory_bytes=10**15, fits=True))
+    plan = ls.Plan.load(p)
+    assert plan.step_s == pytest.approx(saved["step_s"]) and plan.memory_bytes == saved["memory_bytes"]
+    assert plan.chosen.fits
+
+
+def test_a_plan_named_as_a_preset_with_other_figures_is_labelled_modified(plans, tmp_path):
+    h100 = json.loads(json.dumps(hardware_to_json(hardware("h100"))))
+    p = tampered(plans, tmp_path, "rules", lambda d: (d["hardware"].update(name="h100"),
+                                                      d["plan"].update(hardware="h100")))
+    assert ls.Plan.load(p).hardware.name == "h100 (modified)"
+    p = tampered(plans, tmp_path, "rules", lambda d: (d.__setitem__("hardware", h100),
+                                                      d["plan"].update(hardware="h100")))
+    assert ls.Plan.load(p).hardware.name == "h100"
+
+
+def test_run_of_a_plan_whose_arrays_cannot_fit_the_host_is_refused_before_allocating(capsys, plans, tmp_path):
+    p = tampered(plans, tmp_path, "rules", put(["model", "dims", "batch"], 2**40))
+    assert "of host memory (its parameters, optimizer state and batch drawn on the host)" in \
+        refused(capsys, "run", p, "--steps", "2")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--steps", "1000000000000"], "--steps must be an integer from 1 to 1,000,000, got 1,000,000,000,000"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1, got -1"),
+    (["--steps", "1000000", "--max-time", "0.001"], "1,000,000 steps are predicted to take"),
+])
+def test_run_counts_are_bounded(capsys, plans, tmp_path, argv, fragment):
+    p = tampered(plans, tmp_path, "rules", lambda d: None)
+    assert fragment in refused(capsys, "run", p, *argv)
+
+
+def test_run_of_a_missing_file_says_so(capsys):
+    assert "'nope.json': no such file" in refused(capsys, "run", "nope.json", "--steps", "2")
+
+
+def test_more_simulated_devices_than_the_bound_are_refused_before_starting_them(capsys, tmp_path):
+    err = refused(capsys, "run", "mtf-ffn", "--mesh", "data:1000000")
+    assert "a mesh of 1,000,000 devices needs 1,000,000 accelerators" in err and "at most 4096 simulated" in err
+    err = refused(capsys, "calibrate", "--mesh", "data:1000000", "--quick", "--out", tmp_path / "p.json")
+    assert "at most 4096 simulated CPU devices are started" in err and not (tmp_path / "p.json").exists()
