@@ -766,3 +766,23 @@ def test_more_simulated_devices_than_the_bound_are_refused_before_starting_them(
     assert "a mesh of 1,000,000 devices needs 1,000,000 accelerators" in err and "at most 4096 simulated" in err
     err = refused(capsys, "calibrate", "--mesh", "data:1000000", "--quick", "--out", tmp_path / "p.json")
     assert "at most 4096 simulated CPU devices are started" in err and not (tmp_path / "p.json").exists()
+
+
+# -- issue 33: the command line on large or odd requests -------------------------------------------------------------
+
+def test_graph_of_many_layers_folds_the_repeated_parameters(capsys):
+    code, out, err = run(capsys, "graph", "gpt", "--set", "layers=200")
+    assert code == 0 and "layer.*/wo_ff (x200)" in out and "layer.7/" not in out
+    assert len(out.splitlines()) < 60
+
+
+def test_a_mesh_axis_that_divides_no_dim_is_noted(capsys):
+    code, out, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:3", "--json")
+    assert code == 0 and json.loads(out)["devices"] == 6
+    assert "layoutsearch: note: mesh axis 'model' (3) divides no dim of 'gpt': no layout rule can split over it" in err
+
+
+def test_an_enumeration_too_large_for_a_float_is_refused_readably(capsys):
+    code, out, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:4", "--space", "ops", "--solver", "enumerate")
+    last = err.splitlines()[-1]  # (after the search's progress lines, on a slow machine)
+    assert code == 2 and out == "" and last.startswith("layoutsearch: error: enumeration would evaluate about 10**")
