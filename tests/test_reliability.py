@@ -786,3 +786,50 @@ def test_an_enumeration_too_large_for_a_float_is_refused_readably(capsys):
     code, out, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:4", "--space", "ops", "--solver", "enumerate")
     last = err.splitlines()[-1]  # (after the search's progress lines, on a slow machine)
     assert code == 2 and out == "" and last.startswith("layoutsearch: error: enumeration would evaluate about 10**")
+
+
+# -- issue 33: import specs and user code that exits or prints -------------------------------------------------------
+
+IMPORT_SPEC = {"args": [{"w": {"dims": ["d_model", "d_ff"], "shape": [8, 16]}},
+                        {"dims": ["batch", "d_model"], "shape": [4, 8]}]}
+LOSS = "import jax.numpy as jnp\n\ndef loss(p, x):\n    return jnp.mean(jnp.tanh(x @ p['w']))\n"
+
+
+def user_module(tmp_path, monkeypatch, name, text, spec=None):
+    """``name.py`` and ``spec.json`` in ``tmp_path``, the current directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"{name}.py").write_text(text)
+    (tmp_path / "spec.json").write_text(json.dumps(spec or IMPORT_SPEC))
+    return f"{name}:loss"
+
+
+@pytest.mark.parametrize("argnums", [[5], [-1]])
+def test_params_argnums_out_of_range_are_refused(capsys, tmp_path, monkeypatch, argnums):
+    target = user_module(tmp_path, monkeypatch, f"argnums{abs(argnums[0])}", LOSS,
+                         {**IMPORT_SPEC, "params_argnums": argnums})
+    err = refused(capsys, "import", target, "--dims", "spec.json")
+    assert f"spec.json: params_argnums: {argnums[0]} is not an argument index (the spec gives 2 arguments" in err
+    with pytest.raises(GraphError, match="params_argnums: 5 is not an argument index"):
+        from layoutsearch.importer import from_jax
+        from_jax(lambda p, x: (p * x).sum(), 1.0, 2.0, dims=(None, None), params_argnums=(5,))
+
+
+@pytest.mark.parametrize("name, text, call", [
+    ("exits_at_import", "import sys\nsys.exit(3)\n", "sys.exit(3) at exits_at_import.py:2"),
+    ("exits_when_traced", LOSS.replace("    return", "    import sys; sys.exit(3)\n    return"),
+     "sys.exit(3) at exits_when_traced.py:4"),
+    ("os_exits_at_import", "import os\nos._exit(7)\n", "os._exit(7) at os_exits_at_import.py:2"),
+    ("os_exits_when_traced", LOSS.replace("    return", "    import os; os._exit(7)\n    return"),
+     "os._exit(7) at os_exits_when_traced.py:4"),
+])
+def test_user_code_that_exits_is_one_message_naming_its_line(capsys, tmp_path, monkeypatch, name, text, call):
+    target = user_module(tmp_path, monkeypatch, name, text)
+    err = refused(capsys, "import", target, "--dims", "spec.json")
+    assert f"{target}: the user's code called {call} while imported or traced" in err, err
+
+
+def test_user_code_that_prints_leaves_the_json_output_intact(capsys, tmp_path, monkeypatch):
+    target = user_module(tmp_path, monkeypatch, "chatty", "print('importing')\n" + LOSS.replace(
+        "    return", "    print('tracing')\n    return"))
+    code, out, err = run(capsys, "import", target, "--dims", "spec.json", "--json")
+    assert code == 0 and json.loads(out)["target"] == target and "importing" in err and "tracing" in err
