@@ -650,7 +650,8 @@ def test_an_infeasible_expert_split_is_an_error_not_inf_units(capsys, tmp_path):
     (["--stages", "1000000000", "--at-most"], "must be an integer from 1 to 4096"),
     (["--stages", "1000000000", "--objective", "gpipe"], "must be an integer from 1 to 4096"),
     (["--stages", "5"], "cannot split 3 nodes of cost DAG 'dag' into 5 non-empty stages"),
-    (["--stages", "2", "--microbatches", "1000000000"], "microbatches must be an integer from 1 to 65536, got 1000000000"),
+    (["--stages", "2", "--microbatches", "1000000000"],
+     "microbatches must be an integer from 1 to 65536, got 1000000000"),
 ])
 def test_stage_and_microbatch_counts_are_bounded(capsys, tmp_path, flags, fragment):
     dag = tmp_path / "inst.json"
@@ -699,7 +700,8 @@ def put(path, value):
     ("rules", put(["plan", "step_s"], "fast"), "plan.step_s: expected a finite number >= 0, got 'fast'"),
     ("ops", put(["plan", "step_s"], -1.0), "plan.step_s: expected a finite number >= 0, got -1.0"),
     ("ops", put(["plan", "memory_bytes"], 1e15 + 0.5), "plan.memory_bytes: expected an integer"),
-    ("ops", put(["plan", "layout", "mesh"], "data:4"), "plan.mesh 'data:2' (2 devices) is not the layout's mesh 'data:4'"),
+    ("ops", put(["plan", "layout", "mesh"], "data:4"),
+     "plan.mesh 'data:2' (2 devices) is not the layout's mesh 'data:4'"),
     ("rules", put(["plan", "devices"], 4), "is not the layout's mesh"),
     ("rules", put(["plan", "optimal"], "yes"), "plan.optimal: expected true or false, got 'yes'"),
     ("rules", put(["plan", "gap"], -3), "plan.gap: expected a finite number >= 0 or null, got -3"),

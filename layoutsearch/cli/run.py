@@ -40,7 +40,8 @@ def add(sub: Any) -> None:
                    help="override a zoo model's size (MODEL only)")
     p.add_argument("--mesh", metavar="AXES", help="device mesh for MODEL; for a plan, if given, it must be the plan's")
     add_hardware_args(p)
-    p.add_argument("--steps", type=int, default=10, metavar="N", help=f"training steps (default 10, at most {MAX_STEPS:,})")
+    p.add_argument("--steps", type=int, default=10, metavar="N",
+                   help=f"training steps (default 10, at most {MAX_STEPS:,})")
     p.add_argument("--max-time", type=seconds_arg, default=MAX_TIME_S, metavar="S",
                    help="refuse a run whose predicted time (steps x the predicted step time) exceeds S seconds "
                         f"(default {MAX_TIME_S:g}: an hour)")

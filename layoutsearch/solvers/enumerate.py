@@ -53,7 +53,8 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     t0 = time.perf_counter()
     n = problem.num_assignments
     if n > max_assignments:
-        raise LayoutSearchError(f"enumeration would evaluate {_magnitude(n)} assignments (limit {max_assignments:.3g}): "
+        raise LayoutSearchError(f"enumeration would evaluate {_magnitude(n)} assignments "
+                                f"(limit {max_assignments:.3g}): "
                                 "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
     free = [k for k, size in enumerate(problem.sizes) if size > 1]
     axis: list[int | None] = [None] * len(problem.unary)
