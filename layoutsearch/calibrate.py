@@ -224,7 +224,7 @@ def _measure_collectives(devices: Sequence[Any], mesh: Mesh, plan: Plan,
 
 def _devices(mesh: Mesh | None) -> list[Any]:
     """The devices to calibrate on; asks for simulated CPU devices before JAX starts if there is no accelerator."""
-    from layoutsearch.devices import jax_devices
+    from layoutsearch.devices import MAX_SIMULATED_DEVICES, jax_devices
 
     n = mesh.size if mesh is not None else DEFAULT_CPU_DEVICES
     try:
@@ -241,7 +241,8 @@ def _devices(mesh: Mesh | None) -> list[Any]:
         return list(devices)
     have = default if accel else jax.devices("cpu")
     hint = (f" (on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before JAX starts)"
-            if not accel else "")
+            if not accel and mesh.size <= MAX_SIMULATED_DEVICES else
+            f" (at most {MAX_SIMULATED_DEVICES} simulated CPU devices are started)" if not accel else "")
     raise _setting(MeshError(f"mesh {mesh} needs {mesh.size} devices and JAX has {len(have)} {have[0].platform} "
                              f"devices: use a smaller mesh{hint}"), "mesh")
 

@@ -11,10 +11,26 @@ from typing import Any
 from layoutsearch.errors import LayoutSearchError
 
 
+MAX_SIMULATED_DEVICES = 4096
+"""The most simulated CPU devices asked for: XLA's CPU client starts every one (threads and buffers, about
+0.1 MB each, and a program compiled for each), so a mesh of millions never starts; larger meshes need as many
+accelerators."""
+
+
 def jax_devices(n: int) -> list[Any]:
     """``n`` JAX devices: the accelerators if there are enough, else CPU devices,
     asking for ``n`` simulated ones if JAX has not started yet (``XLA_FLAGS=
-    --xla_force_host_platform_device_count=n``). LayoutSearchError otherwise."""
+    --xla_force_host_platform_device_count=n``; at most :data:`MAX_SIMULATED_DEVICES`). LayoutSearchError
+    otherwise."""
+    if n > MAX_SIMULATED_DEVICES:
+        import jax
+
+        devices = jax.devices()
+        if len(devices) >= n and devices[0].platform != "cpu":
+            return devices[:n]
+        raise LayoutSearchError(f"a mesh of {n:,} devices needs {n:,} accelerators (JAX has {len(devices)} "
+                                f"{devices[0].platform} devices): at most {MAX_SIMULATED_DEVICES} simulated CPU "
+                                "devices are started")
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()

@@ -86,18 +86,15 @@ def _check_int(name: str, value: Any, low: int) -> int:
 
 def _wait_for_port(host: str, port: int, deadline: float) -> None:
     """Return once ``host:port`` accepts a TCP connection; LayoutSearchError at ``deadline``."""
-    error: OSError | None = None
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(str(error) if error else "timed out")
+    while True:  # (one try at least, however late: the host is resolved before any timeout)
         try:
-            with socket.create_connection((host, port), timeout=min(1.0, left)):
+            with socket.create_connection((host, port), timeout=min(1.0, max(0.1, deadline - time.monotonic()))):
                 return
-        except OSError as e:  # refused (nobody listens yet), unreachable, unresolvable
-            error = e
-            if isinstance(e, socket.gaierror):
-                raise
+        except socket.gaierror:
+            raise
+        except OSError as e:  # refused (nobody listens yet), unreachable
+            if deadline - time.monotonic() <= 0:
+                raise TimeoutError(str(e) or "timed out") from None
         time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
 
 
@@ -165,10 +162,11 @@ def initialize(coordinator: str, num_processes: int, process_id: int, *, local_d
     answer, a port process 0 cannot listen on, or a JAX that has already started.
     """
     global _job
-    start = time.monotonic()
     job, host, port = _checked_job(coordinator, num_processes, process_id, local_devices, timeout_s)
 
     import jax
+
+    start = time.monotonic()  # (after the import, however slow: only the wait for the others is timed)
 
     if _joined(jax, job):
         return

@@ -69,7 +69,7 @@ def test_search_out_then_run_and_export(capsys, tmp_path):
     (["run", "gpt"], "needs --mesh"),
     (["run", "gpt", "--mesh", "data:16"], "needs 16 devices"),
     (["run", "gpt", "--mesh", "data:x"], "mesh"),
-    (["run", "gpt", "--mesh", "data:8", "--steps", "0"], "--steps must be a positive integer"),
+    (["run", "gpt", "--mesh", "data:8", "--steps", "0"], "--steps must be an integer from 1 to 1,000,000"),
     (["run", "gpt", "--mesh", "data:8", "--coordinator", "localhost:1"], "needs --coordinator, --num-processes"),
     (["export", "missing.json", "--format", "flax"], "cannot read plan file"),
 ])

@@ -341,7 +341,7 @@ BAD = {
     "node runnable nowhere": (
         v2([{"name": "a", "times": {"accelerator": 1}}, {"name": "b", "times": {"cpu": 1}}], cpu=0),
         [], "node 'b' can run on no device"),
-    "k = 0": (v2([{"name": "a", "compute_s": 1}]), ["--stages", "0"], "must be an integer >= 1, got 0"),
+    "k = 0": (v2([{"name": "a", "compute_s": 1}]), ["--stages", "0"], "must be an integer from 1 to 4096, got 0"),
 }
 
 

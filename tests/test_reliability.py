@@ -587,3 +587,251 @@ def test_partition_memory_does_not_wrap_around():
     # every 2-stage split has a stage of two nodes: 2 * 8 * 2**59 = 2**63 bytes > the limit
     with pytest.raises(PartitionError, match="no partition"):
         partition(dag, 2, microbatches=8, memory_limit=2**62, solver="dp")
+
+
+# -- issue 33: placement instances, huge counts ----------------------------------------------------------------------
+
+INSTANCE = {"maxSizePerFPGA": 1000, "maxFPGAs": 2, "maxCPUs": 1,
+            "nodes": [{"id": 1, "name": "a", "supportedOnFpga": True, "cpuLatency": 5, "fpgaLatency": 1},
+                      {"id": 2, "name": "b", "supportedOnFpga": False, "cpuLatency": 2},
+                      {"id": 3, "name": "c", "supportedOnFpga": 1, "cpuLatency": 5, "fpgaLatency": 1}],
+            "edges": [{"sourceId": 1, "destId": 2, "cost": 1}, {"sourceId": 2, "destId": 3, "cost": 1}]}
+
+
+def instance(tmp_path, change=None, name="inst.json"):
+    d = copy.deepcopy(INSTANCE)
+    if change is not None:
+        change(d)
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def refused(capsys, *argv):
+    """``layoutsearch ARGV``: exit 2, nothing on stdout, one line on stderr; that line."""
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("layoutsearch: error: "), (code, err)
+    return err
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d["edges"][0].__setitem__("sourceId", [1]), "edges[0].sourceId must be a node id (an integer), got [1]"),
+    (lambda d: d["edges"][1].__setitem__("destId", {"a": 1}), "edges[1].destId must be a node id"),
+    (lambda d: d["edges"][0].__setitem__("sourceId", 1.0), "edges[0].sourceId must be a node id"),
+    (lambda d: d["nodes"][0].__setitem__("id", -1), "nodes[0].id must be an integer from 0 to 2**63 - 1"),
+    (lambda d: d["nodes"][0].__setitem__("id", 2**64), "nodes[0].id must be an integer from 0 to 2**63 - 1"),
+    (lambda d: d["nodes"][1].__setitem__("supportedOnFpga", "false"),
+     "nodes[1].supportedOnFpga must be true or false (or 1 or 0), got 'false'"),
+    (lambda d: d["nodes"][0].__setitem__("isBackwardNode", "false"), "nodes[0].isBackwardNode must be true or false"),
+    (lambda d: d["nodes"][0].__setitem__("isBackwardNode", 2), "nodes[0].isBackwardNode must be true or false"),
+    (lambda d: d["nodes"][0].__setitem__("colorClass", [1]), "nodes[0].colorClass must be an integer or a string"),
+    (lambda d: d["nodes"][0].__setitem__("name", ["a"]), "nodes[0].name must be a string"),
+    (lambda d: d["nodes"][0].__setitem__("layerId", "1"), "nodes[0].layerId must be an integer"),
+])
+def test_placement_instance_ids_and_flags_are_type_checked(capsys, tmp_path, change, fragment):
+    err = refused(capsys, "partition", instance(tmp_path, change))
+    assert "inst.json: " + fragment in err, err
+
+
+def test_a_cpu_only_node_stays_off_the_accelerators(capsys, tmp_path):
+    part = json.loads(run(capsys, "partition", instance(tmp_path), "--json")[1])
+    assert [s for s in part["stages"] if "b" in s["nodes"]][0]["device"].startswith("cpu")
+
+
+def test_an_infeasible_expert_split_is_an_error_not_inf_units(capsys, tmp_path):
+    expert = tmp_path / "expert.json"
+    expert.write_text(json.dumps({"fpgas": [{"nodes": [1, 2, 3]}], "cpus": []}))
+    err = refused(capsys, "partition", instance(tmp_path), "--expert", expert)
+    assert "the expert split is infeasible: it places node 'b' on accelerator 0, where it cannot run" in err
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--stages", "1000000000"], "must be an integer from 1 to 4096, got 1000000000"),
+    (["--stages", "1000000000", "--at-most"], "must be an integer from 1 to 4096"),
+    (["--stages", "1000000000", "--objective", "gpipe"], "must be an integer from 1 to 4096"),
+    (["--stages", "5"], "cannot split 3 nodes of cost DAG 'dag' into 5 non-empty stages"),
+    (["--stages", "2", "--microbatches", "1000000000"],
+     "microbatches must be an integer from 1 to 65536, got 1000000000"),
+])
+def test_stage_and_microbatch_counts_are_bounded(capsys, tmp_path, flags, fragment):
+    dag = tmp_path / "inst.json"
+    dag.write_text(json.dumps({"format": "layoutsearch.costdag", "version": 1,
+                               "nodes": [{"name": n, "compute_s": 1} for n in "abc"],
+                               "edges": [{"src": "a", "dst": "b", "transfer_s": 0.1},
+                                         {"src": "b", "dst": "c", "transfer_s": 0.1}]}))
+    assert fragment in refused(capsys, "partition", dag, *flags)
+
+
+def test_at_most_more_stages_than_nodes_uses_at_most_one_per_node(capsys, tmp_path):
+    part = json.loads(run(capsys, "partition", instance(tmp_path), "--stages", "4096", "--at-most", "--json")[1])
+    assert part["num_stages"] <= 3
+
+
+# -- issue 33: plan files are read field by field, their figures priced again; run's counts are bounded -------------
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """A rules plan and a per-op plan of mtf-ffn on data:2 (cpu-sim), as saved documents."""
+    d = tmp_path_factory.mktemp("plans")
+    g = zoo.build("mtf-ffn")
+    ls.search(g, "data:2", hardware="cpu-sim", baselines=False).save(d / "rules.json")
+    ls.search(g, "data:2", hardware="cpu-sim", space="ops", baselines=False).save(d / "ops.json")
+    return {k: json.loads((d / f"{k}.json").read_text()) for k in ("rules", "ops")}
+
+
+def tampered(plans, tmp_path, kind, change, name="plan.json"):
+    doc = copy.deepcopy(plans[kind])
+    change(doc)
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def put(path, value):
+    """A change setting ``doc[path[0]][path[1]]... = value``."""
+    def change(doc):
+        for key in path[:-1]:
+            doc = doc[key]
+        doc[path[-1]] = value
+    return change
+
+
+@pytest.mark.parametrize("kind, change, fragment", [
+    ("rules", put(["plan", "step_s"], "fast"), "plan.step_s: expected a finite number >= 0, got 'fast'"),
+    ("ops", put(["plan", "step_s"], -1.0), "plan.step_s: expected a finite number >= 0, got -1.0"),
+    ("ops", put(["plan", "memory_bytes"], 1e15 + 0.5), "plan.memory_bytes: expected an integer"),
+    ("ops", put(["plan", "layout", "mesh"], "data:4"),
+     "plan.mesh 'data:2' (2 devices) is not the layout's mesh 'data:4'"),
+    ("rules", put(["plan", "devices"], 4), "is not the layout's mesh"),
+    ("rules", put(["plan", "optimal"], "yes"), "plan.optimal: expected true or false, got 'yes'"),
+    ("rules", put(["plan", "gap"], -3), "plan.gap: expected a finite number >= 0 or null, got -3"),
+    ("rules", put(["plan", "gap"], 2.0), "plan.gap: expected at most 1"),
+    ("rules", put(["plan", "cut_short"], "abc"), "plan.cut_short: expected a list, got 'abc'"),
+    ("rules", put(["plan", "cut_short"], [3]), "plan.cut_short[0]: expected a string, got 3"),
+    ("rules", put(["plan", "runner_ups"], [{"name": "#2"}]), "plan.runner_ups[0].rules: missing"),
+    ("rules", put(["plan", "decisions", 0, "fits"], "true"), "plan.decisions[0].fits: expected true or false"),
+    ("rules", put(["plan", "microbatches"], 0), "plan.microbatches: expected an integer from 1"),
+    ("rules", put(["plan", "hardware"], "h100"), "plan.hardware 'h100' is not the hardware's name 'cpu-sim'"),
+    ("rules", put(["plan", "model"], "gpt"), "plan.model 'gpt' is not the model's name 'mtf-ffn'"),
+    ("ops", put(["plan", "layout", "iteration", "h"], {"nope": ["data"]}), "plan.layout.iteration"),
+    ("ops", put(["plan", "layout", "iteration", "h"], {"batch": ["model"]}), "plan.layout.iteration"),
+])
+def test_a_tampered_plan_file_is_refused_naming_the_field(capsys, plans, tmp_path, kind, change, fragment):
+    p = tampered(plans, tmp_path, kind, change)
+    with pytest.raises(LayoutSearchError) as e:
+        ls.Plan.load(p)
+    assert str(e.value).startswith(f"{p}: ") and fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert fragment in refused(capsys, "export", p, "--format", "specs")
+
+
+@pytest.mark.parametrize("kind", ["rules", "ops"])
+def test_saved_figures_are_priced_again_not_trusted(plans, tmp_path, kind):
+    saved = plans[kind]["plan"]
+    p = tampered(plans, tmp_path, kind, lambda d: d["plan"].update(step_s=123.0, memory_bytes=10**15, fits=True))
+    plan = ls.Plan.load(p)
+    assert plan.step_s == pytest.approx(saved["step_s"]) and plan.memory_bytes == saved["memory_bytes"]
+    assert plan.chosen.fits
+
+
+def test_a_plan_named_as_a_preset_with_other_figures_is_labelled_modified(plans, tmp_path):
+    h100 = json.loads(json.dumps(hardware_to_json(hardware("h100"))))
+    p = tampered(plans, tmp_path, "rules", lambda d: (d["hardware"].update(name="h100"),
+                                                      d["plan"].update(hardware="h100")))
+    assert ls.Plan.load(p).hardware.name == "h100 (modified)"
+    p = tampered(plans, tmp_path, "rules", lambda d: (d.__setitem__("hardware", h100),
+                                                      d["plan"].update(hardware="h100")))
+    assert ls.Plan.load(p).hardware.name == "h100"
+
+
+def test_run_of_a_plan_whose_arrays_cannot_fit_the_host_is_refused_before_allocating(capsys, plans, tmp_path):
+    p = tampered(plans, tmp_path, "rules", put(["model", "dims", "batch"], 2**40))
+    assert "of host memory (its parameters, optimizer state and batch drawn on the host)" in \
+        refused(capsys, "run", p, "--steps", "2")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--steps", "1000000000000"], "--steps must be an integer from 1 to 1,000,000, got 1,000,000,000,000"),
+    (["--seed", "-1"], "--seed must be an integer from 0 to 2**32 - 1, got -1"),
+    (["--steps", "1000000", "--max-time", "0.001"], "1,000,000 steps are predicted to take"),
+])
+def test_run_counts_are_bounded(capsys, plans, tmp_path, argv, fragment):
+    p = tampered(plans, tmp_path, "rules", lambda d: None)
+    assert fragment in refused(capsys, "run", p, *argv)
+
+
+def test_run_of_a_missing_file_says_so(capsys):
+    assert "'nope.json': no such file" in refused(capsys, "run", "nope.json", "--steps", "2")
+
+
+def test_more_simulated_devices_than_the_bound_are_refused_before_starting_them(capsys, tmp_path):
+    err = refused(capsys, "run", "mtf-ffn", "--mesh", "data:1000000")
+    assert "a mesh of 1,000,000 devices needs 1,000,000 accelerators" in err and "at most 4096 simulated" in err
+    err = refused(capsys, "calibrate", "--mesh", "data:1000000", "--quick", "--out", tmp_path / "p.json")
+    assert "at most 4096 simulated CPU devices are started" in err and not (tmp_path / "p.json").exists()
+
+
+# -- issue 33: the command line on large or odd requests -------------------------------------------------------------
+
+def test_graph_of_many_layers_folds_the_repeated_parameters(capsys):
+    code, out, err = run(capsys, "graph", "gpt", "--set", "layers=200")
+    assert code == 0 and "layer.*/wo_ff (x200)" in out and "layer.7/" not in out
+    assert len(out.splitlines()) < 60
+
+
+def test_a_mesh_axis_that_divides_no_dim_is_noted(capsys):
+    code, out, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:3", "--json")
+    assert code == 0 and json.loads(out)["devices"] == 6
+    assert "layoutsearch: note: mesh axis 'model' (3) divides no dim of 'gpt': no layout rule can split over it" in err
+
+
+def test_an_enumeration_too_large_for_a_float_is_refused_readably(capsys):
+    code, out, err = run(capsys, "search", "gpt", "--mesh", "data:2,model:4", "--space", "ops", "--solver", "enumerate")
+    last = err.splitlines()[-1]  # (after the search's progress lines, on a slow machine)
+    assert code == 2 and out == "" and last.startswith("layoutsearch: error: enumeration would evaluate about 10**")
+
+
+# -- issue 33: import specs and user code that exits or prints -------------------------------------------------------
+
+IMPORT_SPEC = {"args": [{"w": {"dims": ["d_model", "d_ff"], "shape": [8, 16]}},
+                        {"dims": ["batch", "d_model"], "shape": [4, 8]}]}
+LOSS = "import jax.numpy as jnp\n\ndef loss(p, x):\n    return jnp.mean(jnp.tanh(x @ p['w']))\n"
+
+
+def user_module(tmp_path, monkeypatch, name, text, spec=None):
+    """``name.py`` and ``spec.json`` in ``tmp_path``, the current directory."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / f"{name}.py").write_text(text)
+    (tmp_path / "spec.json").write_text(json.dumps(spec or IMPORT_SPEC))
+    return f"{name}:loss"
+
+
+@pytest.mark.parametrize("argnums", [[5], [-1]])
+def test_params_argnums_out_of_range_are_refused(capsys, tmp_path, monkeypatch, argnums):
+    target = user_module(tmp_path, monkeypatch, f"argnums{abs(argnums[0])}", LOSS,
+                         {**IMPORT_SPEC, "params_argnums": argnums})
+    err = refused(capsys, "import", target, "--dims", "spec.json")
+    assert f"spec.json: params_argnums: {argnums[0]} is not an argument index (the spec gives 2 arguments" in err
+    with pytest.raises(GraphError, match="params_argnums: 5 is not an argument index"):
+        from layoutsearch.importer import from_jax
+        from_jax(lambda p, x: (p * x).sum(), 1.0, 2.0, dims=(None, None), params_argnums=(5,))
+
+
+@pytest.mark.parametrize("name, text, call", [
+    ("exits_at_import", "import sys\nsys.exit(3)\n", "sys.exit(3) at exits_at_import.py:2"),
+    ("exits_when_traced", LOSS.replace("    return", "    import sys; sys.exit(3)\n    return"),
+     "sys.exit(3) at exits_when_traced.py:4"),
+    ("os_exits_at_import", "import os\nos._exit(7)\n", "os._exit(7) at os_exits_at_import.py:2"),
+    ("os_exits_when_traced", LOSS.replace("    return", "    import os; os._exit(7)\n    return"),
+     "os._exit(7) at os_exits_when_traced.py:4"),
+])
+def test_user_code_that_exits_is_one_message_naming_its_line(capsys, tmp_path, monkeypatch, name, text, call):
+    target = user_module(tmp_path, monkeypatch, name, text)
+    err = refused(capsys, "import", target, "--dims", "spec.json")
+    assert f"{target}: the user's code called {call} while imported or traced" in err, err
+
+
+def test_user_code_that_prints_leaves_the_json_output_intact(capsys, tmp_path, monkeypatch):
+    target = user_module(tmp_path, monkeypatch, "chatty", "print('importing')\n" + LOSS.replace(
+        "    return", "    print('tracing')\n    return"))
+    code, out, err = run(capsys, "import", target, "--dims", "spec.json", "--json")
+    assert code == 0 and json.loads(out)["target"] == target and "importing" in err and "tracing" in err

@@ -40,7 +40,21 @@ def render(result: Result, args: argparse.Namespace) -> list[Any]:
         table(["op kind", "count"], result["ops_by_kind"].items(), title="ops"),
         table(["input", "shape", "dtype"], ([t["name"], t["shape"], t["dtype"]] for t in result["inputs"]),
               title="inputs"),
-        table(["parameter", "shape", "dtype", "elements", "bytes"],
-              ([p["name"], p["shape"], p["dtype"], p["elements"], p["bytes"]] for p in result["parameters"]),
-              title="parameters"),
+        table(["parameter", "shape", "dtype", "elements", "bytes"], _folded(result["parameters"]),
+              title="parameters (of repeated blocks: each block's)"),
     ]
+
+
+def _folded(parameters: list[dict[str, Any]]) -> list[list[Any]]:
+    """One row per parameter, those of repeated blocks folded into one (``layer.*/wi``, each block's figures,
+    the count beside the name): the table stays short for any number of layers."""
+    from layoutsearch.ir.names import fold_block_numbers
+
+    rows: dict[tuple[str, str, str], list[Any]] = {}
+    for p in parameters:
+        key = (fold_block_numbers(p["name"]), str(p["shape"]), p["dtype"])
+        if key in rows:
+            rows[key][-1] += 1
+        else:
+            rows[key] = [key[0], p["shape"], p["dtype"], p["elements"], p["bytes"], 1]
+    return [[name if n == 1 else f"{name} (x{n})", *rest] for name, *rest, n in rows.values()]

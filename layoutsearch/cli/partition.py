@@ -10,6 +10,9 @@ from layoutsearch.errors import PartitionError
 from layoutsearch.units import format_bytes, parse_bytes
 from layoutsearch.units import format_seconds as _format_seconds
 
+_GANTT_CELLS = 10**6
+"""The largest schedule chart drawn (stages x steps)."""
+
 
 def add(sub: Any) -> None:
     from layoutsearch.costdag import FORMATS
@@ -70,7 +73,9 @@ def run(args: argparse.Namespace) -> Result:
                                 "optimal_over_baseline": part.objective / b.objective if b.objective else None}
                                for b in rows]
     if args.objective == "gpipe":
-        result["gantt"] = render_gantt(part.num_stages, args.microbatches, times=list(part.loads))
+        cells = part.num_stages * (args.microbatches + part.num_stages - 1)
+        result["gantt"] = (render_gantt(part.num_stages, args.microbatches, times=list(part.loads))
+                           if cells <= _GANTT_CELLS else f"(schedule chart not drawn: {cells:,} cells)")
     return result
 
 

@@ -9,10 +9,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from layoutsearch.cli.common import Result, add_hardware_args, command, hardware_of, load_graph, mesh_of, table
+from layoutsearch.cli.common import (
+    Result,
+    add_hardware_args,
+    command,
+    hardware_of,
+    load_graph,
+    mesh_of,
+    seconds_arg,
+    table,
+)
 from layoutsearch.cli.search import SearchProgress
 from layoutsearch.errors import LayoutSearchError
-from layoutsearch.units import format_seconds
+from layoutsearch.units import format_bytes, format_seconds
+
+MAX_STEPS = 10**6
+"""The most training steps of one run (every step's loss and time is kept and printed)."""
+MAX_TIME_S = 3600.0
+"""The predicted run time (steps x predicted step time) above which a run is refused unless --max-time allows it."""
 
 
 def add(sub: Any) -> None:
@@ -26,8 +40,13 @@ def add(sub: Any) -> None:
                    help="override a zoo model's size (MODEL only)")
     p.add_argument("--mesh", metavar="AXES", help="device mesh for MODEL; for a plan, if given, it must be the plan's")
     add_hardware_args(p)
-    p.add_argument("--steps", type=int, default=10, metavar="N", help="training steps (default 10)")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the parameters and batches (default 0)")
+    p.add_argument("--steps", type=int, default=10, metavar="N",
+                   help=f"training steps (default 10, at most {MAX_STEPS:,})")
+    p.add_argument("--max-time", type=seconds_arg, default=MAX_TIME_S, metavar="S",
+                   help="refuse a run whose predicted time (steps x the predicted step time) exceeds S seconds "
+                        f"(default {MAX_TIME_S:g}: an hour)")
+    p.add_argument("--seed", type=int, default=0, metavar="S",
+                   help="seed of the parameters and batches (default 0; from 0 to 2**32 - 1)")
     p.add_argument("--params", metavar="FILE.npz",
                    help="initial parameters (numpy .npz, arrays named as the graph's parameters, e.g. an imported "
                         "model's pytree paths) instead of drawn ones")
@@ -80,6 +99,12 @@ def _plan(args: argparse.Namespace) -> Any:
         if args.hardware is not None or args.hw_overrides:
             raise LayoutSearchError(f"{args.target} is a plan priced on {plan.hardware.name}: drop --hardware/--hw")
         return plan
+    from layoutsearch.zoo import MODELS
+
+    path = Path(args.target)
+    if args.target not in MODELS and not path.exists():
+        raise LayoutSearchError(f"{args.target!r}: no such file" if path.suffix or len(path.parts) > 1 else
+                                f"unknown model {args.target!r}: not a zoo model ({', '.join(MODELS)}) nor a file")
     if args.mesh is None:
         raise LayoutSearchError(f"running model {args.target!r} needs --mesh (or give a plan file)")
     return None
@@ -87,13 +112,15 @@ def _plan(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> Result:
     """Search (MODEL) or load (PLAN.json) the plan, compile it on the devices present, run ``--steps``."""
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise LayoutSearchError(f"--steps must be an integer from 1 to {MAX_STEPS:,}, got {args.steps:,}")
+    if not 0 <= args.seed < 2**32:
+        raise LayoutSearchError(f"--seed must be an integer from 0 to 2**32 - 1, got {args.seed:,}")
     from layoutsearch.backend.train import train
     from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import PRESETS, hardware
     from layoutsearch.solvers.search import price_plan, search
 
-    if args.steps < 1:
-        raise LayoutSearchError(f"--steps must be a positive integer, got {args.steps}")
     _distributed(args)
     plan = _plan(args)
     mesh = plan.layout.mesh if plan is not None else mesh_of(args)
@@ -107,6 +134,7 @@ def run(args: argparse.Namespace) -> Result:
             plan = search(graph, mesh, hardware=hw, baselines=False, progress=progress)
         finally:
             progress.close()
+    _check_host_memory(plan, devices)
     program = plan.compile(devices)
     c = plan.chosen
     predicted_here = None
@@ -118,6 +146,10 @@ def run(args: argparse.Namespace) -> Result:
                                     stage_axis=c.stage_axis, schedule=c.schedule, memory_limit=None,
                                     optimizer=plan.optimizer, precision=plan.precision, attention=program.attention,
                                     overlap=plan.overlap)
+    predicted_s = args.steps * (predicted_here.step_s if predicted_here is not None else plan.step_s)
+    if predicted_s > args.max_time:
+        raise LayoutSearchError(f"{args.steps:,} steps are predicted to take {format_seconds(predicted_s)}, more "
+                                f"than --max-time {format_seconds(args.max_time)}: run fewer steps or raise --max-time")
     params = _arrays(args.params, "--params") if args.params else None
     batch = _arrays(args.batch, "--batch") if args.batch else None
     with _StepBar(args.steps) as bar:
@@ -140,6 +172,21 @@ def run(args: argparse.Namespace) -> Result:
                             "memory_bytes": predicted_here.memory_bytes} if predicted_here is not None else None),
         "measured_over_predicted": step / reference if reference else None,
     }
+
+
+def _check_host_memory(plan: Any, devices: list[Any]) -> None:
+    """LayoutSearchError before allocating when the run cannot fit the host's memory: the parameters, optimizer
+    state and batch are drawn whole on the host (float32, then copied: 8 bytes an element), and simulated CPU
+    devices hold their per-device peak in it too."""
+    import os
+
+    fed = sum(t.num_elements for t in plan.graph.tensors.values() if plan.graph.producer(t.name) is None)
+    need = 8 * fed + (plan.memory_bytes * len(devices) if devices[0].platform == "cpu" else 0)
+    have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if need > have:
+        raise LayoutSearchError(f"running {plan.model.name!r} needs about {format_bytes(need)} of host memory (its "
+                                f"parameters, optimizer state and batch drawn on the host), more than the "
+                                f"{format_bytes(have)} this machine has")
 
 
 def _arrays(path: str, flag: str) -> dict[str, Any]:

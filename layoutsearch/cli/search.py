@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> Result:
     if args.schedule is not None and pipeline == "off":
         raise LayoutSearchError(f"--schedule {args.schedule} applies to pipelined plans: add --pipeline auto (or K)")
     microbatches = "auto" if args.microbatches == "auto" else _positive_int(args.microbatches, "--microbatches")
+    for axis, size in mesh.axes:
+        if size > 1 and not any(n % size == 0 for n in graph.dims.values()):
+            print(f"{PROG}: note: mesh axis {axis!r} ({size}) divides no dim of {graph.name!r}: no layout rule can "
+                  "split over it", file=sys.stderr)
     progress = SearchProgress()
     try:
         plan = search(graph, mesh, args.memory_limit, args.solver, hardware=hw, space=args.space,

@@ -52,8 +52,17 @@ def read_tarnawski(doc: Any, source: str = "placement instance") -> CostDAG:
         unknown = set(d) - _TARNAWSKI_NODE
         if unknown or "id" not in d:
             raise fail(f"nodes[{i}]: " + (f"unknown field(s) {sorted(unknown)}" if unknown else "missing field 'id'"))
-        if isinstance(d["id"], bool) or not isinstance(d["id"], int):
-            raise fail(f"nodes[{i}].id must be an integer, got {short_repr(d['id'])}")
+        if not _is_id(d["id"]):
+            raise fail(f"nodes[{i}].id must be an integer from 0 to 2**63 - 1, got {short_repr(d['id'])}")
+        for k in ("supportedOnFpga", "isBackwardNode"):
+            if k in d and not (isinstance(d[k], bool) or d[k] in (0, 1) and type(d[k]) is int):
+                raise fail(f"nodes[{i}].{k} must be true or false (or 1 or 0), got {short_repr(d[k])}")
+        if "name" in d and not isinstance(d["name"], str):
+            raise fail(f"nodes[{i}].name must be a string, got {short_repr(d['name'])}")
+        if d.get("layerId") is not None and not _is_id(d["layerId"]):
+            raise fail(f"nodes[{i}].layerId must be an integer >= 0, got {short_repr(d['layerId'])}")
+        if d.get("colorClass") is not None and not (_is_id(d["colorClass"]) or isinstance(d["colorClass"], str)):
+            raise fail(f"nodes[{i}].colorClass must be an integer or a string, got {short_repr(d['colorClass'])}")
     labels = [str(d.get("name", d["id"])) for d in raw]
     unique = len(set(labels)) == len(labels)
     names = {d["id"]: (label if unique else f"{label}#{d['id']}") for d, label in zip(raw, labels, strict=True)}
@@ -73,13 +82,15 @@ def read_tarnawski(doc: Any, source: str = "placement instance") -> CostDAG:
         nodes.append(Node(names[d["id"]], memory_bytes=_tarnawski_bytes(d.get("size", 0), f"nodes[{i}].size", fail),
                           times=times, group=None if group is None else str(group),
                           backward=bool(d.get("isBackwardNode", False)),
-                          layer=layer if isinstance(layer, int) and not isinstance(layer, bool) else None))
+                          layer=layer))
     ends, sizes = [], {}
     for i, e in enumerate(doc["edges"]):
         if not isinstance(e, dict) or "sourceId" not in e or "destId" not in e:
             raise fail(f"edges[{i}] must be an object with sourceId, destId and cost")
         for k in ("sourceId", "destId"):
-            if isinstance(e[k], bool) or e[k] not in names:
+            if not _is_id(e[k]):
+                raise fail(f"edges[{i}].{k} must be a node id (an integer), got {short_repr(e[k])}")
+            if e[k] not in names:
                 raise fail(f"edges[{i}].{k}: unknown node id {short_repr(e[k])}")
         src = names[e["sourceId"]]
         ends.append((src, names[e["destId"]], e.get("cost", 0.0)))
@@ -94,6 +105,11 @@ def read_tarnawski(doc: Any, source: str = "placement instance") -> CostDAG:
                        meta={"source": "Tarnawski et al. 2020 instance", "node_ids": {v: k for k, v in names.items()}})
     except CostDAGError as e:
         raise fail(str(e)) from None
+
+
+def _is_id(v: Any) -> bool:
+    """Whether ``v`` is an instance's id: an integer (not a boolean) in the int64 range, >= 0."""
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
 
 
 def _tarnawski_bytes(v: Any, what: str, fail: Any) -> int:

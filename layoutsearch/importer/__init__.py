@@ -18,7 +18,7 @@ import sysconfig
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 
@@ -48,6 +48,9 @@ def from_jax(fn: Callable[..., Any], *args: Any, dims: Any, params_argnums: Sequ
     """
     if not isinstance(args, tuple) or not args:
         raise GraphError("from_jax needs example arguments: from_jax(fn, params, batch, dims=...)")
+    bad = [k for k in params_argnums if not (isinstance(k, int) and 0 <= k < len(args))]
+    if bad:
+        raise GraphError(f"params_argnums: {bad[0]!r} is not an argument index (0 to {len(args) - 1})")
     arg_names = _arg_names(fn, len(args))
     leaves = _named_leaves(args, dims, set(params_argnums), arg_names)
     program, _ = flatten(fn, args)
@@ -154,7 +157,7 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
     the spec does not fit the function: an argument the spec gives nothing for, or the function failing
     when traced with the spec's shapes (the message quotes the error and its line)."""
     module, attr, directory, file = _split_target(target)
-    with _first_on_path(directory):
+    with _first_on_path(directory), _user_code(target):
         fn = _importable(target, module, attr, file)
         doc = strictjson.loads(strictjson.read_text(spec_path, "import spec", GraphError), str(spec_path),
                                GraphError)
@@ -176,6 +179,10 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
         _check_arity(fn, target, len(args), spec_path)
         if not args:
             raise GraphError(f"{spec_path}: \"args\" is empty: {target} needs an argument (the parameters)")
+        bad = [k for k in argnums if not 0 <= k < len(args)]
+        if bad:
+            raise GraphError(f"{spec_path}: params_argnums: {bad[0]} is not an argument index (the spec gives "
+                             f"{len(args)} argument{'s' if len(args) > 1 else ''}: 0 to {len(args) - 1})")
         arg_names = _arg_names(fn, len(args))
         leaves = _named_leaves(args, dims, set(argnums), arg_names)
         program = flatten_jaxpr(_trace_spec(fn, args, target, spec_path, arg_names))
@@ -195,6 +202,37 @@ def _split_target(target: str) -> tuple[str, str, str, Path | None]:
         raise GraphError(f"cannot import {target!r}: no file {module!r}")
     path = path.resolve()
     return path.stem, attr, str(path.parent), path
+
+
+class _UserExit(BaseException):
+    """``os._exit`` called by the user's code while it is imported or traced (see :func:`_user_code`)."""
+
+
+@contextlib.contextmanager
+def _user_code(target: str) -> Iterator[None]:
+    """Around the import and the trace of the user's code: what it prints goes to stderr (stdout holds the
+    command's result), and its exits (``sys.exit``, ``exit()``, and ``os._exit``, which is replaced meanwhile
+    by a function raising) become a GraphError naming its file and line. An exit from native code (C's
+    ``exit``) is not caught: that would need the import in a child process, and the function must be traced
+    in this one."""
+    real = os._exit
+
+    def _exit(code: int) -> NoReturn:
+        raise _UserExit(code)
+
+    os._exit = _exit
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except (SystemExit, _UserExit) as e:
+        how = "os._exit" if isinstance(e, _UserExit) else "sys.exit"
+        code = e.args[0] if e.args else None
+        frame = _user_frame(e)
+        where = f" at {_shown_path(frame.filename)}:{frame.lineno}" if frame is not None else ""
+        raise GraphError(f"{target}: the user's code called {how}({code!r}){where} while imported or traced") \
+            from None
+    finally:
+        os._exit = real
 
 
 @contextlib.contextmanager

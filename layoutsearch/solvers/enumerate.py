@@ -12,6 +12,7 @@ Exact by construction, which is why the other solvers are tested against it.
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -52,7 +53,8 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     t0 = time.perf_counter()
     n = problem.num_assignments
     if n > max_assignments:
-        raise LayoutSearchError(f"enumeration would evaluate {n:.3g} assignments (limit {max_assignments:.3g}): "
+        raise LayoutSearchError(f"enumeration would evaluate {_magnitude(n)} assignments "
+                                f"(limit {max_assignments:.3g}): "
                                 "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
     free = [k for k, size in enumerate(problem.sizes) if size > 1]
     axis: list[int | None] = [None] * len(problem.unary)
@@ -94,3 +96,8 @@ def min_memory(problem: Problem, max_assignments: int = MAX_ASSIGNMENTS) -> floa
     """The smallest peak memory of any assignment."""
     sols = solve(problem, memory_limit=-1.0, max_assignments=max_assignments)
     return float(sols[0].min_memory)
+
+
+def _magnitude(n: int) -> str:
+    """A count of any size, e.g. ``1.2e+05`` or ``about 10**400`` (beyond the range of a float)."""
+    return f"{n:.3g}" if n < 1e300 else f"about 10**{int((n.bit_length() - 1) * math.log10(2))}"

@@ -16,7 +16,8 @@ from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION
 from layoutsearch.ir.serialize import graph_from_dict, graph_to_dict
 from layoutsearch.layout import Axes, DimLayout, Layout
-from layoutsearch.mesh import Mesh
+from layoutsearch.mesh import PRESETS, Mesh
+from layoutsearch.solvers.plan_fields import PlanFields
 
 PLAN_FORMAT = "layoutsearch-plan"
 PLAN_VERSION = 1
@@ -248,17 +249,29 @@ class Plan:
                                     f"(this layoutsearch reads version {PLAN_VERSION})")
         try:
             model = graph_from_dict(doc["model"], f"{source}: model")
-            hw = hardware_from_json(doc["hardware"], f"{source}: hardware")
+            hw = _label(hardware_from_json(doc["hardware"], f"{source}: hardware"))
             settings, d = doc["settings"], doc["plan"]
+            PlanFields(source).check(d)
             lay = d["layout"]
             mesh = Mesh.parse(lay["mesh"])
+            if Mesh.parse(d["mesh"]).shape != mesh.shape or d["devices"] != mesh.size:
+                raise LayoutSearchError(f"plan.mesh {d['mesh']!r} ({d['devices']} devices) is not the layout's mesh "
+                                        f"{lay['mesh']!r}")
+            if isinstance(d.get("cost"), dict) and d["cost"].get("mesh", lay["mesh"]) != lay["mesh"]:
+                raise LayoutSearchError(f"plan.cost.mesh {d['cost']['mesh']!r} is not the layout's mesh "
+                                        f"{lay['mesh']!r}")
+            if d["model"] != model.name:
+                raise LayoutSearchError(f"plan.model {d['model']!r} is not the model's name {model.name!r}")
+            if d["hardware"] != doc["hardware"].get("name"):
+                raise LayoutSearchError(f"plan.hardware {d['hardware']!r} is not the hardware's name "
+                                        f"{doc['hardware'].get('name')!r}")
             overrides = tuple((n, tuple((k, tuple(v)) for k, v in e.items()))
                               for n, e in (lay.get("overrides") or {}).items())
             rules = tuple((r[0], tuple(r[1])) for r in lay["rules"]) if lay.get("rules") is not None else ()
             train = training_step(model, settings["optimizer"], settings["precision"])
             layout = Layout(mesh, rules, overrides).check(train)  # (per-op layouts name backward tensors too)
-            if lay.get("rules") is None:  # per-op layouts: the saved figures
-                chosen = Costed.from_summary({**d, "name": "", "rules": None}, layout)
+            if lay.get("rules") is None:  # per-op layouts: priced op by op, as the ops space prices them
+                chosen = _per_op(train, layout, hw, lay.get("iteration"), d["remat"], d["memory_limit"])
             else:
                 chosen = price_plan(model, layout, hw, remat=d["remat"], microbatches=d["microbatches"],
                                     stage_axis=d["stage_axis"], schedule=d["schedule"],
@@ -312,3 +325,34 @@ class Plan:
             "problem": dict(self.problem),
             "cut_short": list(self.cut_short),
         }
+
+
+def _label(hw: Any) -> Any:
+    """A plan's hardware as loaded: named as a preset but with figures of its own (``--hw`` overrides, or an
+    edited file), it is renamed ``NAME (modified)`` so that nothing takes its figures for the preset's."""
+    from layoutsearch.mesh import hardware
+
+    if hw.name not in PRESETS or hardware_to_json(hw) == hardware_to_json(hardware(hw.name)):
+        return hw
+    return hw.replace(name=f"{hw.name} (modified)")
+
+
+def _per_op(train: Graph, layout: Layout, hw: Any, iteration: Any, remat: str, limit: float | None) -> Costed:
+    """A per-op plan (the ops space's: per-op iteration layouts, every tensor's storage in ``layout``) priced
+    again op by op by the cost model's rules (:func:`~layoutsearch.solvers.pricer.evaluate`)."""
+    from layoutsearch.ir.remat import check_remat
+    from layoutsearch.solvers.pricer import evaluate
+
+    ops, axes = {op.name: op for op in train.ops}, set(layout.mesh.names)
+    if not isinstance(iteration, dict) or any(
+            name not in ops or not isinstance(lay, dict) or any(
+                d not in ops[name].iteration_dims(train.tensors) or not isinstance(a, list) or not set(a) <= axes
+                for d, a in lay.items()) for name, lay in iteration.items()):
+        raise LayoutSearchError("plan.layout.iteration: expected an object of the training graph's ops, each "
+                                "mapping dims to lists of mesh axes")
+    its = {name: {d: tuple(a) for d, a in lay.items()} for name, lay in iteration.items()}
+    stored = dict(layout.tensors)
+    storage = {t: dict(stored.get(t, ())) for t in train.tensors}
+    comp, comm, mem = evaluate(train, layout.mesh, hw, its, storage, check_remat(remat))
+    fit = limit if limit is not None else hw.usable_bytes
+    return Costed("", layout, None, comp + comm, comp, comm, mem, mem <= fit, its, None, remat=remat)

@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from layoutsearch.costdag import CostDAG
+from layoutsearch.costdag import MAX_DEVICES, CostDAG
 from layoutsearch.errors import PartitionError
 from layoutsearch.solvers.partition.baselines import (
     against_equal_split,
@@ -100,10 +100,15 @@ def partition(dag: CostDAG, stages: int | None = None, *, objective: str = "thro
     """
     _check_arguments(objective, microbatches, solver, stages, memory_limit, time_limit)
     limit = None if memory_limit is None else int(memory_limit)
+    at_most = bool(dag.devices) if at_most is None else at_most
+    if stages is not None and stages > len(dag.nodes):  # more stages than nodes: some would be empty
+        if not at_most:
+            raise PartitionError(f"cannot split {len(dag.nodes)} nodes of cost DAG {dag.name!r} into {stages:,} "
+                                 "non-empty stages")
+        stages = len(dag.nodes)  # at most K: no placement uses more devices than there are nodes
     kinds = kinds_of(dag, stages, limit)
     if sum(k.count for k in kinds) < 1:
         raise PartitionError(f"cost DAG {dag.name!r}: there are no devices to place it on")
-    at_most = bool(dag.devices) if at_most is None else at_most
     one_kind = len(kinds) == 1 and not kinds[0].host
     _check_method(dag, objective, contiguous, solver, one_kind)
     if objective == "gpipe" and at_most and kinds[0].count > 1:
@@ -147,8 +152,10 @@ def _check_arguments(objective: str, microbatches: int, solver: str, stages: int
     check_objective(objective, microbatches)
     if solver not in SOLVERS:
         raise PartitionError(f"unknown solver {solver!r}; choose one of {', '.join(SOLVERS)}")
-    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool) or stages < 1):
-        raise PartitionError(f"the number of stages (devices) must be an integer >= 1, got {stages!r}")
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool)
+                               or not 1 <= stages <= MAX_DEVICES):
+        raise PartitionError(f"the number of stages (devices) must be an integer from 1 to {MAX_DEVICES}, "
+                             f"got {stages!r}")
     if memory_limit is not None and not memory_limit >= 0:
         raise PartitionError(f"memory_limit must be a number of bytes >= 0, got {memory_limit!r}")
     if time_limit is not None and not (math.isfinite(time_limit) and time_limit > 0):

@@ -113,7 +113,8 @@ def read_expert(path: str | Path, dag: CostDAG) -> dict[str, tuple[str, int]]:
 def expert_split(dag: CostDAG, split: dict[str, tuple[str, int]], objective: str, mb: int,
                  stages: int | None = None, memory_limit: int | None = None) -> Partition:
     """Price an expert's split. Nodes it leaves out go with a neighbour it placed (the expert files omit some
-    zero-time nodes); a split with more devices of a kind than there are is refused."""
+    zero-time nodes); a split with more devices of a kind than there are, or placing a node where it cannot run,
+    is refused."""
     inst = compile_dag(dag, kinds_of(dag, stages, memory_limit))
     offset = {k.name: sum(x.count for x in inst.kinds[:i]) for i, k in enumerate(inst.kinds)}
     count = {k.name: k.count for k in inst.kinds}
@@ -140,6 +141,10 @@ def expert_split(dag: CostDAG, split: dict[str, tuple[str, int]], objective: str
                                  f"{rest[0]!r}")
         missing = rest
     sigma = [place[inst.names[v]] for v in range(inst.n)]
+    for v, d in enumerate(sigma):
+        if math.isinf(inst.time[inst.device_kind[d]][v]):
+            raise PartitionError(f"the expert split is infeasible: it places node {inst.names[v]!r} on "
+                                 f"{inst.device_label(d)}, where it cannot run")
     return make_partition(inst, sigma, objective, mb, "human expert", False, None, {}, check=False)
 
 

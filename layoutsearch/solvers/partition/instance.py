@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
-from layoutsearch.costdag import CostDAG, DeviceKind
+from layoutsearch.costdag import MAX_DEVICES, CostDAG, DeviceKind
 from layoutsearch.errors import PartitionError
 from layoutsearch.gantt import bubble_fraction
 from layoutsearch.units import format_bytes
@@ -365,12 +365,17 @@ def stage_loads(dag: CostDAG, assignment: Mapping[str, int] | Sequence[Sequence[
     return StageCosts(tuple(loads), tuple(mem), value(inst, sigma, loads, objective, microbatches))
 
 
+MAX_MICROBATCHES = 65536
+"""The most micro-batches of a step: far beyond any pipeline run (hundreds), and the schedule grid drawn for a
+GPipe step is ``M + K - 1`` wide."""
+
+
 def check_objective(objective: str, microbatches: int) -> None:
     """Raise PartitionError for an unknown objective or a bad micro-batch count."""
     if objective not in OBJECTIVES:
         raise PartitionError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
-        raise PartitionError(f"microbatches must be an integer >= 1, got {microbatches!r}")
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or not 1 <= microbatches <= MAX_MICROBATCHES:
+        raise PartitionError(f"microbatches must be an integer from 1 to {MAX_MICROBATCHES}, got {microbatches!r}")
 
 
 def make_partition(inst: Instance, sigma: Sequence[int], objective: str, mb: int, method: str, optimal: bool,
@@ -429,7 +434,9 @@ def fmt_bytes(n: float) -> str:
 
 def kinds_of(dag: CostDAG, stages: int | None, memory_limit: int | None) -> list[Kind]:
     """The device kinds: the DAG's (``stages`` and ``memory_limit`` override its first kind's count and
-    limit), or ``stages`` identical stages."""
+    limit), or ``stages`` identical stages (at most :data:`~layoutsearch.costdag.MAX_DEVICES`)."""
+    if stages is not None and stages > MAX_DEVICES:
+        raise PartitionError(f"at most {MAX_DEVICES} stages (devices of one kind), got {stages:,}")
     if dag.devices:
         first, rest = dag.devices[0], dag.devices[1:]
         first = DeviceKind(first.name, first.count if stages is None else stages,
