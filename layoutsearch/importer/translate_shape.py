@@ -141,18 +141,12 @@ class ShapeRules(TranslatorBase):
         starts = [0] * len(src.shape)
         for axis, i in zip(dn.scatter_dims_to_operand_dims, np.asarray(idx.value).reshape(-1), strict=True):
             starts[axis] = int(i)
-        v = self.val(upd)
-        labels, shape, window = iter(v.labels), [], iter(dn.update_window_dims)
-        full: list[int | None] = []
-        sizes = iter(upd.shape)
-        for k in range(len(src.shape)):
-            if k in dn.inserted_window_dims:
-                full.append(None)
-                shape.append(1)
-            else:
-                next(window)
-                full.append(next(labels))
-                shape.append(next(sizes))
+        v = self.val(upd)  # one index vector: every axis of the update is a window axis, in the operand's order
+        if len(v.labels) + len(dn.inserted_window_dims) != len(src.shape):
+            raise self.unsupported("a scatter whose update has batch axes")
+        labels, sizes = iter(v.labels), iter(upd.shape)
+        full = [None if k in dn.inserted_window_dims else next(labels) for k in range(len(src.shape))]
+        shape = [1 if k in dn.inserted_window_dims else next(sizes) for k in range(len(src.shape))]
         return self._update_window(src, self._val(v.tensor, full), tuple(shape), starts)
 
     def _update_window(self, src: Operand, u: Val, shape: tuple[int, ...], starts: list[int]) -> Val:
