@@ -229,3 +229,30 @@ def test_a_contraction_of_two_names_for_one_size_warns() -> None:
         from_jax(lambda p, x: jnp.sum(x @ p["w"]), {"w": jnp.ones((8, 4))}, jnp.ones((2, 8)),
                  dims=({"w": ("d_modle", "f")}, ("batch", "d_model")))
 
+
+
+def test_dims_nobody_named_get_their_roles_names() -> None:
+    """A hand-written decoder layer whose parameters nobody named (dims given for the batch only): the axes
+    are named after their roles, the same size twice gets two names only where a tensor holds both."""
+    d, h, k, f, v = 32, 4, 8, 64, 48
+    rng = np.random.default_rng(0)
+    shapes = {"embed": (v, d), "ln": (d,), "wq": (d, h * k), "wk": (d, h * k), "wv": (d, h * k), "wo": (h * k, d),
+              "w1": (d, f), "w2": (f, d)}
+    p = {n: jnp.asarray(rng.standard_normal(s) * 0.1, jnp.float32) for n, s in shapes.items()}
+
+    def loss(p, ids):
+        x = p["embed"][ids]
+        n = (x - x.mean(-1, keepdims=True)) * jax.lax.rsqrt(x.var(-1, keepdims=True) + 1e-5) * p["ln"]
+        q, kk, vv = ((n @ p[w]).reshape(*n.shape[:2], h, k) for w in ("wq", "wk", "wv"))
+        a = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, kk) / np.sqrt(k), axis=-1)
+        x = x + jnp.einsum("bhqk,bkhd->bqhd", a, vv).reshape(*n.shape[:2], h * k) @ p["wo"]
+        x = x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+        logits = x @ p["embed"].T
+        return optax.softmax_cross_entropy_with_integer_labels(logits, ids).mean()
+
+    ids = jnp.asarray(rng.integers(0, v, (2, 8)), jnp.int32)
+    g = from_jax(loss, p, ids, dims=(None, ("batch", "seq")))
+    assert g.tensors["embed"].dim_names == ("vocab", "d_model")
+    assert g.tensors["w1"].dim_names == ("d_model", "d_ff") and g.tensors["w2"].dim_names == ("d_ff", "d_model")
+    assert g.tensors["wq"].dim_names == ("d_model", "heads_d_kv")
+    assert {"heads", "d_kv"} <= set(g.dims) and g.dims["heads"] == h and g.dims["d_kv"] == k
