@@ -36,7 +36,7 @@ import typing
 from typing import Any
 
 from layoutsearch.errors import HardwareError
-from layoutsearch.ir.strictjson import check_tree, loads, read_text
+from layoutsearch.ir.strictjson import check_tree, loads, read_text, write_text
 from layoutsearch.mesh import FIGURE_RANGE, Hardware, Link
 
 FORMAT = "layoutsearch-hardware-profile"
@@ -247,8 +247,7 @@ def save_profile(hw: Hardware, path: str | os.PathLike[str], measurements: dict[
     p = os.fspath(path)
     text = json.dumps(profile_document(hw, measurements, meta), indent=2, allow_nan=False) + "\n"
     try:
-        with open(p, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        write_text(p, text)  # whole or not at all
     except OSError as e:
         raise HardwareError(f"cannot write hardware profile {p}: {e.strerror or e}") from None
 

@@ -835,3 +835,22 @@ def test_user_code_that_prints_leaves_the_json_output_intact(capsys, tmp_path, m
         "    return", "    print('tracing')\n    return"))
     code, out, err = run(capsys, "import", target, "--dims", "spec.json", "--json")
     assert code == 0 and json.loads(out)["target"] == target and "importing" in err and "tracing" in err
+
+
+def test_an_out_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """An interrupted write leaves the old file (or none): the text goes to a temporary file, renamed over it."""
+    from layoutsearch.ir import strictjson
+
+    target = tmp_path / "plan.json"
+    target.write_text("old\n")
+
+    def fail(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(strictjson.os, "replace", fail)
+    with pytest.raises(KeyboardInterrupt):
+        strictjson.write_text(target, "new\n")
+    assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+    monkeypatch.undo()
+    strictjson.write_text(target, "new\n")
+    assert target.read_text() == "new\n"

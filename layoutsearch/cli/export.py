@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from layoutsearch.cli.common import Result, command
 from layoutsearch.errors import LayoutSearchError
+from layoutsearch.ir.strictjson import write_text
 
 
 def add(sub: Any) -> None:
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> Result:
         text = executed["note"] + "\n" + text
     if args.out:
         try:
-            Path(args.out).write_text(text)
+            write_text(args.out, text)
         except OSError as e:
             raise LayoutSearchError(f"cannot write {args.out!r}: {e}") from None
     return {"plan": args.plan, "format": args.format, "text": text, "out": args.out, "maxtext_execution": executed}

@@ -13,7 +13,7 @@ from layoutsearch.costdag.tarnawski import read_tarnawski
 from layoutsearch.errors import CostDAGError
 from layoutsearch.ir.dims import short_repr
 from layoutsearch.ir.serialize import FORMAT as GRAPH_FORMAT
-from layoutsearch.ir.strictjson import check_tree, dumps, loads, read_text
+from layoutsearch.ir.strictjson import check_tree, dumps, loads, read_text, write_text
 from layoutsearch.ir.tensor import is_label
 
 FORMAT = "layoutsearch.costdag"
@@ -77,7 +77,7 @@ def load_costdag(path: str | Path, fmt: str = "auto") -> CostDAG:
 def save_costdag(dag: CostDAG, path: str | Path) -> None:
     """Write ``dag`` as a JSON file of ``docs/costdag.md``."""
     try:
-        Path(path).write_text(dumps(dag.to_dict(), indent=1) + "\n")
+        write_text(path, dumps(dag.to_dict(), indent=1) + "\n")
     except OSError as e:
         raise CostDAGError(f"cannot write cost DAG file {str(path)!r}: {e.strerror}") from None
 

@@ -15,7 +15,7 @@ from layoutsearch.ir.constants import constant_values
 from layoutsearch.ir.dims import Dim, short_repr
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.ops import OP_KINDS, Op, number
-from layoutsearch.ir.strictjson import check_tree, json_path, loads, read_text
+from layoutsearch.ir.strictjson import check_tree, json_path, loads, read_text, write_text
 from layoutsearch.ir.tensor import Tensor, is_label
 
 FORMAT = "layoutsearch.graph"
@@ -55,7 +55,7 @@ def graph_to_json(graph: Graph, indent: int | None = 1) -> str:
 
 
 def save_graph(graph: Graph, path: str | Path) -> None:
-    Path(path).write_text(graph_to_json(graph) + "\n")
+    write_text(path, graph_to_json(graph) + "\n")
 
 
 _TOP_FIELDS = ("format", "version", "name", "dims", "tensors", "ops", "loss", "meta")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,18 @@ def read_text(path: str | Path, what: str, error: type[Exception], source: str |
     if len(data) > MAX_FILE_BYTES:
         raise error(f"{source}: larger than {MAX_FILE_BYTES // 2**20} MiB, the largest {what} read")
     return decode(data, source, error)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it (an
+    interrupted or failed write leaves the old file, or none)."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def loads(text: str | bytes, source: str, error: type[Exception]) -> Any:

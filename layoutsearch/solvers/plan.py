@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from layoutsearch.costmodel.step import training_step
@@ -291,7 +290,7 @@ class Plan:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_json` to ``path``."""
-        Path(path).write_text(self.to_json() + "\n")
+        strictjson.write_text(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Plan:
