@@ -6,7 +6,8 @@
 Prints one row per published run: published and predicted step time, the error, the predicted MFU
 (model FLOPs, recomputation excluded, over the devices' bf16 peak) and the predicted peak memory against
 the device's HBM; then the mean and largest absolute error, over all rows and over the rows not listed as
-known deviations in ``tests/test_published_runs.py``.
+known deviations in ``tests/test_published_runs.py``, and per source (the rows without a known deviation) the
+signed mean error: a source predicted too fast on average has a negative one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def main() -> int:
           f"{len(modelled)} rows without a known deviation ({len(KNOWN_DEVIATIONS)} listed): mean "
           f"{sum(modelled) / len(modelled):.1%}, max {max(modelled):.1%}; every run fits: "
           f"{all(p['fits'] for p in rows)} ({time.perf_counter() - t0:.1f} s)")
+    for source in dict.fromkeys(p["source"] for p in rows):  # the bias of each source: its signed mean error
+        mine = [p["error"] for p in rows if p["source"] == source and _known(p["run"]) is None]
+        if mine:
+            print(f"  {source}: {len(mine)} rows, signed mean {sum(mine) / len(mine):+.1%}, mean |error| "
+                  f"{sum(map(abs, mine)) / len(mine):.1%}, worst {max(mine, key=abs):+.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0
