@@ -147,3 +147,16 @@ def test_with_sizes_resizes_a_dim_everywhere():
     assert g.dims["batch"] == 2 and g.ops == ffn().ops
     with pytest.raises(GraphError, match="unknown dim 'nope'"):
         ffn().with_sizes({"nope": 2})
+
+
+def test_the_graph_format_page_lists_every_op_kind_and_elementwise_function():
+    """docs/graph-format.md names every op kind and every elementwise function the IR accepts."""
+    import re
+    from pathlib import Path
+
+    from layoutsearch.ir.ops import ELEMENTWISE_FNS, OP_KINDS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "graph-format.md").read_text()
+    named = set(re.findall(r"`(\w+)`", text))
+    assert set(OP_KINDS) - named == set()
+    assert set(ELEMENTWISE_FNS) - named == set()
