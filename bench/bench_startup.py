@@ -1,15 +1,15 @@
 """Benchmark: the start-up of each command, as a user runs it (a fresh process per run).
 
     .venv/bin/python bench/bench_startup.py                        # 5 runs per command
-    .venv/bin/python bench/bench_startup.py --repeat 9 --out bench/RESULTS_startup.txt
+    .venv/bin/python bench/bench_startup.py --repeat 5 --out bench/RESULTS_startup.txt   # the run quoted
 
 Each command runs as ``layoutsearch ARGS`` would (``layoutsearch.cli:run`` in a new interpreter, the
 checkout this script is in first on ``sys.path``, output to a pipe). Per command: the wall time of the
 process (median and fastest of the runs), the seconds spent importing modules (``python -X importtime``,
 the top-level imports summed, one run), and which of JAX, PuLP, OR-tools, SciPy, networkx, numpy and rich
-it imported (and whether the cost model and the layout search). Bytecode is cached under a temporary ``PYTHONPYCACHEPREFIX`` by one untimed run of each
-command first, as an installed package has it (so the figures do not depend on PYTHONDONTWRITEBYTECODE or on
-a source tree's stale caches). ``python -c pass`` is the floor: the interpreter alone.
+it imported (and whether the cost model and the layout search). Bytecode is cached under a temporary
+``PYTHONPYCACHEPREFIX`` by one untimed run of each command first, as an installed package has it (so the
+figures do not depend on PYTHONDONTWRITEBYTECODE or on a source tree's stale caches). ``python -c pass`` is the floor: the interpreter alone.
 
 The partition rows: a 32-node chain written here (layoutsearch's cost DAG format, 4 stages) and, when
 /work/shared/placement is present, Tarnawski et al.'s 32-node bert24_inference instance (6 accelerators).
@@ -95,7 +95,8 @@ def main() -> None:
             start = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
             floor.append(time.perf_counter() - start)
-        lines = [f"# bench/bench_startup.py --repeat {opts.repeat}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        now = datetime.datetime.now(datetime.timezone.utc)
+        lines = [f"# bench/bench_startup.py --repeat {opts.repeat}, {now:%Y-%m-%d %H:%M} UTC, "
                  f"{cpu_name()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, load average "
                  f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the start",
                  f"# python -c pass: {statistics.median(floor):.3f} s (median), {min(floor):.3f} s (fastest)", "",

@@ -182,7 +182,8 @@ def _interrupt_main_soon() -> None:
 def run() -> NoReturn:
     """The ``layoutsearch`` program: :func:`main`, then exit with its status. Ctrl-C at any moment, also while
     modules import, prints one line and exits 130 (:func:`_on_ctrl_c`, :func:`_interrupt_again`); once the
-    command is over it is ignored. After Ctrl-C the interpreter's finalization is skipped: a native solver interrupted mid-presolve may still be running in a worker thread
+    command is over it is ignored. After Ctrl-C the interpreter's finalization is skipped: a native solver
+    interrupted mid-presolve may still be running in a worker thread
     (:func:`layoutsearch.solvers.milp._interruptible`), and tearing the interpreter down under it aborts the
     process; files and child processes were already cleaned up on the way out."""
     import signal
