@@ -15,20 +15,54 @@ The public API::
     graph = ls.from_jax(loss_fn, params, batch, dims=(param_dims, batch_dims))  # your own JAX/Flax model
 
 JAX is imported only when a plan is compiled (``Plan.compile``, :mod:`layoutsearch.backend`) or a
-function imported (``from_jax``, :mod:`layoutsearch.importer`).
+function imported (``from_jax``, :mod:`layoutsearch.importer`). The names above are imported when first
+used: ``import layoutsearch`` itself imports nothing else.
 """
 
-from typing import Any
+from __future__ import annotations
 
-from layoutsearch import zoo
-from layoutsearch.costmodel import CostReport, estimate
-from layoutsearch.errors import LayoutSearchError
-from layoutsearch.ir import Graph, GraphBuilder, load_graph, training_graph
-from layoutsearch.layout import Layout
-from layoutsearch.mesh import Hardware, Mesh, hardware
-from layoutsearch.solvers import search
-from layoutsearch.solvers.pipeline_search import estimate_pipeline
-from layoutsearch.solvers.plan import Plan
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from layoutsearch import zoo
+    from layoutsearch.costmodel import CostReport, estimate
+    from layoutsearch.errors import LayoutSearchError
+    from layoutsearch.ir import Graph, GraphBuilder, load_graph, training_graph
+    from layoutsearch.layout import Layout
+    from layoutsearch.mesh import Hardware, Mesh, hardware
+    from layoutsearch.solvers.pipeline_search import estimate_pipeline
+    from layoutsearch.solvers.plan import Plan
+    from layoutsearch.solvers.search import search
+
+_LAZY = {  # public name -> the module that defines it, imported on first use (so that `layoutsearch --help` and
+    # the commands that need neither the cost model nor a solver start fast: docs/architecture.md)
+    "CostReport": "layoutsearch.costmodel", "estimate": "layoutsearch.costmodel",
+    "LayoutSearchError": "layoutsearch.errors",
+    "Graph": "layoutsearch.ir", "GraphBuilder": "layoutsearch.ir", "load_graph": "layoutsearch.ir",
+    "training_graph": "layoutsearch.ir",
+    "Layout": "layoutsearch.layout",
+    "Hardware": "layoutsearch.mesh", "Mesh": "layoutsearch.mesh", "hardware": "layoutsearch.mesh",
+    "estimate_pipeline": "layoutsearch.solvers.pipeline_search",
+    "Plan": "layoutsearch.solvers.plan",
+    "search": "layoutsearch.solvers.search",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public API's names and the subpackages (``zoo``), imported when first read (PEP 562)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name.isidentifier() and importlib.util.find_spec(f"layoutsearch.{name}") is not None:
+        return importlib.import_module(f"layoutsearch.{name}")  # a subpackage, as when this module imported them
+    raise AttributeError(f"module 'layoutsearch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def from_jax(fn: Any, *args: Any, **kwargs: Any) -> Graph:

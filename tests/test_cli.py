@@ -287,3 +287,63 @@ def test_cost_notes_a_step_that_rests_on_assumed_figures(capsys):
     res = run_json(capsys, "cost", "gpt", "--mesh", "data:4,model:2", "--layout", "batch:data,d_ff:model",
                    "--hardware", "tpu-v5p")
     assert 0.5 < res["assumed"]["share"] <= 1 and "matmul_efficiency" in res["assumed"]["figures"]
+
+
+# -- start-up: what each command imports ----------------------------------------------------------------------------
+
+def test_the_command_table_gives_each_command_its_modules_help():
+    """``cli.COMMANDS`` lists each command with the help its module registers (``--help`` shows the table's)."""
+    import argparse
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert [c.dest for c in sub._choices_actions] == list(cli.COMMANDS)
+    assert {c.dest: c.help for c in sub._choices_actions} == cli.COMMANDS
+
+
+IMPORTED = ("jax", "pulp", "ortools", "scipy", "networkx", "numpy", "layoutsearch.costmodel",
+            "layoutsearch.solvers.search")
+
+
+def imported_by(*argv):
+    """The modules of IMPORTED that ``layoutsearch ARGV...`` (a fresh interpreter) has imported when it exits."""
+    code = ("import atexit, sys\n"
+            f"atexit.register(lambda: print('IMPORTED', *[m for m in {IMPORTED!r} if m in sys.modules], "
+            "file=sys.stderr))\n"
+            "sys.argv[0] = 'layoutsearch'\n"
+            "from layoutsearch.cli import run\n"
+            "run()\n")
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("IMPORTED"))
+    return set(line.split()[1:])
+
+
+def test_commands_that_need_neither_jax_nor_a_solver_import_neither(tmp_path):
+    chain = tmp_path / "chain.json"
+    chain.write_text(json.dumps({
+        "format": "layoutsearch.costdag", "version": 1, "name": "chain",
+        "nodes": [{"name": f"n{i}", "compute_s": 1.0 + i % 3} for i in range(8)],
+        "edges": [{"src": f"n{i}", "dst": f"n{i + 1}", "transfer_s": 0.1} for i in range(7)]}))
+    assert imported_by("--help") == set()
+    assert imported_by("hardware") == set()
+    assert imported_by("hardware", "h100", "--json") == set()
+    assert imported_by("models") <= {"networkx", "numpy"}  # the zoo builds graphs of the IR
+    assert imported_by("partition", chain, "--stages", "2") <= {"networkx", "numpy"}  # the partitioner's own
+
+
+def test_import_layoutsearch_imports_the_public_api_on_first_use():
+    code = ("import sys, layoutsearch as ls\n"
+            "assert [m for m in sys.modules if m.startswith('layoutsearch')] == ['layoutsearch'], sys.modules\n"
+            "assert set(ls.__all__) <= set(dir(ls))\n"
+            "from layoutsearch import *\n"
+            "from layoutsearch.solvers.search import search as s\n"
+            "import layoutsearch.solvers.search\n"
+            "from layoutsearch.solvers import search as t\n"
+            "assert ls.search is s is t is search and callable(s), (s, t)\n"
+            "assert ls.zoo.build and ls.Plan and ls.Mesh.parse('data:2').size == 2\n"
+            "assert ls.ir.Graph is ls.Graph and ls.costmodel.estimate is ls.estimate\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "ok\n", proc.stderr

@@ -854,3 +854,42 @@ def test_an_out_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     strictjson.write_text(target, "new\n")
     assert target.read_text() == "new\n"
+
+
+# -- Ctrl-C at any moment -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("delay", [0.05, 0.3, 1.0])
+def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(delay):
+    """SIGINT early in a command that imports JAX (`run`): while the command's modules and JAX import, and
+    whatever else is under way by then, it is one line and status 130, never a traceback (the delays count
+    from the interpreter's start, the moment the console script imports `layoutsearch.cli`)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    code = ("import sys\n"
+            "print('started', file=sys.stderr, flush=True)\n"
+            "sys.argv[0] = 'layoutsearch'\n"
+            "from layoutsearch.cli import run\n"
+            "run()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, "run", "mtf-ffn", "--mesh", "data:2", "--steps", "3000"],
+                            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline() == "started\n"
+        time.sleep(delay)
+        if proc.poll() is not None:
+            pytest.skip(f"the command had ended after {delay} s")  # a fast machine: nothing to interrupt
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert err.splitlines()[-1] == "layoutsearch: interrupted", err
+    assert err.count("interrupted") == 1, err
+    assert out == ""

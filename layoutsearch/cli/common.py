@@ -11,13 +11,14 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from layoutsearch.errors import HardwareError, LayoutSearchError
-from layoutsearch.ir import strictjson
-from layoutsearch.ir.graph import Graph
-from layoutsearch.layout import Layout
 from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
+
+if TYPE_CHECKING:  # the IR and layouts are imported where a command reads a model (start-up: cli/__init__.py)
+    from layoutsearch.ir.graph import Graph
+    from layoutsearch.layout import Layout
 
 PROG = "layoutsearch"
 
@@ -164,7 +165,7 @@ def mesh_of(args: argparse.Namespace) -> Mesh:
 def layout_of(args: argparse.Namespace, graph: Graph) -> Layout:
     """The ``--layout`` rules on the ``--mesh`` (default: the conventional rules for the mesh's axis names,
     :func:`~layoutsearch.layout.conventional_rules`), checked against ``graph``."""
-    from layoutsearch.layout import conventional_rules
+    from layoutsearch.layout import Layout, conventional_rules
 
     mesh = mesh_of(args)
     rules = args.layout
@@ -309,6 +310,8 @@ def emit(result: Result, args: argparse.Namespace) -> None:
     """Print ``result``: JSON, rich output on a terminal, or plain text (no control codes, no wrapping, no
     trailing blanks) elsewhere."""
     if args.json:
+        from layoutsearch.ir import strictjson
+
         sys.stdout.write(strictjson.dumps(result) + "\n")
         return
     from rich.console import Console

@@ -12,7 +12,6 @@ from layoutsearch.costdag.model import CostDAG, DeviceKind, Edge, Node
 from layoutsearch.costdag.tarnawski import read_tarnawski
 from layoutsearch.errors import CostDAGError
 from layoutsearch.ir.dims import short_repr
-from layoutsearch.ir.serialize import FORMAT as GRAPH_FORMAT
 from layoutsearch.ir.strictjson import check_tree, dumps, loads, read_text, write_text
 from layoutsearch.ir.tensor import is_label
 
@@ -20,6 +19,13 @@ FORMAT = "layoutsearch.costdag"
 VERSION = 2
 VERSIONS = (1, 2)
 FORMATS = ("auto", "layoutsearch", "tarnawski")
+
+
+def _is_graph_format(doc: dict[str, Any]) -> bool:
+    """Whether ``doc`` says it is a model graph file (the graph IR is imported only for a foreign format)."""
+    from layoutsearch.ir.serialize import FORMAT as GRAPH_FORMAT
+
+    return bool(doc.get("format") == GRAPH_FORMAT)
 
 
 def costdag_to_dict(dag: CostDAG) -> dict[str, Any]:
@@ -102,7 +108,7 @@ def costdag_from_dict(doc: Any, source: str = "cost DAG") -> CostDAG:
     check_tree(doc, source, CostDAGError)
     if not isinstance(doc, dict):
         raise fail(f"expected a JSON object with 'nodes' and 'edges', got {type(doc).__name__}")
-    if doc.get("format") == GRAPH_FORMAT or {"ops", "tensors"} <= set(doc):
+    if {"ops", "tensors"} <= set(doc) or doc.get("format", FORMAT) not in (FORMAT, None) and _is_graph_format(doc):
         raise fail("this is a model graph file, not a cost DAG: make its cost DAG with `layoutsearch costdag "
                    "GRAPH.json --mesh AXES --out DAG.json` (see docs/costdag.md), then partition that")
     unknown = set(doc) - _TOP_FIELDS

@@ -11,13 +11,61 @@
   micro-batched step (``estimate_pipeline``) and the joint pipeline search.
 """
 
-from layoutsearch.solvers.baselines import baseline_rules
-from layoutsearch.solvers.build import build_space
-from layoutsearch.solvers.dispatch import SOLVERS
-from layoutsearch.solvers.plan import Baseline, Costed, Plan
-from layoutsearch.solvers.problem import Problem, Solution
-from layoutsearch.solvers.search import InfeasibleError, search
-from layoutsearch.solvers.space import SPACES, Space
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from layoutsearch.solvers.baselines import baseline_rules
+    from layoutsearch.solvers.build import build_space
+    from layoutsearch.solvers.dispatch import SOLVERS
+    from layoutsearch.solvers.plan import Baseline, Costed, Plan
+    from layoutsearch.solvers.problem import Problem, Solution
+    from layoutsearch.solvers.search import InfeasibleError, search
+    from layoutsearch.solvers.space import SPACES, Space
+
+_LAZY = {  # name -> the submodule that defines it, imported on first use (PEP 562): `partition` alone does not
+    # import the layout search and the cost model
+    "baseline_rules": "baselines", "build_space": "build", "SOLVERS": "dispatch", "Baseline": "plan",
+    "Costed": "plan", "Plan": "plan", "Problem": "problem", "Solution": "problem", "InfeasibleError": "search",
+    "SPACES": "space", "Space": "space",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    if name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a submodule, as when this module imported them
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Solvers(types.ModuleType):
+    """This package: its ``search`` is the function :func:`.search.search`, also once the submodule of that name
+    is imported (which would set the submodule here; eagerly, the function was bound after it)."""
+
+    @property
+    def search(self) -> Any:
+        from layoutsearch.solvers.search import search
+
+        return search
+
+    @search.setter
+    def search(self, value: Any) -> None:  # the import system setting the submodule: the name stays the function
+        pass
+
+
+sys.modules[__name__].__class__ = _Solvers
 
 __all__ = ["SOLVERS", "SPACES", "Baseline", "Costed", "InfeasibleError", "Plan", "Problem", "Solution", "Space",
            "baseline_rules", "build_space", "search"]
