@@ -21,9 +21,9 @@ used: ``import layoutsearch`` itself imports nothing else.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import TYPE_CHECKING, Any
+
+from layoutsearch.lazy import lazy_names
 
 if TYPE_CHECKING:
     from layoutsearch import zoo
@@ -50,19 +50,7 @@ _LAZY = {  # public name -> the module that defines it, imported on first use (s
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The public API's names and the subpackages (``zoo``), imported when first read (PEP 562)."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if name.isidentifier() and importlib.util.find_spec(f"layoutsearch.{name}") is not None:
-        return importlib.import_module(f"layoutsearch.{name}")  # a subpackage, as when this module imported them
-    raise AttributeError(f"module 'layoutsearch' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 
 def from_jax(fn: Any, *args: Any, **kwargs: Any) -> Graph:

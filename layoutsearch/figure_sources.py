@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from layoutsearch.mesh import PRESETS, Hardware, Link
+from layoutsearch.mesh import BACKEND_BEHAVIOUR, PRESETS, Hardware, Link
 
 ASSUMPTION = "assumption"
 """The source of a figure no public document or measurement gives."""
@@ -67,9 +67,9 @@ def _preset_sources(name: str) -> dict[str, str]:
     """The sources of preset ``name``'s figures (every figure of :func:`figure_names`)."""
     if name == "cpu-sim":
         return {k: "nominal (simulated CPU devices: only relative costs mean anything)" for k in figure_names()} | {
-            k: _BACKEND for k in BACKEND_FIGURES}
+            k: _BACKEND for k in BACKEND_BEHAVIOUR}
     out = dict.fromkeys(figure_names(), ASSUMPTION)
-    out.update({k: _BACKEND for k in BACKEND_FIGURES})
+    out.update({k: _BACKEND for k in BACKEND_BEHAVIOUR})
     out["axis_links"] = "the default: an axis inside a node (slice) takes the fast links (docs/hardware.md)"
     if name in _NVIDIA:
         doc = _NVIDIA[name]
@@ -85,11 +85,6 @@ def _preset_sources(name: str) -> dict[str, str]:
                    fast_link_bandwidth=_ICI[name], slow_link_bandwidth=_DCN[name], matmul_tile=_MXU,
                    compute_units="one TensorCore's MXUs work on one matmul together")
     return out
-
-
-BACKEND_FIGURES = ("reduce_scatter", "combined_gradient_all_reduce", "fusion", "async_collectives",
-                   "regather_weights", "float32_collectives", "collective_matmul")
-"""The fields that say what the compiler does rather than how fast the device is."""
 
 
 def figure_names() -> list[str]:
@@ -147,4 +142,4 @@ def assumed_share(report: Any) -> tuple[float, list[str]]:
     return min(1.0, sum(assumed.values()) / report.step_s), sorted(assumed, key=lambda k: -assumed[k])
 
 
-__all__ = ["ASSUMPTION", "BACKEND_FIGURES", "LINK_FIGURES", "assumed_share", "figure_names", "figure_sources"]
+__all__ = ["ASSUMPTION", "LINK_FIGURES", "assumed_share", "figure_names", "figure_sources"]

@@ -111,8 +111,8 @@ class _Rewriter:
                 return []
 
     def origin(self, v: Operand) -> Operand:
-        """``v`` with transparent nodes (unit axes added, dropped or moved) walked back."""
-        while (n := self.node(v)) is not None and n.prim in _TRANSPARENT and _unit_only(n):
+        """``v`` with transparent nodes (unit axes added, dropped or moved) and aliases walked back."""
+        while (n := self.node(v)) is not None and (n.prim == "alias" or n.prim in _TRANSPARENT and _unit_only(n)):
             v = n.ins[0]
         return v
 
@@ -409,9 +409,7 @@ def _integer_label_cross_entropy(rw: _Rewriter, final: Node) -> Match | None:
     axis = dn.start_index_map[0]
     if tuple(sorted((*dn.operand_batching_dims, axis))) != tuple(range(len(x.shape))):
         return None
-    labels = idx
-    while (n := rw.node(labels)) is not None and (n.prim == "alias" or n.prim in _TRANSPARENT and _unit_only(n)):
-        labels = n.ins[0]
+    labels = rw.origin(idx)
     if not isinstance(labels, Var) or tuple(labels.shape) != tuple(n for k, n in enumerate(x.shape) if k != axis):
         return None
     add = rw.node(lse, "add")
@@ -455,9 +453,7 @@ def _picked_log_softmax(rw: _Rewriter, final: Node) -> Match | None:
     if not isinstance(x, Var) or lsm_axes != [(axis,)] or tuple(sorted((*dn.operand_batching_dims, axis))) != tuple(
             range(len(x.shape))):
         return None
-    labels = idx
-    while (n := rw.node(labels)) is not None and (n.prim == "alias" or n.prim in _TRANSPARENT and _unit_only(n)):
-        labels = n.ins[0]
+    labels = rw.origin(idx)
     rest = tuple(n for k, n in enumerate(x.shape) if k != axis)
     if not isinstance(labels, Var) or tuple(labels.shape) != rest:
         return None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from layoutsearch.lazy import lazy_names
 
 if TYPE_CHECKING:
     from layoutsearch.ir.builder import GraphBuilder, Ref
@@ -49,22 +49,8 @@ _MODULES = {  # submodule -> the names it gives this package, imported on first 
     "tensor": ("DTYPE_BYTES", "ROLES", "Tensor"),
     "training": ("Optimizer", "training_graph"),
 }
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    """The package's names (and its submodules, as when this module imported them all), imported when first read."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"layoutsearch.ir.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    if name.isidentifier() and importlib.util.find_spec(f"layoutsearch.ir.{name}") is not None:
-        return importlib.import_module(f"layoutsearch.ir.{name}")
-    raise AttributeError(f"module 'layoutsearch.ir' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, {name: f"{__name__}.{module}" for module, names in _MODULES.items()
+                                             for name in names}, globals())
 
 
 __all__ = [

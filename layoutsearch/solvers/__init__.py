@@ -13,11 +13,11 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from layoutsearch.lazy import lazy_names
 
 if TYPE_CHECKING:
     from layoutsearch.solvers.baselines import baseline_rules
@@ -36,18 +36,7 @@ _LAZY = {  # name -> the submodule that defines it, imported on first use (PEP 5
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    if name.isidentifier() and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # a submodule, as when this module imported them
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, {k: f"{__name__}.{m}" for k, m in _LAZY.items()}, globals())
 
 
 class _Solvers(types.ModuleType):
