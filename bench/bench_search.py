@@ -3,6 +3,13 @@
     .venv/bin/python bench/bench_search.py            # the full sweep
     .venv/bin/python bench/bench_search.py --quick    # a CI-sized sweep (the run quoted in README.md)
     .venv/bin/python bench/bench_search.py --json out.json
+    .venv/bin/python bench/bench_search.py --cli      # the CLI's default searches, one fresh process each
+
+``--cli`` times what a user runs: ``layoutsearch search ...`` with its defaults (three plans, the
+baselines, the decisions; ``--json`` output), each in a fresh process (start-up, imports and the model's
+graph included), beside the same with ``--top 1``; the time limits (``--time-limit T``: the answer, baselines
+included, within T + 10% plus 1 s of start-up); search time against devices at 3 axes and against layers,
+drawn as bench/search_scaling.png. Results: bench/RESULTS_search_cli.txt.
 
 Model: GPT with the GPT-3 175B widths (d_model 12288, 96 heads, seq 2048,
 batch 1536, vocab 50304) and 2 ... 128 layers; training step with Adam, mixed
@@ -30,6 +37,9 @@ import datetime
 import json
 import os
 import platform
+import resource
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,19 +142,136 @@ def headline(results: list[dict], rows: list[tuple] = HEADLINE) -> None:
         show(r)
         results.append(r)
 
+CLI_ROOT = Path(__file__).resolve().parents[1]
+GPT3 = "gpt --set preset=gpt3-175b"
+CLI_ROWS = [  # (what, arguments of `layoutsearch search`, target wall seconds on 2 cores)
+    ("gpt3-175b 1024 v4, pipelines", f"{GPT3} --mesh data:16,fsdp:8,model:8 --hardware tpu-v4 --pipeline auto", 10),
+    ("megatron-145.6b 1536 a100, pipelines",
+     "gpt --set preset=megatron-145.6b --set batch=2304 --mesh pipe:8,data:24,model:8 --hardware a100 "
+     "--pipeline auto", 10),
+    ("llama3-70b 512 h100", "gpt --set preset=llama3-70b --mesh data:8,fsdp:8,model:8 --hardware h100", 10),
+    ("gpt3-175b 8192 v5p, 4 axes", f"{GPT3} --set batch=2048 --mesh data:32,fsdp:16,model:8,seq:2 --hardware tpu-v5p",
+     10),
+    ("gpt3-175b 8192 v5p, 4 axes, pipelines",
+     f"{GPT3} --set batch=2048 --mesh data:32,fsdp:16,model:8,seq:2 --hardware tpu-v5p --pipeline auto", 20),
+]
+DEVICE_ROWS = [(n, f"{GPT3} --set batch=2048 --mesh {mesh} --hardware tpu-v5p")
+               for n, mesh in ((64, "data:4,fsdp:4,model:4"), (512, "data:8,fsdp:8,model:8"),
+                               (4096, "data:64,fsdp:8,model:8"), (8192, "data:128,fsdp:8,model:8"))]
+LAYER_ROWS = [(n, f"{GPT3} --set layers={n} --mesh data:16,fsdp:8,model:8 --hardware tpu-v4") for n in (12, 48, 96, 192)]
+LIMIT_ROWS = [(t, f"{GPT3} --mesh data:16,fsdp:8,model:8 --hardware tpu-v4 --pipeline auto --time-limit {t}")
+              for t in (5, 20)]
+
+
+def cli_run(args: str) -> dict:
+    """``layoutsearch search ARGS --json`` in a fresh process: wall and CPU seconds, and the plan it printed."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(CLI_ROOT / "cli.py"), "search", *shlex.split(args), "--json"],
+                          cwd=CLI_ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(CLI_ROOT)})
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    row = {"args": args, "wall": wall, "cpu": cpu, "rc": proc.returncode}
+    if proc.returncode == 0:
+        d = json.loads(proc.stdout)
+        row.update(rules=d["layout"]["rules_text"], step_s=d["step_s"], optimal=d["optimal"],
+                   cut_short=d.get("cut_short", []), decisions=d["remat"], microbatches=d["microbatches"],
+                   stage_axis=d["stage_axis"], runner_ups=[r["rules"] for r in d["runner_ups"]],
+                   baselines=sum(b["step_s"] is not None for b in d["baselines"]))
+    else:
+        row["error"] = proc.stderr.strip().splitlines()[-1:] or ["?"]
+    return row
+
+
+def cli_show(label: str, r: dict, target: float | None = None) -> None:
+    verdict = "" if target is None else ("  <= target" if r["wall"] <= target else f"  OVER the {target:g} s target")
+    if r["rc"]:
+        print(f"{label:44} {r['wall']:6.1f} s wall {r['cpu']:6.1f} s cpu  exit {r['rc']}: {r['error'][0]}", flush=True)
+        return
+    plan = (f"{r['step_s']:.4g} s/step, remat {r['decisions']}" + (f", {r['microbatches']} mb" if r["microbatches"] > 1
+            else "") + (f", stages over {r['stage_axis']}" if r["stage_axis"] else ""))
+    print(f"{label:44} {r['wall']:6.1f} s wall {r['cpu']:6.1f} s cpu{verdict}  {'proven' if r['optimal'] else 'not proven'}"
+          f"  {plan}  {r['rules']}", flush=True)
+
+
+def cli_bench(plot: Path) -> list[dict]:
+    """The CLI's default searches beside ``--top 1``, the time limits, and the scaling rows (drawn to ``plot``)."""
+    load = os.getloadavg()[0]
+    print(f"# the CLI's default searches, one fresh process each (load average {load:.2f} at start)", flush=True)
+    out = []
+    for what, args, target in CLI_ROWS:
+        for top in ("", " --top 1"):
+            r = cli_run(args + top)
+            r["what"] = what + top
+            cli_show(what + (top or " (defaults)"), r, target if not top else None)
+            out.append(r)
+    print("\n# --time-limit T: the answer (baselines included) within T + 10% + 1 s of start-up", flush=True)
+    for t, args in LIMIT_ROWS:
+        r = cli_run(args)
+        r["what"], r["limit"] = f"--time-limit {t}", t
+        cli_show(f"--time-limit {t} (gpt3-175b 1024 v4, pipelines)", r, 1.1 * t + 1)
+        out.append(r)
+    scaling: dict[str, list[tuple[int, float]]] = {"devices": [], "layers": []}
+    print("\n# against devices: gpt3-175b, batch 2048, tpu-v5p, 3 axes (defaults)", flush=True)
+    for n, args in DEVICE_ROWS:
+        r = cli_run(args)
+        r["what"], r["devices"] = f"{n} devices", n
+        cli_show(f"{n} devices", r)
+        scaling["devices"].append((n, r["wall"]))
+        out.append(r)
+    print("\n# against layers: gpt3-175b widths on 1024 v4 (defaults)", flush=True)
+    for n, args in LAYER_ROWS:
+        r = cli_run(args)
+        r["what"], r["layers"] = f"{n} layers", n
+        cli_show(f"{n} layers", r)
+        scaling["layers"].append((n, r["wall"]))
+        out.append(r)
+    _plot(scaling, plot)
+    print(f"\n# drawn: {plot.relative_to(CLI_ROOT)}")
+    return out
+
+
+def _plot(scaling: dict[str, list[tuple[int, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (what, points) in zip(axes, scaling.items(), strict=True):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(xs, ys, "o-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(what)
+        ax.set_ylabel("wall seconds, `layoutsearch search` (defaults)")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    axes[0].set_title("gpt3-175b, tpu-v5p, 3 axes")
+    axes[1].set_title("gpt3-175b widths, 1024 tpu-v4")
+    fig.suptitle(f"search time, one fresh process each ({datetime.date.today()}, {os.cpu_count()} CPUs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a CI-sized sweep")
     ap.add_argument("--headline", action="store_true",
                     help="only the joint searches of the issue's two headline problems (and accumulation alone)")
+    ap.add_argument("--cli", action="store_true", help="the CLI's default searches, one fresh process each")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = ap.parse_args()
     gpt3 = {"preset": "gpt3-175b"}
     results = []
-    flag = " --quick" if args.quick else " --headline" if args.headline else ""
+    flag = " --quick" if args.quick else " --headline" if args.headline else " --cli" if args.cli else ""
     print(f"# bench/bench_search.py{flag}, {datetime.date.today()}, "
           f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}", flush=True)
+    if args.cli:
+        results = cli_bench(CLI_ROOT / "bench" / "search_scaling.png")
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=1))
+        return
     if args.headline:
         headline(results)
         summary(results)

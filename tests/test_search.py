@@ -327,6 +327,29 @@ def test_time_limit_covers_the_whole_search_and_says_what_it_cut(gpt, free):
     assert free.cut_short == ()
 
 
+def test_time_limit_leaves_the_baselines_their_time_or_says_which_it_cut(gpt, free):
+    plan = search(gpt, MESH, hardware="h100", time_limit=1e-6)
+    cut = [b for b in plan.baselines if b.plan is None and b.why == "not priced: the time limit ran out first"]
+    assert cut and all(f"baseline {b.name}: not priced" in " ".join(plan.cut_short) for b in cut)
+    assert all(b.plan is not None for b in free.baselines)
+
+
+def test_a_deadline_keeps_its_tail_the_time_of_its_slowest_plan():
+    import importlib
+    import time
+
+    clock = importlib.import_module("layoutsearch.solvers.clock")
+    d = clock.Deadline.after(100.0, tail=4)
+    assert not d.passed() and d.left() > 99
+    d.priced(10.0)
+    d.priced(2.0)  # (the slowest counts)
+    assert 59 < d.left() <= 60 and not d.passed()
+    d.priced(30.0)
+    assert d.passed() and d.left() == 0.0 and d.final().at == d.at and not d.final().passed()
+    assert d.timed(lambda x: time.sleep(0.01) or x, 7) == 7 and d.slowest == 30.0
+    assert clock.Deadline().left() is None and not clock.Deadline(tail=3).passed()
+
+
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), True])
 def test_time_limit_must_be_positive_and_finite(gpt, bad):
     with pytest.raises(LayoutSearchError, match="time limit must be a positive number of seconds"):

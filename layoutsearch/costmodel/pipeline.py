@@ -356,8 +356,11 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     optimizer = [o for o in p.report.ops if p.unit[o.op] in mine and o.phase == "optimizer"]
     plain = overlap_schedule(_views(ops, p.classes, once=False), p.classes, hw.async_collectives,
                              hw.collective_matmul)
-    last = overlap_schedule(_views(ops, p.classes, once=True) + _views(optimizer, p.classes, once=True), p.classes,
-                            hw.async_collectives, hw.collective_matmul)
+    if p.report.exposure is not None and len(ops) + len(optimizer) == len(p.report.ops) \
+            and ops + optimizer == list(p.report.ops):  # the whole step in its order: the report's schedule
+        last = p.report.exposure
+    else:
+        last = overlap_schedule(ops + optimizer, p.classes, hw.async_collectives, hw.collective_matmul)
     sends: list[int] = []  # bytes this device sends per micro-batch: activations forward, gradients backward
     if stage_axis is not None and K > 1:  # (interleaved over one device: its chunks hand over locally)
         chain = [u for g in groups for u in g]

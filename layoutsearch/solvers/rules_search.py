@@ -440,8 +440,8 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
                 break
             if progress is not None and plans and len(plans) % 8 == 0:
                 progress(f"remat {rs.remat}: priced {len(plans)} plans with overlap")
-            plans[k] = costed_rules("", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit, optimizer, rs.remat,
-                                     attention, overlap)
+            plans[k] = deadline.timed(costed_rules, "", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit,
+                                      optimizer, rs.remat, attention, overlap)
         steps = sorted(p.step_s for p in plans.values())
         reach = min(steps[top - 1] if len(steps) >= top else math.inf, ceiling)
         if reach <= cut * (1 + 1e-9) or len(plans) >= MAX_REFINED or (deadline.passed() and not proven):
@@ -505,7 +505,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
         for k in fit[np.argsort(rs.cost[fit], kind="stable")].tolist():
             if len(seeds) >= top or len(plans) >= MAX_REFINED or (seeds and deadline.passed()):
                 break
-            plans[k] = plan = price(k)
+            plans[k] = plan = deadline.timed(price, k)
             if plan is not None and plan.fits:
                 seeds.append(plan.step_s)
         if not seeds:
@@ -548,7 +548,7 @@ def accumulated_top(rs: RulesSearch, microbatches: int, price: Callable[[int], C
             rs.cut_short.append(f"{M} micro-batches, remat {rs.remat}: stopped after pricing {len(plans)} "
                                 "accumulated steps (best and runner-ups among those, not proven)")
             break
-        plans[k] = price(k)
+        plans[k] = deadline.timed(price, k)
     rs.refined = len(plans)
     return sorted((p for p in plans.values() if p is not None and p.fits), key=lambda c: c.step_s)[:top], proven
 

@@ -225,7 +225,8 @@ def search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None = "a
     solving, runner-ups, accumulation and pipelines. Once it has passed, the search stops at the next
     checkpoint that has a plan (it does not stop before it has one), returns the best plan found, labelled
     not proven, and says what was cut short in :attr:`Plan.cut_short` (phases not searched, runner-ups not
-    found). The baselines are priced all the same.
+    found). The baselines are priced within it too: the phases before stop early enough to leave each of them
+    as long as the slowest plan priced so far; one it still cannot fit is left unpriced (said in ``cut_short``).
 
     Returns a :class:`Plan`: the chosen plan, ``top - 1`` runner-ups, the baselines (priced unless
     ``baselines`` is False), and ``decisions``
@@ -283,15 +284,17 @@ def _target(target: str, graph: Graph, mesh: Mesh, space: str, remat: str, pipel
 
 @contextlib.contextmanager
 def _fewer_collections() -> Iterator[None]:
-    """Python's cyclic garbage collector runs less often while a search runs: a search makes millions of
-    small objects (op costs, reports) that live until it returns, and each full collection walks them all
-    (about a tenth of a large search's time with the default thresholds)."""
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), max(old[1], 20), max(old[2], 100))
+    """Python's cyclic garbage collector is off while a search runs: a search makes millions of small objects
+    (op costs, reports) that live until it returns or are freed by reference counting, and each collection
+    walks them all (about a tenth of a large search's time even with thresholds raised 100-fold; the few
+    cycles made meanwhile are collected after it). A collector that was off stays off."""
+    was = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*old)
+        if was:
+            gc.enable()
 
 
 def _search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None, solver: str, hardware: Hardware | str,
@@ -308,6 +311,8 @@ def _search(graph: Graph, mesh: Mesh | str, memory_limit: float | str | None, so
     policies = _remat_policies(g, space, remat)
     pricer = Pricer(g, mesh, hw, attention)
     base = baseline_rules(g, mesh)
+    if baselines:  # priced last, within the time limit: the phases before leave them time
+        deadline.tail = sum(rules is not None for rules, _ in base.values())
     found = _Found()
     if pipeline in ("off", "auto"):
         with reporting(progress, "rules space: enumerating rule sets"):
@@ -348,8 +353,8 @@ def _result(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: Hardware, lim
     chosen, *others = (dataclasses.replace(p, name="chosen" if i == 0 else f"#{i + 1}") for i, p in enumerate(ranked))
     runner_ups = tuple(others)
     optimal, gap = found.proof(chosen)
-    priced_baselines = _price_baselines(base, g, mesh, hw, policies, found.searches, limit, optimizer, attention,
-                                        overlap, progress) if baselines else ()
+    priced_baselines = _price_baselines(base, g, mesh, hw, policies, found, limit, optimizer, attention,
+                                        overlap, deadline.final(), progress) if baselines else ()
     decisions = tuple(dataclasses.replace(d, chosen=_same_choice(d, chosen)) for d in found.decisions)
     stats = {**found.stats, "pruning": found.pruning} if found.pruning else found.stats
     return Plan(g, hw, space, found.solver or "enumerate", chosen, optimal, gap, limit, time.perf_counter() - t0,
@@ -507,17 +512,24 @@ def _search_pipelines(found: _Found, graph: Graph, mesh: Mesh, hw: Hardware, lim
 
 
 def _price_baselines(base: dict[str, tuple[RuleSets | None, str]], g: Graph, mesh: Mesh, hw: Hardware,
-                     policies: tuple[str, ...], searches: list[RulesSearch], limit: float | None, optimizer: str,
-                     attention: str, overlap: float | str, progress: Progress | None) -> tuple[Baseline, ...]:
+                     policies: tuple[str, ...], found: _Found, limit: float | None, optimizer: str,
+                     attention: str, overlap: float | str, deadline: Deadline, progress: Progress | None
+                     ) -> tuple[Baseline, ...]:
     """Each baseline at its fastest remat policy that fits (:func:`~.rules_search.first_fitting`), among
-    those of ``policies`` applied to every block alike (:func:`_alike`), as the conventional layouts run."""
+    those of ``policies`` applied to every block alike (:func:`_alike`), as the conventional layouts run;
+    those left when ``deadline`` has passed are not priced (said in ``found.cut_short``)."""
     if progress is not None:
         progress("pricing the baselines")
     policies = _alike(policies)
-    return tuple(Baseline(name, None, why) if rules is None else
-                 Baseline(name, first_fitting(g, mesh, hw, rules, policies, searches, limit, optimizer, attention,
-                                              overlap, name))
-                 for name, (rules, why) in base.items())
+    out = []
+    for name, (rules, why) in base.items():
+        if rules is not None and deadline.passed():
+            rules, why = None, "not priced: the time limit ran out first"
+            found.cut_short.append(f"baseline {name}: {why}")
+        out.append(Baseline(name, None, why) if rules is None else
+                   Baseline(name, first_fitting(g, mesh, hw, rules, policies, found.searches, limit, optimizer,
+                                                attention, overlap, name)))
+    return tuple(out)
 
 
 def price_plan(graph: Graph, layout: Layout, hardware: Hardware | str = "cpu-sim", *, remat: str = "none",
