@@ -7,19 +7,29 @@ Regenerate after an intended change: ``.venv/bin/python tests/regen_golden.py``
 import json
 
 import pytest
-from regen_golden import GOLDEN_PATH, compute_golden, diff_golden
+from regen_golden import GOLDEN_PATH, PLANS_PATH, compute_golden, compute_plans, diff_golden
 
 
-def test_golden_costs_are_unchanged():
-    assert GOLDEN_PATH.exists(), "no golden file: run .venv/bin/python tests/regen_golden.py"
-    old = json.loads(GOLDEN_PATH.read_text())
-    changes = diff_golden(old, compute_golden())
+@pytest.mark.parametrize(("path", "compute", "what"), [(GOLDEN_PATH, compute_golden, "cost-model predictions"),
+                                                       (PLANS_PATH, compute_plans, "search results")],
+                         ids=["costs", "plans"])
+def test_golden_predictions_and_plans_are_unchanged(path, compute, what):
+    assert path.exists(), "no golden file: run .venv/bin/python tests/regen_golden.py"
+    changes = diff_golden(json.loads(path.read_text()), compute())
     if changes:
         shown = "\n  ".join(changes[:60])
         more = f"\n  ... and {len(changes) - 60} more" if len(changes) > 60 else ""
-        pytest.fail(f"{len(changes)} cost-model predictions changed (case: field: golden -> now):\n  {shown}{more}\n"
+        pytest.fail(f"{len(changes)} {what} changed (case: field: golden -> now):\n  {shown}{more}\n"
                     "If the change is intended, run `.venv/bin/python tests/regen_golden.py` and commit "
-                    "tests/golden/costs.json.", pytrace=False)
+                    f"tests/golden/{path.name}.", pytrace=False)
+
+
+def test_golden_searches_choose_remat_accumulation_and_pipelines():
+    found = [c["found"] for c in json.loads(PLANS_PATH.read_text())["cases"].values()]
+    assert len({f["chosen"]["remat"] for f in found}) > 1
+    assert any(f["chosen"]["microbatches"] > 1 and f["chosen"]["stage_axis"] is None for f in found)
+    assert any(f["chosen"]["stage_axis"] is not None for f in found)
+    assert any(f["runner_ups"] for f in found) and all(f["baselines"] for f in found)
 
 
 def test_golden_covers_every_zoo_model_with_several_meshes_and_layouts():
