@@ -207,6 +207,11 @@ class Hardware:
     * ``regather_weights``: a parameter all-gathered for the forward pass is
       released after use and gathered again for the backward pass (FSDP as
       XLA on GPU/TPU schedules it) instead of kept alive from one to the other.
+
+    ``kernel_latency``: seconds the compute stream is idle per kernel it runs
+    (the launch of one kernel after another on a GPU stream); 0 where the
+    device runs the compiled program without a launch per kernel (TPUs). The
+    kernels of a step are the fusion plan's (:mod:`layoutsearch.costmodel.fusion`).
     """
 
     name: str
@@ -231,6 +236,7 @@ class Hardware:
     float32_collectives: bool = False
     collective_matmul: bool = False
     memory_reserved: float = 0.0
+    kernel_latency: float = 0.0
 
     @property
     def usable_bytes(self) -> float:
@@ -402,12 +408,17 @@ _TPU_MM = 0.90               # see docs/hardware.md: no published microbenchmark
 # datasheet figures; `calibrate` measures the usable bytes (memory_stats()["bytes_limit"]) on the devices present.
 _GPU_RESERVED = 1 * GiB      # CUDA context (~0.3-0.6 GiB), cuBLAS workspace, NCCL channel buffers
 _TPU_RESERVED = 0.5 * GiB    # TPU runtime: program binaries and scratch buffers
+# GPU idle per kernel launched back to back on one stream (docs/hardware.md, "Kernel launches"): NVIDIA Developer
+# Blog, A. Gray, "Getting Started with CUDA Graphs" (2019): a 2.9 us kernel launched back to back takes 3.8 us per
+# kernel on V100. TPUs: 0, the TensorCore sequences the compiled program itself (no launch per kernel).
+_KERNEL_LATENCY = 0.9e-6
 
 
 def _gpu(name: str, peak: float, fp32: float, hbm: float, bw: float, fast: Link, slow: Link, e: float, sms: int,
          source: str) -> Hardware:
     return Hardware(name, peak, hbm, bw, fast, slow, 8, e, _MEM, source, peak_flops_fp32=fp32,
-                    matmul_tile=_GPU_TILE, compute_units=sms, memory_reserved=_GPU_RESERVED)
+                    matmul_tile=_GPU_TILE, compute_units=sms, memory_reserved=_GPU_RESERVED,
+                    kernel_latency=_KERNEL_LATENCY)
 
 
 def _tpu(name: str, peak: float, hbm: float, bw: float, ici: float, dcn: float, chips: int, source: str) -> Hardware:

@@ -129,13 +129,15 @@ def test_totals_are_the_sums_of_the_per_op_parts(report):
     assert isinstance(report, CostReport)
     assert math.isclose(report.compute_s, sum(o.compute_s for o in report.ops), rel_tol=1e-12)
     assert math.isclose(report.comm_s, sum(c.seconds for c in report.collectives), rel_tol=1e-12)
-    assert math.isclose(report.step_s, report.compute_s + report.comm_s, rel_tol=1e-12)
+    assert math.isclose(report.launch_s, sum(o.launch_s for o in report.ops), rel_tol=1e-12)
+    assert math.isclose(report.step_s, report.compute_s + report.launch_s + report.comm_s, rel_tol=1e-12)
     assert math.isclose(report.flops_per_device, sum(o.flops for o in report.ops), rel_tol=1e-12)
     for axis, nbytes in report.bytes_per_axis.items():
         assert math.isclose(nbytes, sum(c.link_bytes.get(axis, 0.0) for c in report.collectives), rel_tol=1e-12)
     assert sum(report.bytes_by_kind().values()) == sum(c.bytes for c in report.collectives)
     phases = report.by_phase()
-    assert math.isclose(sum(p["compute_s"] + p["comm_s"] for p in phases.values()), report.step_s, rel_tol=1e-12)
+    assert math.isclose(sum(p["compute_s"] + p["launch_s"] + p["comm_s"] for p in phases.values()), report.step_s,
+                        rel_tol=1e-12)
     assert math.isclose(sum(report.compute_by_bound().values()), report.compute_s, rel_tol=1e-12)
     groups = report.comm_groups()
     assert sum(g["count"] for g in groups) == len(report.collectives)

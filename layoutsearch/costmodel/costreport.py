@@ -45,12 +45,16 @@ class CollectiveRecord:
 @dataclass(frozen=True)
 class OpReport(OpWork):
     """Per-device cost of one op execution: ``bound`` is ``"flops"`` or ``"memory"``
-    (which roofline term set ``compute_s``); ``collectives`` its communication."""
+    (which roofline term set ``compute_s``); ``collectives`` its communication; ``kernels`` the kernels it
+    launches (1 when it starts one, :attr:`FusionPlan.kernels <layoutsearch.costmodel.fusion.FusionPlan>`) and
+    ``launch_s`` the compute stream's idle time for them (:attr:`Hardware.kernel_latency` each)."""
 
     compute_s: float
     bound: str
     collectives: tuple[CollectiveRecord, ...]
     output: str = ""
+    kernels: int = 0
+    launch_s: float = 0.0
 
     @property
     def comm_s(self) -> float:
@@ -63,7 +67,7 @@ class OpReport(OpWork):
     def to_dict(self) -> dict[str, Any]:
         return {"op": self.op, "kind": self.kind, "phase": self.phase, "block": self.block, "flops": self.flops,
                 "hbm_bytes": self.hbm_bytes, "matmul": self.matmul, "compute_s": self.compute_s,
-                "bound": self.bound, "comm_s": self.comm_s}
+                "bound": self.bound, "comm_s": self.comm_s, "launch_s": self.launch_s}
 
 
 def _residue_to_zero(seconds: float, scale: float) -> float:
@@ -78,6 +82,7 @@ class CostReport:
     Times in seconds, bytes and FLOPs per device unless named global (see the
     module docstring for the model). ``ops``: one entry per executed op, in
     schedule order (recomputed ops appear again with phase ``recompute``).
+    ``launch_s``: the compute stream's idle time between its ``kernels`` kernels (GPU kernel launches).
     """
 
     model: str
@@ -100,14 +105,16 @@ class CostReport:
     memory: MemoryReport
     ops: tuple[OpReport, ...] = field(repr=False)
     exposure: Overlap | None = field(default=None, repr=False)
+    launch_s: float = 0.0
+    kernels: int = 0
     op_costs: tuple[OpCost, ...] = field(default=(), repr=False, compare=False)
     """The op rules' cost of every op of the training graph, each with all its collectives (the input of the
     memory simulation), for callers that split the step further (pipeline stages)."""
 
     @property
     def comm_exposed_s(self) -> float:
-        """Communication on the critical path: ``step_s - compute_s`` (a rounding residue: 0)."""
-        return _residue_to_zero(self.step_s - self.compute_s, self.step_s)
+        """Communication on the critical path: ``step_s - compute_s - launch_s`` (a rounding residue: 0)."""
+        return _residue_to_zero(self.step_s - self.compute_s - self.launch_s, self.step_s)
 
     @property
     def comm_hidden_s(self) -> float:
@@ -137,11 +144,12 @@ class CostReport:
         return dict(sorted(out.items()))
 
     def by_phase(self) -> dict[str, dict[str, float]]:
-        """Compute and communication seconds and FLOPs per device, by phase."""
-        out = {p: {"compute_s": 0.0, "comm_s": 0.0, "flops": 0.0} for p in PHASES}
+        """Compute, kernel-launch and communication seconds and FLOPs per device, by phase."""
+        out = {p: {"compute_s": 0.0, "launch_s": 0.0, "comm_s": 0.0, "flops": 0.0} for p in PHASES}
         for op in self.ops:
             d = out[op.phase]
             d["compute_s"] += op.compute_s
+            d["launch_s"] += op.launch_s
             d["comm_s"] += op.comm_s
             d["flops"] += op.flops
         return {p: d for p, d in out.items() if any(d.values())}
@@ -183,6 +191,7 @@ class CostReport:
             "optimizer": self.optimizer, "precision": self.precision, "remat": self.remat,
             "attention": self.attention, "overlap": self.overlap,
             "step_s": self.step_s, "compute_s": self.compute_s, "comm_s": self.comm_s,
+            "kernel_launch_s": self.launch_s, "kernels": self.kernels,
             "comm_exposed_s": self.comm_exposed_s, "comm_hidden_s": self.comm_hidden_s,
             "overlap_by_class": self.exposure.to_dict()["by_class"] if self.exposure else None,
             "memory_bytes": self.memory_bytes, "fits": self.fits,
@@ -193,7 +202,8 @@ class CostReport:
             "hardware": {
                 "name": hw.name, "peak_flops": hw.peak_flops, "matmul_efficiency": hw.matmul_efficiency,
                 "hbm_bytes": hw.hbm_bytes, "usable_bytes": hw.usable_bytes, "hbm_bandwidth": hw.hbm_bandwidth,
-                "memory_efficiency": hw.memory_efficiency, "reduce_scatter": hw.reduce_scatter,
+                "memory_efficiency": hw.memory_efficiency, "kernel_latency": hw.kernel_latency,
+                "reduce_scatter": hw.reduce_scatter,
                 "links": {a: {"kind": "fast" if link == hw.fast_link else "slow", "bandwidth": link.bandwidth,
                               "efficiency": link.efficiency, "latency": link.latency}
                           for a, link in hw.links_for(self.mesh).items()},

@@ -4,7 +4,7 @@
 communication the layout causes (grouped by the overlap class of :mod:`~layoutsearch.costmodel.overlap`:
 parameter gathers, gradient reductions, collectives on the critical path), each naming the dims whose
 split causes it, how many collectives of how many bytes a step runs, their time and how much of it the
-schedule hides behind compute; then the compute and the peak memory by category.
+schedule hides behind compute; then the compute, the kernel launches and the peak memory by category.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import defaultdict
 from typing import Any
 
 from layoutsearch.costmodel.overlap import classify, collective_classes
+from layoutsearch.costmodel.render import launches
 from layoutsearch.costmodel.step import training_step
 from layoutsearch.ir.graph import Graph
 from layoutsearch.units import format_bytes, format_seconds
@@ -69,6 +70,8 @@ def explain(report: Any, graph: Graph) -> list[str]:
     mfu = f", {report.mfu:.0%} MFU" if report.mfu else ""
     lines.append(f"compute {format_seconds(report.compute_s)}{mfu}; communication {format_seconds(report.comm_s)}, "
                  f"{format_seconds(report.comm_exposed_s)} of it exposed; step {format_seconds(report.step_s)}.")
+    lines.append(f"kernel launches {format_seconds(report.launch_s)}: "
+                 f"{launches(report.kernels, report.hardware.kernel_latency)}.")
     mem = report.memory.to_dict()
     parts = sorted(((k.replace("_", " "), v) for k, v in mem["breakdown"].items() if v), key=lambda kv: -kv[1])
     lines.append(f"peak memory {format_bytes(mem['peak_bytes'])} at {mem['peak_op']} ({mem['peak_phase']}): "

@@ -48,6 +48,16 @@ part of the core: FlashAttention applies it on chip and regenerates the mask
 from the saved RNG state in its backward pass (Dao et al. 2022, algorithms 2
 and 4), so the mask and the dropped probabilities stay on chip too and
 the backward pass recomputes the mask and the dropout with the softmax.
+
+Kernels
+-------
+:attr:`FusionPlan.kernels` names the ops that start a kernel, each once per execution: every op without
+fusion; with it, the first op of each fusion group (one XLA fusion) and every op outside a group (a matmul,
+a gather), reshapes none (bitcasts); a flash-attention core one kernel forward (from ``q·k`` to the einsum
+reading the probabilities) and one backward (every backward op reading or writing its score gradients, the
+recomputation inside it). A step runs these kernels one after another on its compute stream:
+:attr:`~layoutsearch.mesh.Hardware.kernel_latency` each (the report's ``kernel launches``). Collectives run
+on their own streams and are not counted.
 """
 
 from __future__ import annotations
@@ -109,13 +119,15 @@ class FusionPlan:
     (False: on chip, or already read by its fusion group); ``writes[op]``:
     whether ``op`` writes its output to HBM; ``flash``: the flash-attention
     cores (empty with ``attention="standard"``); ``fused``: whether the backend
-    fuses. Ops absent from ``charged`` read and write everything."""
+    fuses; ``kernels``: the ops that start a kernel (see the module docstring).
+    Ops absent from ``charged`` read and write everything."""
 
     fused: bool
     on_chip: frozenset[str]
     charged: dict[str, tuple[bool, ...]] = field(hash=False, compare=False)
     writes: dict[str, bool] = field(hash=False, compare=False)
     flash: tuple[AttentionCore, ...] = ()
+    kernels: frozenset[str] = field(default=frozenset(), hash=False, compare=False)
 
     def cost(self, op: O.Op, cost: OpCost) -> OpCost:
         """``cost`` of ``op`` (or of an op of the same shapes, priced for another layout) with the HBM
@@ -159,7 +171,7 @@ def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
     flash = attention_cores(g) if attention == "flash" else ()
     scores = frozenset().union(*(c.forward for c in flash), *{id(c.backward): c.backward for c in flash}.values())
     if not fused and not scores:
-        return FusionPlan(False, frozenset(), {}, {}, ())
+        return FusionPlan(False, frozenset(), {}, {}, (), frozenset(op.name for op in g.ops))
     on_chip: set[str] = set(scores)
     producer = {op.output: op for op in g.ops}
     if fused:
@@ -190,7 +202,34 @@ def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
         writes[op.name] = op.output not in on_chip
         if gid is not None and writes[op.name]:  # written by the group: its other ops read it on chip
             seen.add((gid, op.output))
-    return FusionPlan(fused, frozenset(on_chip), charged, writes, flash)
+    return FusionPlan(fused, frozenset(on_chip), charged, writes, flash, _kernels(g, fused, group, flash))
+
+
+def _kernels(g: Graph, fused: bool, group: dict[str, int], flash: tuple[AttentionCore, ...]) -> frozenset[str]:
+    """The ops of ``g`` that start a kernel (see the module docstring)."""
+    cores: dict[str | None, list[tuple[int, AttentionCore]]] = {}
+    for k, c in enumerate(flash):
+        cores.setdefault(c.block, []).append((k, c))
+    core: dict[str, tuple[str, int]] = {}  # op of a flash core -> (pass, id of its kernel)
+    for op in g.ops:
+        for k, c in cores.get(op.block, ()):
+            if (op.phase == "forward" and c.keeps(op.output)) or op.name == c.context:
+                core[op.name] = ("forward", k)
+            elif op.phase == "backward" and (c.keeps(op.output) or any(c.keeps(i) for i in op.inputs)):
+                core[op.name] = ("backward", id(c.backward))
+    starts: set[str] = set()
+    seen: set[tuple[str, int]] = set()
+    for op in g.ops:
+        if fused and isinstance(op, O.Reshape):
+            continue  # a bitcast
+        key = core.get(op.name)
+        if key is None and op.name in group:
+            key = ("group", group[op.name])
+        if key is None or key not in seen:
+            starts.add(op.name)
+        if key is not None:
+            seen.add(key)
+    return frozenset(starts)
 
 
 def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str, int]:

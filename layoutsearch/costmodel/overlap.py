@@ -27,13 +27,14 @@ overlap depends on the collective, not on a tuned constant:
   op needs the result, so compute waits for it (Megatron-LM runs them in line).
 
 The schedule (:func:`schedule`): ops run one at a time on the compute stream
-in the step's order; each group of mesh axes (a communicator) is one FIFO
+in the step's order, each holding it for its compute and its kernel launch
+(``launch_s``, GPU); each group of mesh axes (a communicator) is one FIFO
 stream. An op starts when the compute stream is free and its prefetched
 weights have arrived; its critical collectives run after its compute and
 block; its gradient reductions are queued on their stream and only the
 optimizer (or the end of the step) waits for them. ``step_s`` is when the
-last op ends; ``exposed`` communication is ``step_s - compute_s``, the rest of
-the communication is ``hidden``.
+last op ends; ``exposed`` communication is ``step_s - compute_s - launch_s``, the
+rest of the communication is ``hidden``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class _Op(Protocol):
     phase: str
     block: str | None
     compute_s: float
+    launch_s: float
     collectives: tuple[Any, ...]
     matmul: bool
     output: str
@@ -69,13 +71,15 @@ class _Op(Protocol):
 @dataclass(frozen=True)
 class Overlap:
     """The result of :func:`schedule`: step time, and communication exposed
-    (on the critical path) and hidden, in total and by class (:data:`CLASSES`)."""
+    (on the critical path) and hidden, in total and by class (:data:`CLASSES`);
+    ``launch_s``: the compute stream's kernel launches."""
 
     step_s: float
     compute_s: float
     comm_s: float
     exposed_s: float
     by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    launch_s: float = 0.0
 
     @property
     def hidden_s(self) -> float:
@@ -145,8 +149,10 @@ def _prefetch_points(ops: Sequence[_Op]) -> list[int]:
 def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: bool = True,
              collective_matmul: bool = False) -> Overlap:
     """Simulate the step (see the module docstring); ``ops`` in schedule order, each with its
-    ``compute_s``, ``matmul``, ``output`` and ``collectives`` (``kind``, ``axes``, ``seconds``, ``tensor``)."""
+    ``compute_s``, ``launch_s``, ``matmul``, ``output`` and ``collectives`` (``kind``, ``axes``, ``seconds``,
+    ``tensor``)."""
     compute = sum(op.compute_s for op in ops)
+    launch = sum(op.launch_s for op in ops)
     comm = sum(c.seconds for op in ops for c in op.collectives)
     by_class = {k: {"seconds": 0.0, "exposed_s": 0.0} for k in CLASSES}
     kinds = [[collective_class(c, classes, op, async_collectives, collective_matmul) for c in op.collectives]
@@ -177,14 +183,15 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
         if r > t:
             weight += r - t
             t = r
-        end = t + op.compute_s
+        busy = op.compute_s + op.launch_s
+        end = t + busy
         if ks:
             for c, k in zip(op.collectives, ks, strict=True):
                 if k == "decomposed":  # in ring steps beside the matmul's partial products
                     start = max(t, free[c.axes])
                     free[c.axes] = start + c.seconds
                     end = max(end, start + c.seconds)
-        decomposed += max(0.0, end - t - op.compute_s)
+        decomposed += max(0.0, end - t - busy)
         t = end
         if ks:
             for c, k in zip(op.collectives, ks, strict=True):
@@ -204,7 +211,7 @@ def schedule(ops: Sequence[_Op], classes: dict[str, str], async_collectives: boo
     for k, exposed in (("critical", critical), ("decomposed", decomposed), ("weight", weight),
                        ("gradient", gradient)):
         by_class[k]["exposed_s"] = exposed if abs(exposed) >= 1e-12 else 0.0  # (rounding residue of max chains)
-    return Overlap(t, compute, comm, max(0.0, t - compute), by_class)
+    return Overlap(t, compute, comm, max(0.0, t - compute - launch), by_class, launch)
 
 
 __all__ = ["CLASSES", "Overlap", "classify", "collective_class", "collective_classes", "once_per_step",

@@ -394,7 +394,8 @@ def _stage(p: _Priced, hw: Hardware, names: tuple[str, ...], chunk_ids: list[int
     return StageReport(names, plain.step_s + transfer, transfer, last.step_s - plain.step_s, in_flight,
                        int(total), memory, tuple(colls), tuple(tuple(groups[c]) for c in chunk_ids),
                        compute_s=(microbatches - 1) * plain.compute_s + last.compute_s,
-                       comm_s=(microbatches - 1) * plain.comm_s + last.comm_s + microbatches * transfer)
+                       comm_s=(microbatches - 1) * plain.comm_s + last.comm_s + microbatches * transfer,
+                       launch_s=(microbatches - 1) * plain.launch_s + last.launch_s)
 
 
 def _with_outside(r: StageReport, p: _Priced, hw: Hardware, outside: Sequence[str], K: int, microbatches: int,

@@ -50,14 +50,16 @@ class StageReport:
     comm_s: float = 0.0
     """The device's communication over the step, hidden or not: every micro-batch's collectives and
     transfers, the once-per-step reductions once."""
+    launch_s: float = 0.0
+    """The device's kernel launches over the step (GPU: :attr:`CostReport.launch_s` of each micro-batch)."""
 
     def to_dict(self) -> dict[str, Any]:
         colls = [{"kind": k, "axes": list(a), "bytes": b, "count": c} for k, a, b, c in self.collectives]
         return {"units": list(self.units), "chunks": [list(c) for c in self.chunks or (self.units,)],
                 "microbatch_s": self.microbatch_s, "transfer_s": self.transfer_s,
                 "once_s": self.once_s, "in_flight": self.in_flight, "memory_bytes": self.memory_bytes,
-                "compute_s": self.compute_s, "comm_s": self.comm_s, "memory": dict(self.memory),
-                "collectives": colls}
+                "compute_s": self.compute_s, "comm_s": self.comm_s, "kernel_launch_s": self.launch_s,
+                "memory": dict(self.memory), "collectives": colls}
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,11 @@ class PipelineReport:
         return max(s.comm_s for s in self.stages)
 
     @property
+    def launch_s(self) -> float:
+        """Kernel launches per device over the step: the busiest stage's."""
+        return max(s.launch_s for s in self.stages)
+
+    @property
     def model_flops(self) -> float:
         """The step's model FLOPs (as :attr:`CostReport.model_flops`): every micro-batch's."""
         return self.inner.model_flops * self.microbatches
@@ -140,7 +147,7 @@ class PipelineReport:
             "remat": self.remat, "inner_layout": self.inner_layout, "step_s": self.step_s,
             "pipeline_s": self.pipeline_s, "tied_s": self.tied_s, "memory_bytes": self.memory_bytes,
             "bubble_fraction": self.bubble_fraction, "fits": self.fits, "compute_s": self.compute_s,
-            "comm_s": self.comm_s, "model_flops": self.model_flops, "mfu": self.mfu,
+            "comm_s": self.comm_s, "kernel_launch_s": self.launch_s, "model_flops": self.model_flops, "mfu": self.mfu,
             "hbm_bytes": self.inner.hardware.hbm_bytes, "usable_bytes": self.inner.hardware.usable_bytes,
             "hardware": self.inner.hardware.name,
             "precision": self.inner.precision, "attention": self.inner.attention,

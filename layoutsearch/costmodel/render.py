@@ -26,6 +26,13 @@ def _si(x: float, unit: str) -> str:
     return f"{x:.3g} {unit}"
 
 
+def launches(kernels: int, latency: float) -> str:
+    """What the kernel-launch line of a report says: ``kernels`` kernels of ``latency`` seconds each."""
+    if latency > 0:
+        return f"{kernels} kernels x {format_seconds(latency)}: the compute stream idle between kernels (GPU launches)"
+    return f"{kernels} kernels, none launched from the host (the device sequences the compiled program)"
+
+
 def _table(columns: list[str], rows: list[list[Any]], title: str, right: set[int]) -> Any:
     from rich import box
     from rich.table import Table
@@ -52,19 +59,21 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
     ]
     phases = d["phases"]
     if d["overlap"] == "auto":
-        how = (f"compute + exposed communication ({format_seconds(d['comm_exposed_s'])} exposed, "
+        how = (f"compute + kernel launches + exposed communication ({format_seconds(d['comm_exposed_s'])} exposed, "
                f"{format_seconds(d['comm_hidden_s'])} hidden behind compute)")
         if d["overlap_by_class"]:
             how += "; " + ", ".join(f"{k} collectives {format_seconds(v['seconds'])} ({format_seconds(v['exposed_s'])} "
                                     "exposed)" for k, v in d["overlap_by_class"].items() if v["seconds"])
     else:
-        how = "compute + communication" + (f" - {d['overlap']:g} x overlap" if d["overlap"] else "")
+        how = "compute + kernel launches + communication" + (f" - {d['overlap']:g} x overlap" if d["overlap"] else "")
     rows = [["step", format_seconds(d["step_s"]), how],
             ["compute", format_seconds(d["compute_s"]), ", ".join(f"{k} {format_seconds(v)}" for k, v in d["compute_by_bound_s"].items())],
             ["communication", format_seconds(d["comm_s"]), ", ".join(f"{k} {format_bytes(v)}" for k, v in d["bytes_by_kind"].items())
-             or "none"]]
-    rows += [[f"  {p}", format_seconds(v["compute_s"] + v["comm_s"]),
-              f"compute {format_seconds(v['compute_s'])}, comm {format_seconds(v['comm_s'])}, {_si(v['flops'], 'FLOP')}"]
+             or "none"],
+            ["kernel launches", format_seconds(d["kernel_launch_s"]), launches(d["kernels"], hw["kernel_latency"])]]
+    rows += [[f"  {p}", format_seconds(v["compute_s"] + v["launch_s"] + v["comm_s"]),
+              f"compute {format_seconds(v['compute_s'])}, launches {format_seconds(v['launch_s'])}, "
+              f"comm {format_seconds(v['comm_s'])}, {_si(v['flops'], 'FLOP')}"]
              for p, v in phases.items()]
     rows += [["FLOPs per device", _si(d["flops_per_device"], "FLOP"),
               f"model FLOPs {_si(d['model_flops'], 'FLOP')} (global, forward + backward)"],
@@ -101,4 +110,4 @@ def render_report(d: dict[str, Any], top: int = 15) -> list[Any]:
     return out
 
 
-__all__ = ["MEMORY_MEANING", "render_report"]
+__all__ = ["MEMORY_MEANING", "launches", "render_report"]

@@ -18,14 +18,17 @@ The training graph is derived under a precision policy
                 :mod:`layoutsearch.costmodel.fusion`)
     comm_s    = sum of the op's collectives' alpha-beta times
 
-Totals: ``compute_s`` and ``comm_s`` are sums over ops. ``step_s`` comes from
-the schedule of the step on a compute stream and one stream per communicator
+    launch_s  = Hardware.kernel_latency if the op starts a kernel (FusionPlan.kernels)
+
+Totals: ``compute_s``, ``launch_s`` and ``comm_s`` are sums over ops (``kernels``: the kernels launched).
+``step_s`` comes from the schedule of the step on a compute stream (busy for
+``compute_s + launch_s``) and one stream per communicator
 (:mod:`layoutsearch.costmodel.overlap`, ``overlap="auto"``, the default):
 weight gathers are prefetched, gradient reductions run behind the backward
 pass, the other collectives are on the critical path; ``comm_exposed_s`` is
-``step_s - compute_s``. On ``cpu-sim`` (XLA on CPU runs collectives in line)
+``step_s - compute_s - launch_s``. On ``cpu-sim`` (XLA on CPU runs collectives in line)
 ``step_s = compute_s + comm_s``. A number ``overlap`` in [0, 1] instead uses
-``step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)``.
+``step_s = busy + comm_s - overlap * min(busy, comm_s)``, ``busy = compute_s + launch_s``.
 Recomputed ops (remat, flash attention's backward) are priced again (phase
 ``recompute``), communication included.
 
@@ -152,13 +155,14 @@ def _estimate(g: Graph, layout: Layout, hw: Hardware, optimizer: Optimizer | str
     plan = remat_plan(g, remat)
     memory = simulate(g, layout, plan, each, combined_gradient_all_reduce=hw.combined_gradient_all_reduce,
                       on_chip=fusion.on_chip)
-    ops = _op_reports(g, costs, _recomputations(g, plan, fusion, remat), _op_reporter(g, mesh, hw))
+    ops = _op_reports(g, costs, _recomputations(g, plan, fusion, remat), _op_reporter(g, mesh, hw, fusion.kernels))
     model_flops = graph_cached(g, "model_flops", lambda: sum(op_flops(g, op) for op in g.ops
                                                                if op.phase != "optimizer"))
 
     compute_s = sum(o.compute_s for o in ops)
+    launch_s = sum(o.launch_s for o in ops)
     comm_s = sum(c.seconds for o in ops for c in o.collectives)
-    step_s, exposure = _step_seconds(g, ops, hw, overlap, compute_s, comm_s)
+    step_s, exposure = _step_seconds(g, ops, hw, overlap, compute_s + launch_s, comm_s)
     per_axis = _bytes_per_axis(ops, mesh)
     mfu = model_flops / (mesh.size * hw.peak_flops * step_s) if step_s > 0 else 0.0
     training = g.meta.get("training", {})
@@ -167,6 +171,7 @@ def _estimate(g: Graph, layout: Layout, hw: Hardware, optimizer: Optimizer | str
         model=g.name, mesh=mesh, devices=mesh.size, layout=layout.describe(), hardware=hw, optimizer=opt,
         precision=training.get("precision") or "as built", remat=remat, attention=attention,
         overlap=overlap if overlap == "auto" else float(overlap), compute_s=compute_s, comm_s=comm_s, step_s=step_s,
+        launch_s=launch_s, kernels=sum(o.kernels for o in ops),
         flops_per_device=sum(o.flops for o in ops), model_flops=model_flops, mfu=mfu, bytes_per_axis=per_axis,
         memory=memory, ops=tuple(ops), exposure=exposure, op_costs=tuple(each))
 
@@ -188,9 +193,11 @@ def _op_costs(g: Graph, layout: Layout, hw: Hardware, attention: str,
     return each, costs
 
 
-def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware) -> Callable[..., OpReport]:
-    """A function ``report(cost, phase, prefix="")`` pricing one op execution: its compute time (roofline) and
-    its collectives (``prefix`` leads their causes); each collective of one kind, axes and size is priced once."""
+def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware, kernels: frozenset[str]) -> Callable[..., OpReport]:
+    """A function ``report(cost, phase, prefix="", launches=True)`` pricing one op execution: its compute time
+    (roofline), the launch of its kernel when it starts one (``kernels``, and ``launches``: a flash-attention
+    backward's recomputation runs inside that kernel) and its collectives (``prefix`` leads their causes); each
+    collective of one kind, axes and size is priced once."""
     priced: dict[tuple[str, tuple[str, ...], int], tuple[CollectiveCost, tuple[str, ...]]] = {}
     timed: dict[tuple, tuple[float, str]] = {}
 
@@ -203,7 +210,7 @@ def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware) -> Callable[..., OpReport]:
             c = priced[key] = (collective_time(kind, nbytes, axes, mesh, hw), communicator)
         return c
 
-    def report(cost: OpCost, phase: str, prefix: str = "") -> OpReport:
+    def report(cost: OpCost, phase: str, prefix: str = "", launches: bool = True) -> OpReport:
         key = (cost.flops, cost.hbm_bytes, cost.matmul, cost.dtype, cost.matmul_dims)
         hit = timed.get(key)
         seconds, bound = hit if hit is not None else timed.setdefault(key, compute_seconds(cost, hw))
@@ -212,18 +219,21 @@ def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware) -> Callable[..., OpReport]:
             p, axes = price(c.kind, c.axes, c.bytes)
             colls.append(CollectiveRecord(cost.op, phase, c.kind, axes, c.bytes, p.seconds, c.tensor,
                                           prefix + c.cause, p.link_bytes))
+        n = int(launches and cost.op in kernels)
         return OpReport(cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul, seconds,
-                        bound, tuple(colls), g.op(cost.op).output)
+                        bound, tuple(colls), g.op(cost.op).output, n, n * hw.kernel_latency)
 
     return report
 
 
-def _recomputations(g: Graph, plan: RematPlan, fusion: FusionPlan, remat: str) -> dict[int, list[tuple[str, str]]]:
-    """Schedule index -> the ops recomputed just before it, each with the cause of its recomputation: the remat
-    policy's, and flash attention's backward (which recomputes q·k and the softmax)."""
-    redo: dict[int, list[tuple[str, str]]] = defaultdict(list)  # schedule index -> ops recomputed just before it
+def _recomputations(g: Graph, plan: RematPlan, fusion: FusionPlan,
+                    remat: str) -> dict[int, list[tuple[str, str, bool]]]:
+    """Schedule index -> the ops recomputed just before it, each with the cause of its recomputation (the remat
+    policy's, or flash attention's backward, which recomputes q·k and the softmax) and whether it launches its
+    kernels again (flash attention's recomputation runs inside its backward kernel)."""
+    redo: dict[int, list[tuple[str, str, bool]]] = defaultdict(list)  # schedule index -> ops recomputed before it
     for name in plan.recomputed:
-        redo[plan.points[g.op(name).block]].append((name, f"recompute ({remat} remat): "))  # type: ignore[index]
+        redo[plan.points[g.op(name).block]].append((name, f"recompute ({remat} remat): ", True))  # type: ignore
     backward_ops: dict[str | None, list[int]] = defaultdict(list)  # block -> its backward ops (schedule order)
     if fusion.flash:
         for i, op in enumerate(g.ops):
@@ -232,31 +242,32 @@ def _recomputations(g: Graph, plan: RematPlan, fusion: FusionPlan, remat: str) -
     for core in fusion.flash:  # flash attention's backward recomputes q·k and the softmax
         first = next((i for i in backward_ops[core.block] if core.keeps(g.ops[i].output)), None)
         if first is not None:  # None: the core reaches no loss, so it has no backward pass to recompute for
-            redo[first] += [(name, "recompute (flash attention backward): ") for name in core.recompute]
+            redo[first] += [(name, "recompute (flash attention backward): ", False) for name in core.recompute]
     return redo
 
 
-def _op_reports(g: Graph, costs: list[OpCost], redo: dict[int, list[tuple[str, str]]],
+def _op_reports(g: Graph, costs: list[OpCost], redo: dict[int, list[tuple[str, str, bool]]],
                 report: Callable[..., OpReport]) -> list[OpReport]:
     """Every op execution of the step in schedule order, recomputations (``redo``) before the op needing them."""
     index = {op.name: i for i, op in enumerate(g.ops)}
     ops: list[OpReport] = []
     for i, (op, cost) in enumerate(zip(g.ops, costs, strict=True)):
-        for name, why in redo.get(i, ()):
-            ops.append(report(costs[index[name]], "recompute", why))
+        for name, why, launches in redo.get(i, ()):
+            ops.append(report(costs[index[name]], "recompute", why, launches))
         ops.append(report(cost, op.phase))
     return ops
 
 
-def _step_seconds(g: Graph, ops: list[OpReport], hw: Hardware, overlap: float | str, compute_s: float,
+def _step_seconds(g: Graph, ops: list[OpReport], hw: Hardware, overlap: float | str, busy_s: float,
                   comm_s: float) -> tuple[float, Overlap | None]:
-    """The step time and, with ``overlap="auto"``, the schedule that gives it (else the fixed-overlap formula)."""
+    """The step time and, with ``overlap="auto"``, the schedule that gives it (else the fixed-overlap formula
+    over the compute stream's busy time ``busy_s``: compute and kernel launches)."""
     exposure = None
     if overlap == "auto":
         exposure = schedule(ops, collective_classes(g), hw.async_collectives, hw.collective_matmul)
         step_s = exposure.step_s
     else:
-        step_s = compute_s + comm_s - overlap * min(compute_s, comm_s)
+        step_s = busy_s + comm_s - overlap * min(busy_s, comm_s)
     return step_s, exposure
 
 

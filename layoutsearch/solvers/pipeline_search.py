@@ -379,14 +379,14 @@ def _loop_bound(step: MicrobatchStep, remat: str | None = None) -> float:
     """A lower bound of pipelined ``step`` under remat policy ``remat`` (default: ``step``'s; one that
     recomputes at least what ``step``'s does): its loop runs ``steps(K, M)`` times the slowest device's
     micro-batch, which is at least a ``K``-th of what all devices' micro-batches hold their compute streams
-    for: every forward, backward and recomputing op's compute and the collectives it always waits for
+    for: every forward, backward and recomputing op's compute, kernel launch and the collectives it always waits for
     (critical: see :mod:`~layoutsearch.costmodel.overlap`; the once-per-step gradient all-reduces are not in
     the loop), plus the same for each op ``remat`` recomputes beyond ``step``'s policy (a recomputation
     replays the op and its collectives). Recomputing more only adds to it."""
     p, hw = step.priced, step.hardware
 
     def held(o: OpReport) -> float:  # how long op execution ``o`` holds its device's compute stream at least
-        return o.compute_s + sum(c.seconds for c in o.collectives if not once_per_step(c, p.classes)
+        return o.compute_s + o.launch_s + sum(c.seconds for c in o.collectives if not once_per_step(c, p.classes)
                                  and collective_class(c, p.classes, o, hw.async_collectives,
                                                       hw.collective_matmul) == "critical")
 
