@@ -310,6 +310,12 @@ class _Builder(SpaceNodes):
         recomputes it."""
         return 1 + (op.name in self.recomputed) + (op.name in self.p.flash_recomputed)
 
+    def launch_item(self, op: O.Op, n: int) -> Item:
+        """The kernel launch of one execution of ``op`` in node ``n`` (:meth:`~.pricer.Pricer.launch`): the same
+        whatever the layout."""
+        launch = self.p.launch(op)
+        return Item("launch", [(n, self.iter_keys(n, op))], lambda a: launch)
+
     def add_op_items(self) -> None:
         """Every op's own items (:meth:`op_items`); the ops of one class (tied layers) share them, built once."""
         kinds: dict[tuple, tuple[list[str], list[str]]] = {}  # per op class: the kinds of its items
@@ -330,6 +336,9 @@ class _Builder(SpaceNodes):
             for j, kind in enumerate(kinds[base][0] if self.p.optimizer or op.phase != "optimizer" else ()):
                 for _ in range(self.runs(op)):
                     self.items.add_cost(("op", base, kind), lambda j=j, items=items: items()[0][j])
+            if op.name in self.p.fusion.kernels and (self.p.optimizer or op.phase != "optimizer"):
+                for _ in range(1 + (op.name in self.recomputed)):  # (a flash backward's recomputation: none)
+                    self.items.add_cost(("launch", n), lambda op=op, n=n: self.launch_item(op, n))
             for j, kind in enumerate(kinds[base][1]):
                 self.items.add_memory(("op", base, kind), lambda j=j, items=items: items()[1][j], (k, k))
 

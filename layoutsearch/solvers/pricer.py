@@ -121,6 +121,17 @@ class Pricer:
         v[0] = seconds
         return v
 
+    def launch(self, op: O.Op) -> float | np.ndarray:
+        """The kernel launch of one execution of ``op`` (:attr:`~layoutsearch.mesh.Hardware.kernel_latency` if
+        it starts a kernel, ``FusionPlan.kernels``; else 0), on the compute stream: seconds, or a bound vector
+        (entry 0). It does not depend on the layout; a flash-attention backward's recomputation launches none."""
+        seconds = self.hw.kernel_latency if op.name in self.fusion.kernels else 0.0
+        if self.counted == "all":
+            return seconds
+        v = np.zeros(1 + len(self.streams))
+        v[0] = seconds
+        return v
+
     def comm(self, c: OpCost) -> float | np.ndarray:
         return self.collectives(c.comms, c.op, c.matmul)
 
@@ -132,8 +143,9 @@ def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLay
              storage: dict[str, DimLayout], remat: str = "none") -> tuple[float, float, int]:
     """(compute s, communication s, peak memory bytes) of training graph ``graph`` computed op by op with
     ``iteration`` and every tensor stored as ``storage``, by the cost model's own rules (collectives shared
-    by several ops counted once; recomputed ops priced again; memory by its live-set simulation): what a
-    space's objective and memory rows must reproduce."""
+    by several ops counted once; recomputed ops priced again; kernel launches counted with the compute, a
+    remat recomputation launching again, a flash-attention backward's not; memory by its live-set
+    simulation): what a space's objective and memory rows must reproduce."""
     p = Pricer(graph, mesh, hw)
     t = graph.tensors
     each = [p.rules.cost(op, iteration.get(op.name, {}), [storage[i] for i in op.inputs], storage[op.output])
@@ -145,4 +157,5 @@ def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLay
     layout = Layout(mesh, (), tuple((n, tuple(storage[n].items())) for n in t if storage[n]))
     mem = simulate(graph, layout, plan, each, on_chip=p.fusion.on_chip,
                    combined_gradient_all_reduce=getattr(hw, "combined_gradient_all_reduce", False))
-    return sum(p.compute(c) for c in costs), sum(p.comm(c) for c in costs), mem.peak_bytes
+    launches = sum(p.launch(graph.ops[index[name]]) for name in (*index, *plan.recomputed))
+    return sum(p.compute(c) for c in costs) + launches, sum(p.comm(c) for c in costs), mem.peak_bytes
