@@ -81,6 +81,9 @@ class Layout:
     _shapes: dict[Any, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False,
                                                 hash=False)
     """Per-device shapes computed so far (:meth:`local_shape`), keyed by the dims of tensors the rules lay out."""
+    _laid: dict[tuple[str, ...], DimLayout] = field(default_factory=dict, init=False, repr=False, compare=False,
+                                                    hash=False)
+    """What the rules give each tuple of dims asked about so far (:meth:`rules_layout`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple((d, tuple(a)) for d, a in self.rules))
@@ -134,7 +137,15 @@ class Layout:
 
     def rules_layout(self, dims: Sequence[str]) -> DimLayout:
         """What the global rules give a set of dims (a tensor's, or an op's
-        iteration space), with Flax precedence; keys follow ``dims`` order."""
+        iteration space), with Flax precedence; keys follow ``dims`` order (a fresh dict, computed once per
+        tuple of dims)."""
+        key = tuple(dims)
+        hit = self._laid.get(key)
+        if hit is None:
+            hit = self._laid[key] = self._rules_layout(key)
+        return dict(hit)
+
+    def _rules_layout(self, dims: tuple[str, ...]) -> DimLayout:
         out: DimLayout = {}
         used: set[str] = set()
         present = set(dims)
