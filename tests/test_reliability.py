@@ -893,3 +893,76 @@ def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(delay):
     assert err.splitlines()[-1] == "layoutsearch: interrupted", err
     assert err.count("interrupted") == 1, err
     assert out == ""
+
+
+# -- issue 33: one property test per reader (plan files, placement instances, import specs; graph files, cost DAGs
+# and hardware profiles are fuzzed in test_fuzz.py): malformed documents raise only LayoutSearchErrors, one line,
+# naming the file they came from -------------------------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from test_fuzz import mutated_document  # noqa: E402
+
+READER_EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def refused_naming(error, source):
+    msg = str(error)
+    assert isinstance(error, LayoutSearchError) and msg.startswith(f"{source}: ") and "\n" not in msg, msg
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_plan_files_raise_only_layoutsearch_errors_naming_the_file(plans, data):
+    text = mutated_document(data, plans[data.draw(st.sampled_from(["rules", "ops"]))])
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    try:
+        plan = ls.Plan.from_json(text, "fuzz-plan.json")
+    except LayoutSearchError as e:
+        refused_naming(e, "fuzz-plan.json")
+        return
+    assert plan.step_s >= 0 and plan.memory_bytes >= 0  # what loads is priced again: its own figures are sane
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_placement_instances_raise_only_layoutsearch_errors_naming_the_file(data):
+    from layoutsearch.costdag.tarnawski import read_tarnawski
+    from layoutsearch.ir import strictjson
+    from layoutsearch.solvers.partition import partition
+
+    text = mutated_document(data, INSTANCE)
+    try:
+        dag = read_tarnawski(strictjson.loads(text, "fuzz-instance.json", CostDAGError), "fuzz-instance.json")
+    except LayoutSearchError as e:
+        refused_naming(e, "fuzz-instance.json")
+        return
+    try:
+        partition(dag, data.draw(st.integers(1, 3)))
+    except LayoutSearchError as e:
+        assert "\n" not in str(e), str(e)
+
+
+@pytest.fixture(scope="module")
+def user_loss(tmp_path_factory):
+    d = tmp_path_factory.mktemp("user_loss")
+    (d / "fuzzloss.py").write_text(LOSS)
+    return d
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_import_specs_raise_only_layoutsearch_errors_naming_the_file(user_loss, monkeypatch, data):
+    from layoutsearch.importer import from_spec_file
+
+    text = mutated_document(data, {**IMPORT_SPEC, "params_argnums": [0]})
+    spec = user_loss / "fuzz-spec.json"
+    spec.write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.chdir(user_loss)
+    monkeypatch.syspath_prepend(str(user_loss))
+    try:
+        graph = from_spec_file("fuzzloss:loss", spec)
+    except LayoutSearchError as e:
+        assert str(e).startswith((f"{spec}: ", "fuzzloss:loss")) and "\n" not in str(e), str(e)  # the spec or the code
+        return
+    assert graph.ops
