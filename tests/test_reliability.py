@@ -963,6 +963,6 @@ def test_mutated_import_specs_raise_only_layoutsearch_errors_naming_the_file(use
     try:
         graph = from_spec_file("fuzzloss:loss", spec)
     except LayoutSearchError as e:
-        assert str(e).startswith((f"{spec}: ", "fuzzloss:loss")) and "\n" not in str(e), str(e)  # the spec or the code
+        assert (str(spec) in str(e) or str(e).startswith("fuzzloss:loss")) and "\n" not in str(e), str(e)
         return
     assert graph.ops

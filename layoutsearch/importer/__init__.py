@@ -271,7 +271,7 @@ def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
             raise GraphError(f"{where}: dtype must be float32, bfloat16, float16 or int32, got {dtype!r}")
         return jax.ShapeDtypeStruct(tuple(shape), jax.numpy.dtype(dtype)), tuple(dims)
     if isinstance(doc, dict):
-        pairs = {k: _spec_arg(v, f"{where}.{k}") for k, v in doc.items()}
+        pairs = {k: _spec_arg(v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]") for k, v in doc.items()}
         return {k: a for k, (a, _) in pairs.items()}, {k: d for k, (_, d) in pairs.items()}
     if isinstance(doc, list):
         items = [_spec_arg(v, f"{where}[{i}]") for i, v in enumerate(doc)]
