@@ -56,7 +56,7 @@ def measure(argv: list[str], timeout: float) -> dict:
                 break
             time.sleep(0.02)
         wall = time.perf_counter() - start
-        proc.returncode = 0  # reaped here: keep Popen from waiting again
+        proc.returncode = 0  # reaped by os.wait4 (for its rusage): Popen must not wait for it again
         err.seek(0)
         lines = err.read().splitlines()
     return {"code": os.waitstatus_to_exitcode(status) if status is not None else "timeout",
@@ -163,19 +163,20 @@ def main() -> None:
              f"{os.getloadavg()[0]:.2f} at start)",
              f"# start-up floor (`layoutsearch --version`): {floor:.2f} s; importing JAX and starting its CPU "
              f"backend: {jax_floor:.2f} s more"]
+    print(*lines, sep="\n", flush=True)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         accepted, refused = rows(inputs(Path(tmp)))
-        tables = [("largest accepted", accepted), ("refused", refused)]
-        for title, table in tables:
-            if args.only and not title.startswith(args.only[:5]):
+        tables = {"accepted": ("largest accepted", accepted), "refused": ("refused", refused)}
+        for kind, (title, table) in tables.items():
+            if args.only not in (None, kind):
                 continue
             lines.append(f"\n## {title}: exit, wall s, peak RSS, stderr lines, the last stderr line")
-            print(lines[-2] if len(lines) == 3 else "", lines[-1], sep="\n", flush=True)
+            print(lines[-1], flush=True)
             for label, argv, timeout in table:
                 m = measure(argv, timeout)
                 verdict = ""
-                if title == "refused":
+                if kind == "refused":
                     allowed = floor + 2 + (jax_floor if argv[0] in ("run", "calibrate") else 0)
                     ok = m["code"] == 2 and m["stderr_lines"] == 1 and m["wall_s"] <= allowed and m["rss"] < GiB
                     verdict = "ok  " if ok else "FAIL"

@@ -7,6 +7,9 @@ import json
 
 import pytest
 from clirun import run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fuzz import mutated_document
 
 import layoutsearch as ls
 from layoutsearch import zoo
@@ -899,10 +902,6 @@ def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(delay):
 # and hardware profiles are fuzzed in test_fuzz.py): malformed documents raise only LayoutSearchErrors, one line,
 # naming the file they came from -------------------------------------------------------------------------------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from test_fuzz import mutated_document  # noqa: E402
-
 READER_EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 
 
@@ -958,8 +957,7 @@ def test_mutated_import_specs_raise_only_layoutsearch_errors_naming_the_file(use
     text = mutated_document(data, {**IMPORT_SPEC, "params_argnums": [0]})
     spec = user_loss / "fuzz-spec.json"
     spec.write_bytes(text if isinstance(text, bytes) else text.encode())
-    monkeypatch.chdir(user_loss)
-    monkeypatch.syspath_prepend(str(user_loss))
+    monkeypatch.chdir(user_loss)  # (MODULE:FUNCTION targets are imported from the current directory)
     try:
         graph = from_spec_file("fuzzloss:loss", spec)
     except LayoutSearchError as e:

@@ -191,9 +191,7 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
         program = flatten_jaxpr(_trace_spec(fn, args, target, spec_path, arg_names))
     try:
         return _translate(fn, program, leaves, splits, name, _arguments(arg_names, argnums))
-    except GraphError as e:  # named after what was imported with which spec, unless it names the user's code
-        if str(e).startswith(target):
-            raise
+    except GraphError as e:  # named after what was imported with which spec
         named = GraphError(f"{target} with {spec_path}: {e}")
         named.__notes__ = list(getattr(e, "__notes__", []))  # the traced program, shown with --debug
         raise named from None

@@ -131,17 +131,16 @@ def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: l
     """(groups x distinct columns: 1 / each group's split, per candidate its column) for :func:`_memory_bounds`:
     candidates splitting every group alike share one column (remembered per candidates: the bounds of every
     remat policy, the full one and the one at the backward pass, ask for the same groups)."""
-    key = ("group columns", groups, tuple(dims), sizes)
-    hit = cands._splits.get(key)
-    if hit is None:
+    def compute() -> tuple[np.ndarray, np.ndarray]:
         inv = np.empty((len(groups), len(cands)))
         for k, names in enumerate(groups):
             inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
         # (found as byte strings: faster than by axis)
         columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
         _, first, of = np.unique(columns, return_index=True, return_inverse=True)
-        hit = cands._splits[key] = (inv[:, first], of.reshape(-1))
-    return hit
+        return inv[:, first], of.reshape(-1)
+
+    return cands.remembered(("group columns", groups, tuple(dims), sizes), compute)
 
 
 def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:

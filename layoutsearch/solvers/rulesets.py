@@ -46,8 +46,8 @@ class RuleSets:
     primary: np.ndarray
     fallback: np.ndarray
     fallback_axes: np.ndarray
-    _splits: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False,
-                                                                     compare=False)
+    _memo: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What :meth:`remembered` computed for these candidates, by key."""
     _maps: tuple[dict[bytes, int], np.ndarray, np.ndarray | None] | None = field(default=None, init=False,
                                                                               repr=False, compare=False)
     """The axis maps :meth:`distinct` computed, for :meth:`project` to look up: (dims' indices -> first column,
@@ -61,11 +61,15 @@ class RuleSets:
         """Per candidate, how many ways it splits a tensor or op whose dims are ``mask``: the product of the
         ``sizes`` of the mesh axes :meth:`project` gives it (remembered: the bounds of every remat policy
         and micro-batch ask for the same dims)."""
-        key = (np.asarray(mask, bool).tobytes(), sizes)
-        hit = self._splits.get(key)
+        return self.remembered(("split", np.asarray(mask, bool).tobytes(), sizes), lambda: np.where(
+            self.project(mask) >= 0, np.array(sizes, float)[None, :], 1.0).prod(axis=1))
+
+    def remembered(self, key: tuple, compute: Any) -> Any:
+        """``compute()``, once per ``key`` for these candidates (the bounds of every remat policy and
+        micro-batch count ask for the same figures of the same candidates)."""
+        hit = self._memo.get(key)
         if hit is None:
-            hit = self._splits[key] = np.where(self.project(mask) >= 0, np.array(sizes, float)[None, :],
-                                               1.0).prod(axis=1)
+            hit = self._memo[key] = compute()
         return hit
 
     def project(self, mask: np.ndarray) -> np.ndarray:
