@@ -11,6 +11,9 @@ Two tables:
 
 * **largest accepted**: inputs at (or near) a documented bound that the tool accepts: how long they take and
   how much memory they need (the figures README "Limits" quotes);
+* **time limits and Ctrl-C**: a search that takes longer than 20 s, with ``--time-limit`` 5 and 20 (it must
+  answer within T + 10% + 1 s of start-up, baselines included) and interrupted at moments from 0.01 s to 8 s
+  after it starts (exit 130, one line "layoutsearch: interrupted" last, no traceback);
 * **refused**: the bad-input rows of issue 33, each of which must exit 2 with one line on stderr, within 2 s
   of work after start-up (the interpreter's, and JAX's import for the commands that run on devices: `run`,
   `calibrate`), in under 1 GiB. A row that does not is marked ``FAIL``.
@@ -23,6 +26,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,8 +41,9 @@ SHIM = "import sys\nsys.argv[0] = 'layoutsearch'\nfrom layoutsearch.cli import r
 GiB = 2**30
 
 
-def measure(argv: list[str], timeout: float) -> dict:
-    """One fresh ``layoutsearch ARGV``: status, wall seconds, peak RSS bytes, stderr lines (and the last)."""
+def measure(argv: list[str], timeout: float, interrupt: float | None = None) -> dict:
+    """One fresh ``layoutsearch ARGV``: status, wall seconds, peak RSS bytes, stderr lines (and the last), whether
+    stderr has a traceback; ``interrupt``: SIGINT (Ctrl-C) that many seconds after the start."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         start = time.perf_counter()
@@ -49,19 +54,22 @@ def measure(argv: list[str], timeout: float) -> dict:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
+            if interrupt is not None and time.perf_counter() - start >= interrupt:
+                proc.send_signal(signal.SIGINT)
+                interrupt = None
             if time.perf_counter() > deadline:
                 proc.kill()
                 pid, status, usage = os.wait4(proc.pid, 0)
                 status = None
                 break
-            time.sleep(0.02)
+            time.sleep(0.005)
         wall = time.perf_counter() - start
         proc.returncode = 0  # reaped by os.wait4 (for its rusage): Popen must not wait for it again
         err.seek(0)
         lines = err.read().splitlines()
     return {"code": os.waitstatus_to_exitcode(status) if status is not None else "timeout",
             "wall_s": wall, "rss": usage.ru_maxrss * 1024, "stderr_lines": len(lines),
-            "last": lines[-1] if lines else ""}
+            "last": lines[-1] if lines else "", "traceback": any(ln.startswith("Traceback") for ln in lines)}
 
 
 def inputs(tmp: Path) -> dict[str, Path]:
@@ -149,10 +157,46 @@ def rows(f: dict[str, Path]) -> tuple[list, list]:
     return accepted, [(label, argv, 60) for label, argv in refused]
 
 
+TIMED = ["search", "gpt", "--set", "preset=gpt3-175b", "--mesh", "data:16,fsdp:8,model:8", "--hardware", "tpu-v4"]
+"""The search of the time-limit and Ctrl-C rows: GPT-3 175B on 1024 TPU v4 chips, which takes longer than
+20 s unbounded."""
+TIME_LIMITS = (5, 20)
+INTERRUPTS = (0.01, 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.5, 4.0, 8.0)
+"""When the Ctrl-C rows interrupt the search (seconds after the process starts): while the interpreter and the
+modules start, while the model is built, during each phase of the search."""
+
+
+def timed_rows(floor: float) -> list[str]:
+    """The ``--time-limit`` rows (exit 0 within T + 10% + the start-up floor + 1 s) and the Ctrl-C rows (exit
+    130, the last stderr line "layoutsearch: interrupted", no traceback). A Ctrl-C while the interpreter itself
+    starts (``python -c pass``: site packages, before any code of the program runs) meets Python's own handler:
+    those rows are marked ``pre`` and not counted."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    interpreter = time.perf_counter() - start
+    out = [f"# the interpreter's own start-up (`python -c pass`): {interpreter:.3f} s"]
+    print(out[0], flush=True)
+    for t in TIME_LIMITS:
+        m = measure([*TIMED, "--time-limit", str(t)], 10 * t + 60)
+        allowed = t * 1.1 + 1 + floor
+        ok = m["code"] == 0 and m["wall_s"] <= allowed and not m["traceback"]
+        out.append(f"{'ok  ' if ok else 'FAIL'}{'search gpt3-175b 1024 tpu-v4 --time-limit ' + str(t):<66} exit "
+                   f"{m['code']!s:>7}  {m['wall_s']:7.2f} s  {m['rss'] / 2**20:7.0f} MiB  (allowed {allowed:.2f} s)")
+        print(out[-1], flush=True)
+    for at in INTERRUPTS:
+        m = measure(TIMED, 120, interrupt=at)
+        ok = m["code"] == 130 and m["last"] == "layoutsearch: interrupted" and not m["traceback"]
+        out.append(f"{'ok  ' if ok else 'pre ' if at < interpreter else 'FAIL'}{f'search gpt3-175b, Ctrl-C at {at:.2f} s':<66} exit "
+                   f"{m['code']!s:>7}  {m['wall_s']:7.2f} s  {m['rss'] / 2**20:7.0f} MiB  {m['stderr_lines']:3d}  "
+                   f"{m['last'][:110]}")
+        print(out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="also write the tables to this file")
-    ap.add_argument("--only", choices=["accepted", "refused"], help="one table only")
+    ap.add_argument("--only", choices=["accepted", "refused", "timed"], help="one table only")
     args = ap.parse_args()
     floor = measure(["--version"], 60)["wall_s"]  # the interpreter and the CLI's own start-up
     start = time.perf_counter()
@@ -184,6 +228,12 @@ def main() -> None:
                 lines.append(f"{verdict}{label:<66} exit {m['code']!s:>7}  {m['wall_s']:7.2f} s  "
                              f"{m['rss'] / 2**20:7.0f} MiB  {m['stderr_lines']:3d}  {m['last'][:110]}")
                 print(lines[-1], flush=True)
+    if args.only in (None, "timed"):
+        lines.append("\n## time limits and Ctrl-C: exit, wall s, peak RSS (stderr lines, the last stderr line)")
+        print(lines[-1], flush=True)
+        timed = timed_rows(floor)
+        lines += timed
+        failures += sum(r.startswith("FAIL") for r in timed)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     sys.exit(1 if failures else 0)

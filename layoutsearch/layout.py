@@ -84,9 +84,14 @@ class Layout:
     _laid: dict[tuple[str, ...], DimLayout] = field(default_factory=dict, init=False, repr=False, compare=False,
                                                     hash=False)
     """What the rules give each tuple of dims asked about so far (:meth:`rules_layout`)."""
+    _overrides: dict[str, tuple[tuple[str, Axes], ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False, hash=False)
+    """The per-tensor entries by tensor name (the first entry of a name counts, as in :attr:`tensors`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple((d, tuple(a)) for d, a in self.rules))
+        for name, entries in reversed(self.tensors):
+            self._overrides[name] = entries
         for dim, axes in self.rules:
             for a in axes:
                 self._check_axis(a, f"rule {dim}:{'+'.join(axes)}")
@@ -129,10 +134,10 @@ class Layout:
     # -- queries
     def dim_layout(self, tensor: Tensor) -> DimLayout:
         """Dim name -> mesh axes for ``tensor`` (split dims only)."""
-        for name, entries in self.tensors:
-            if name == tensor.name:
-                present = set(tensor.dim_names)
-                return {d: a for d, a in entries if d in present and a}
+        entries = self._overrides.get(tensor.name)
+        if entries is not None:
+            present = set(tensor.dim_names)
+            return {d: a for d, a in entries if d in present and a}
         return self.rules_layout(tensor.dim_names)
 
     def rules_layout(self, dims: Sequence[str]) -> DimLayout:
