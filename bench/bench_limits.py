@@ -186,7 +186,8 @@ def timed_rows(floor: float) -> list[str]:
     for at in INTERRUPTS:
         m = measure(TIMED, 120, interrupt=at)
         ok = m["code"] == 130 and m["last"] == "layoutsearch: interrupted" and not m["traceback"]
-        out.append(f"{'ok  ' if ok else 'pre ' if at < interpreter else 'FAIL'}{f'search gpt3-175b, Ctrl-C at {at:.2f} s':<66} exit "
+        verdict = "ok  " if ok else "pre " if at < interpreter else "FAIL"
+        out.append(f"{verdict}{f'search gpt3-175b, Ctrl-C at {at:.2f} s':<66} exit "
                    f"{m['code']!s:>7}  {m['wall_s']:7.2f} s  {m['rss'] / 2**20:7.0f} MiB  {m['stderr_lines']:3d}  "
                    f"{m['last'][:110]}")
         print(out[-1], flush=True)

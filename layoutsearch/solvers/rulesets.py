@@ -13,7 +13,7 @@ rules and :func:`model_groups` finds the groups of dims that may share an axis.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,7 @@ class RuleSets:
         return self.remembered(("split", np.asarray(mask, bool).tobytes(), sizes), lambda: np.where(
             self.project(mask) >= 0, np.array(sizes, float)[None, :], 1.0).prod(axis=1))
 
-    def remembered(self, key: tuple, compute: Any) -> Any:
+    def remembered(self, key: tuple, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per ``key`` for these candidates (the bounds of every remat policy and
         micro-batch count ask for the same figures of the same candidates)."""
         hit = self._memo.get(key)
