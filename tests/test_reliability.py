@@ -793,6 +793,21 @@ def test_an_enumeration_too_large_for_a_float_is_refused_readably(capsys):
     assert code == 2 and out == "" and last.startswith("layoutsearch: error: enumeration would evaluate about 10**")
 
 
+def test_an_enumeration_too_large_is_refused_before_the_space_is_priced(monkeypatch, capsys):
+    from layoutsearch.solvers import build
+
+    add_op_items = build._Builder.add_op_items
+
+    def priced(self):
+        assert self.kind != "ops", "the ops space was priced before the size check"
+        add_op_items(self)
+
+    monkeypatch.setattr(build._Builder, "add_op_items", priced)
+    code, _, err = run(capsys, "search", "mtf-ffn", "--mesh", "data:2,model:2", "--space", "ops",
+                       "--solver", "enumerate")
+    assert code == 2 and err.splitlines()[-1].startswith("layoutsearch: error: enumeration would evaluate 1.65e+33")
+
+
 # -- issue 33: import specs and user code that exits or prints -------------------------------------------------------
 
 IMPORT_SPEC = {"args": [{"w": {"dims": ["d_model", "d_ff"], "shape": [8, 16]}},
