@@ -81,9 +81,17 @@ class Layout:
     _shapes: dict[Any, tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False,
                                                 hash=False)
     """Per-device shapes computed so far (:meth:`local_shape`), keyed by the dims of tensors the rules lay out."""
+    _laid: dict[tuple[str, ...], DimLayout] = field(default_factory=dict, init=False, repr=False, compare=False,
+                                                    hash=False)
+    """What the rules give each tuple of dims asked about so far (:meth:`rules_layout`)."""
+    _overrides: dict[str, tuple[tuple[str, Axes], ...]] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False, hash=False)
+    """The per-tensor entries by tensor name (the first entry of a name counts, as in :attr:`tensors`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rules", tuple((d, tuple(a)) for d, a in self.rules))
+        for name, entries in reversed(self.tensors):
+            self._overrides[name] = entries
         for dim, axes in self.rules:
             for a in axes:
                 self._check_axis(a, f"rule {dim}:{'+'.join(axes)}")
@@ -126,15 +134,23 @@ class Layout:
     # -- queries
     def dim_layout(self, tensor: Tensor) -> DimLayout:
         """Dim name -> mesh axes for ``tensor`` (split dims only)."""
-        for name, entries in self.tensors:
-            if name == tensor.name:
-                present = set(tensor.dim_names)
-                return {d: a for d, a in entries if d in present and a}
+        entries = self._overrides.get(tensor.name)
+        if entries is not None:
+            present = set(tensor.dim_names)
+            return {d: a for d, a in entries if d in present and a}
         return self.rules_layout(tensor.dim_names)
 
     def rules_layout(self, dims: Sequence[str]) -> DimLayout:
         """What the global rules give a set of dims (a tensor's, or an op's
-        iteration space), with Flax precedence; keys follow ``dims`` order."""
+        iteration space), with Flax precedence; keys follow ``dims`` order (a fresh dict, computed once per
+        tuple of dims)."""
+        key = tuple(dims)
+        hit = self._laid.get(key)
+        if hit is None:
+            hit = self._laid[key] = self._rules_layout(key)
+        return dict(hit)
+
+    def _rules_layout(self, dims: tuple[str, ...]) -> DimLayout:
         out: DimLayout = {}
         used: set[str] = set()
         present = set(dims)

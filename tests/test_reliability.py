@@ -7,6 +7,9 @@ import json
 
 import pytest
 from clirun import run
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fuzz import mutated_document
 
 import layoutsearch as ls
 from layoutsearch import zoo
@@ -790,6 +793,21 @@ def test_an_enumeration_too_large_for_a_float_is_refused_readably(capsys):
     assert code == 2 and out == "" and last.startswith("layoutsearch: error: enumeration would evaluate about 10**")
 
 
+def test_an_enumeration_too_large_is_refused_before_the_space_is_priced(monkeypatch, capsys):
+    from layoutsearch.solvers import build
+
+    add_op_items = build._Builder.add_op_items
+
+    def priced(self):
+        assert self.kind != "ops", "the ops space was priced before the size check"
+        add_op_items(self)
+
+    monkeypatch.setattr(build._Builder, "add_op_items", priced)
+    code, _, err = run(capsys, "search", "mtf-ffn", "--mesh", "data:2,model:2", "--space", "ops",
+                       "--solver", "enumerate")
+    assert code == 2 and err.splitlines()[-1].startswith("layoutsearch: error: enumeration would evaluate 1.65e+33")
+
+
 # -- issue 33: import specs and user code that exits or prints -------------------------------------------------------
 
 IMPORT_SPEC = {"args": [{"w": {"dims": ["d_model", "d_ff"], "shape": [8, 16]}},
@@ -893,3 +911,71 @@ def test_ctrl_c_while_modules_import_is_one_line_and_exit_130(delay):
     assert err.splitlines()[-1] == "layoutsearch: interrupted", err
     assert err.count("interrupted") == 1, err
     assert out == ""
+
+
+# -- issue 33: one property test per reader (plan files, placement instances, import specs; graph files, cost DAGs
+# and hardware profiles are fuzzed in test_fuzz.py): malformed documents raise only LayoutSearchErrors, one line,
+# naming the file they came from -------------------------------------------------------------------------------------
+
+READER_EXAMPLES = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def refused_naming(error, source):
+    msg = str(error)
+    assert isinstance(error, LayoutSearchError) and msg.startswith(f"{source}: ") and "\n" not in msg, msg
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_plan_files_raise_only_layoutsearch_errors_naming_the_file(plans, data):
+    text = mutated_document(data, plans[data.draw(st.sampled_from(["rules", "ops"]))])
+    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+    try:
+        plan = ls.Plan.from_json(text, "fuzz-plan.json")
+    except LayoutSearchError as e:
+        refused_naming(e, "fuzz-plan.json")
+        return
+    assert plan.step_s >= 0 and plan.memory_bytes >= 0  # what loads is priced again: its own figures are sane
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_placement_instances_raise_only_layoutsearch_errors_naming_the_file(data):
+    from layoutsearch.costdag.tarnawski import read_tarnawski
+    from layoutsearch.ir import strictjson
+    from layoutsearch.solvers.partition import partition
+
+    text = mutated_document(data, INSTANCE)
+    try:
+        dag = read_tarnawski(strictjson.loads(text, "fuzz-instance.json", CostDAGError), "fuzz-instance.json")
+    except LayoutSearchError as e:
+        refused_naming(e, "fuzz-instance.json")
+        return
+    try:
+        partition(dag, data.draw(st.integers(1, 3)))
+    except LayoutSearchError as e:
+        assert "\n" not in str(e), str(e)
+
+
+@pytest.fixture(scope="module")
+def user_loss(tmp_path_factory):
+    d = tmp_path_factory.mktemp("user_loss")
+    (d / "fuzzloss.py").write_text(LOSS)
+    return d
+
+
+@READER_EXAMPLES
+@given(st.data())
+def test_mutated_import_specs_raise_only_layoutsearch_errors_naming_the_file(user_loss, monkeypatch, data):
+    from layoutsearch.importer import from_spec_file
+
+    text = mutated_document(data, {**IMPORT_SPEC, "params_argnums": [0]})
+    spec = user_loss / "fuzz-spec.json"
+    spec.write_bytes(text if isinstance(text, bytes) else text.encode())
+    monkeypatch.chdir(user_loss)  # (MODULE:FUNCTION targets are imported from the current directory)
+    try:
+        graph = from_spec_file("fuzzloss:loss", spec)
+    except LayoutSearchError as e:
+        assert (str(spec) in str(e) or str(e).startswith("fuzzloss:loss")) and "\n" not in str(e), str(e)
+        return
+    assert graph.ops

@@ -185,15 +185,24 @@ def run() -> NoReturn:
     command is over it is ignored. After Ctrl-C the interpreter's finalization is skipped: a native solver
     interrupted mid-presolve may still be running in a worker thread
     (:func:`layoutsearch.solvers.milp._interruptible`), and tearing the interpreter down under it aborts the
-    process; files and child processes were already cleaned up on the way out."""
+    process; files and child processes were already cleaned up on the way out.
+
+    Python's cyclic garbage collector is off for the program, as for a search
+    (:func:`layoutsearch.solvers.search.search`): one command runs and the process ends, and each collection
+    walks every object alive (a large model's graph and plans: about a second per walk after a search, which
+    ``--time-limit`` would have to leave time for); the heap is frozen before the interpreter's finalization,
+    whose own collection then has nothing to walk."""
+    import gc
     import signal
 
+    gc.disable()
     signal.signal(signal.SIGINT, _on_ctrl_c)
     sys.unraisablehook = _interrupt_again
     try:
         code = main()
     except KeyboardInterrupt:  # between the handlers of main and execute
         code = interrupted()
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the command is over: a Ctrl-C on the way out changes nothing
     if code == 130:
         _exit_130()

@@ -116,14 +116,14 @@ def run(args: argparse.Namespace) -> Result:
         raise LayoutSearchError(f"--steps must be an integer from 1 to {MAX_STEPS:,}, got {args.steps:,}")
     if not 0 <= args.seed < 2**32:
         raise LayoutSearchError(f"--seed must be an integer from 0 to 2**32 - 1, got {args.seed:,}")
+    plan = _plan(args)  # (the plan file and the mesh are checked before JAX is imported: a refusal is quick)
+    mesh = plan.layout.mesh if plan is not None else mesh_of(args)
     from layoutsearch.backend.train import train
     from layoutsearch.devices import jax_devices, present_hardware
     from layoutsearch.mesh import PRESETS, hardware
     from layoutsearch.solvers.search import price_plan, search
 
     _distributed(args)
-    plan = _plan(args)
-    mesh = plan.layout.mesh if plan is not None else mesh_of(args)
     devices = jax_devices(mesh.size)
     here = present_hardware(devices)
     if plan is None:

@@ -92,10 +92,16 @@ class Overlap:
 
 def collective_classes(g: Graph) -> dict[str, str]:
     """Tensor name -> class for the tensors whose collectives are not critical: parameters
-    (``weight``: gathers are prefetched) and parameter gradients (``gradient``: reductions deferred)."""
-    out = {p.name: "weight" for p in g.parameters}
-    out.update({t: "gradient" for t in parameter_gradients(g)})
-    return out
+    (``weight``: gathers are prefetched) and parameter gradients (``gradient``: reductions deferred); derived
+    once per graph object, a fresh dict each call."""
+    from layoutsearch.costmodel.step import graph_cached
+
+    def compute() -> dict[str, str]:
+        out = {p.name: "weight" for p in g.parameters}
+        out.update({t: "gradient" for t in parameter_gradients(g)})
+        return out
+
+    return dict(graph_cached(g, "collective classes", compute))
 
 
 def classify(c: _Collective, classes: dict[str, str], op: _Op | None = None,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from layoutsearch.costmodel.memory import remat_plan, transient_buffers
 from layoutsearch.costmodel.report import CostReport, OpReport
+from layoutsearch.costmodel.step import graph_cached
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import grad_name, top_block
@@ -26,7 +27,12 @@ PRE, POST = "pre", "post"
 
 
 def unit_of_ops(g: Graph) -> dict[str, str]:
-    """Op name -> pipeline unit (``pre``, a top-level block name, ``post``) of a training graph."""
+    """Op name -> pipeline unit (``pre``, a top-level block name, ``post``) of a training graph (derived once
+    per graph object, a fresh dict each call)."""
+    return dict(graph_cached(g, "units of ops", lambda: _unit_of_ops(g)))
+
+
+def _unit_of_ops(g: Graph) -> dict[str, str]:
     unit: dict[str, str] = {}
     block_op = {op.name: top_block(op.block) for op in g.ops if op.block}
     after_block: dict[str, bool] = {}

@@ -174,7 +174,7 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
         if not isinstance(splits, dict) or not all(
                 isinstance(v, list) and all(isinstance(n, str) for n in v) for v in splits.values()):
             raise GraphError(f"{spec_path}: splits must map dim names to lists of dim names")
-        pairs = [_spec_arg(a, f"args[{k}]") for k, a in enumerate(doc["args"])]
+        pairs = [_spec_arg(a, f"{spec_path}: args[{k}]") for k, a in enumerate(doc["args"])]
         args, dims = tuple(a for a, _ in pairs), tuple(d for _, d in pairs)
         _check_arity(fn, target, len(args), spec_path)
         if not args:
@@ -184,9 +184,17 @@ def from_spec_file(target: str, spec_path: str | Path, name: str | None = None) 
             raise GraphError(f"{spec_path}: params_argnums: {bad[0]} is not an argument index (the spec gives "
                              f"{len(args)} argument{'s' if len(args) > 1 else ''}: 0 to {len(args) - 1})")
         arg_names = _arg_names(fn, len(args))
-        leaves = _named_leaves(args, dims, set(argnums), arg_names)
+        try:
+            leaves = _named_leaves(args, dims, set(argnums), arg_names)
+        except GraphError as e:  # the spec's dims contradict each other: the spec file is the offender
+            raise GraphError(f"{spec_path}: {e}") from None
         program = flatten_jaxpr(_trace_spec(fn, args, target, spec_path, arg_names))
-    return _translate(fn, program, leaves, splits, name, _arguments(arg_names, argnums))
+    try:
+        return _translate(fn, program, leaves, splits, name, _arguments(arg_names, argnums))
+    except GraphError as e:  # named after what was imported with which spec
+        named = GraphError(f"{target} with {spec_path}: {e}")
+        named.__notes__ = list(getattr(e, "__notes__", []))  # the traced program, shown with --debug
+        raise named from None
 
 
 def _split_target(target: str) -> tuple[str, str, str, Path | None]:
@@ -261,7 +269,7 @@ def _spec_arg(doc: Any, where: str) -> tuple[Any, Any]:
             raise GraphError(f"{where}: dtype must be float32, bfloat16, float16 or int32, got {dtype!r}")
         return jax.ShapeDtypeStruct(tuple(shape), jax.numpy.dtype(dtype)), tuple(dims)
     if isinstance(doc, dict):
-        pairs = {k: _spec_arg(v, f"{where}.{k}") for k, v in doc.items()}
+        pairs = {k: _spec_arg(v, f"{where}.{k}" if k.isidentifier() else f"{where}[{k!r}]") for k, v in doc.items()}
         return {k: a for k, (a, _) in pairs.items()}, {k: d for k, (_, d) in pairs.items()}
     if isinstance(doc, list):
         items = [_spec_arg(v, f"{where}[{i}]") for i, v in enumerate(doc)]

@@ -226,7 +226,11 @@ class Graph:
     @property
     def parameters(self) -> list[Tensor]:
         """The trainable parameters (fed in; their new values ``updates``-ing them are left out)."""
-        return [t for t in self.tensors_with_role("parameter") if t.name not in self._producer]
+        return list(self._parameters)
+
+    @cached_property
+    def _parameters(self) -> tuple[Tensor, ...]:
+        return tuple(t for t in self.tensors_with_role("parameter") if t.name not in self._producer)
 
     @property
     def inputs(self) -> list[Tensor]:

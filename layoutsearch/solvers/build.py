@@ -31,6 +31,7 @@ the items' keys (:mod:`.assemble`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -49,6 +50,7 @@ from layoutsearch.solvers.assemble import Excess, Item, Items, Roles, assemble
 from layoutsearch.solvers.axismaps import NONE, project
 from layoutsearch.solvers.blocks import strip_block
 from layoutsearch.solvers.clock import Deadline
+from layoutsearch.solvers.enumerate import check_size
 from layoutsearch.solvers.nodes import SpaceNodes
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.rulesets import RuleSets, rule_sets
@@ -61,7 +63,7 @@ class _Builder(SpaceNodes):
 
     def __init__(self, graph: Graph, mesh: Mesh, hw: Hardware, kind: str, tie: bool, rules: RuleSets | None,
                  include: RuleSets | None, variants: bool, pricer: Pricer | None, remat: str = "none",
-                 deadline: Deadline | None = None) -> None:
+                 deadline: Deadline | None = None, max_assignments: int | None = None) -> None:
         if kind not in SPACES:
             raise LayoutSearchError(f"unknown search space {kind!r} (known: {', '.join(SPACES)})")
         if remat != "none" and kind == "ops":
@@ -73,6 +75,7 @@ class _Builder(SpaceNodes):
         rules = rules if rules is not None else (rule_sets(graph, mesh) if kind != "ops" else None)
         super().__init__(graph, mesh, kind, tie, rules, include, variants, self.p.cache)
         self.deadline = deadline or Deadline()
+        self.max_assignments = max_assignments
         self.plan = remat_plan(graph, remat)
         self.life = lifetimes(graph, self.plan)
         self.recomputed = frozenset(self.plan.recomputed)
@@ -293,6 +296,8 @@ class _Builder(SpaceNodes):
 
     def build(self) -> Space:
         self.make_nodes()
+        if self.max_assignments is not None:  # refused before the (long) pricing
+            check_size(math.prod(n.size for n in self.nodes), self.max_assignments)
         self.items = Items()
         self.add_op_items()
         self.add_operand_reshards()
@@ -430,7 +435,8 @@ class _Builder(SpaceNodes):
 
 def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: bool = True,
                 rules: RuleSets | None = None, include: RuleSets | None = None, variants: bool = True,
-                pricer: Pricer | None = None, remat: str = "none", deadline: Deadline | None = None) -> Space:
+                pricer: Pricer | None = None, remat: str = "none", deadline: Deadline | None = None,
+                max_assignments: int | None = None) -> Space:
     """Compile training graph ``graph`` on ``mesh`` into the search space ``kind`` (see :mod:`.space`).
 
     ``rules``: the candidate rule sets of the ``rules``/``layers`` spaces (default :func:`rule_sets`);
@@ -438,9 +444,12 @@ def build_space(graph: Graph, mesh: Mesh, hw: Hardware, kind: str = "ops", tie: 
     space contains those plans); ``variants``: whether ops may store their output more split than they
     compute it; ``tie``: whether repeated blocks share their nodes; ``remat``: the cost model's
     rematerialization policy (recomputed ops priced twice, the lifetimes and buffers it implies; rules and
-    layers spaces); ``deadline``: :class:`~.clock.TimeUp` when it passes while the space is built.
+    layers spaces); ``deadline``: :class:`~.clock.TimeUp` when it passes while the space is built;
+    ``max_assignments``: LayoutSearchError, before any pricing, when the space has more assignments (for
+    enumeration, which evaluates all of them).
     """
-    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer, remat, deadline).build()
+    return _Builder(graph, mesh, hw, kind, tie, rules, include, variants, pricer, remat, deadline,
+                    max_assignments).build()
 
 
 def _ranks(positions: Sequence[int]) -> list[int]:

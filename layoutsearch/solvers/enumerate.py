@@ -51,11 +51,7 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
     any assignment) when none fits. Raises LayoutSearchError when the problem
     has more than ``max_assignments`` assignments."""
     t0 = time.perf_counter()
-    n = problem.num_assignments
-    if n > max_assignments:
-        raise LayoutSearchError(f"enumeration would evaluate {_magnitude(n)} assignments "
-                                f"(limit {max_assignments:.3g}): "
-                                "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
+    check_size(problem.num_assignments, max_assignments)
     free = [k for k, size in enumerate(problem.sizes) if size > 1]
     axis: list[int | None] = [None] * len(problem.unary)
     for a, k in enumerate(free):
@@ -90,6 +86,14 @@ def solve(problem: Problem, memory_limit: float | None = None, top: int = 1,
             assign[n] = int(s)
         out.append(solution(problem, assign, OPTIMAL, "enumerate", seconds))
     return out
+
+
+def check_size(n: int, max_assignments: int = MAX_ASSIGNMENTS) -> None:
+    """Raise LayoutSearchError when ``n`` assignments are more than enumeration evaluates."""
+    if n > max_assignments:
+        raise LayoutSearchError(f"enumeration would evaluate {_magnitude(n)} assignments "
+                                f"(limit {max_assignments:.3g}): "
+                                "use solver 'ilp-ortools', 'ilp-pulp' or 'dp'")
 
 
 def min_memory(problem: Problem, max_assignments: int = MAX_ASSIGNMENTS) -> float:

@@ -20,6 +20,7 @@ from layoutsearch.solvers.axismaps import NONE
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline, Progress, TimeUp, reporting
 from layoutsearch.solvers.dispatch import problem_stats, solve, solver_for
+from layoutsearch.solvers.enumerate import MAX_ASSIGNMENTS
 from layoutsearch.solvers.plan import Costed
 from layoutsearch.solvers.pricer import Pricer, evaluate
 from layoutsearch.solvers.problem import Solution, prune
@@ -73,12 +74,19 @@ def solve_finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limi
         return costed_rules("rules optimum", g, mesh, hw, rules_of(sub, best.assign[0], dims, mesh), limit,
                             optimizer, remat, attention, SEARCH_OVERLAP)
 
+    # enumeration, the oracle, evaluates the space as built: refused before pricing when it is too large,
+    # not pruned by the bounds it is there to check
+    oracle = solver == "enumerate"
     try:
         with reporting(progress, f"{kind} space: building"):
-            space, assign = _space(g, mesh, hw, kind, tie, pricer, rs, start, remat, deadline)
+            space, assign = _space(g, mesh, hw, kind, tie, pricer, rs, start, remat, deadline,
+                                   MAX_ASSIGNMENTS if oracle else None)
             problem = space.problem
             feasible = problem.fits(assign, limit)
-            reduced, keep = prune(problem, problem.cost(assign) if feasible else None, limit)
+            if oracle:
+                reduced, keep = problem, [np.arange(k) for k in problem.sizes]
+            else:
+                reduced, keep = prune(problem, problem.cost(assign) if feasible else None, limit)
             deadline.check()
     except TimeUp:
         return FinerResult(rules_plan(), (), "enumerate", False, None, {},
@@ -113,16 +121,19 @@ def solve_finer(g: Graph, mesh: Mesh, hw: Hardware, kind: str, solver: str, limi
 
 
 def _space(g: Graph, mesh: Mesh, hw: Hardware, kind: str, tie: bool, pricer: Pricer, rs: RulesSearch,
-           start: RuleSets, remat: str, deadline: Deadline) -> tuple[Space, tuple[int, ...]]:
-    """The layers or ops space and the assignment of the rules plan ``start`` in it."""
+           start: RuleSets, remat: str, deadline: Deadline, max_assignments: int | None
+           ) -> tuple[Space, tuple[int, ...]]:
+    """The layers or ops space (at most ``max_assignments`` assignments) and the assignment of the rules plan
+    ``start`` in it."""
     if kind == "layers":
         # per block: the rule sets the rules search priced (whole-graph roofline bound below its k-th best)
         cands = rs.cands.take(np.nonzero(~np.isnan(rs.cost))[0])
         space = build_space(g, mesh, hw, "layers", tie=tie, rules=cands, pricer=pricer, remat=remat,
-                            deadline=deadline)
+                            deadline=deadline, max_assignments=max_assignments)
         r = cands.index(start)
         return space, tuple(r for _ in space.nodes)
-    space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer, remat=remat, deadline=deadline)
+    space = build_space(g, mesh, hw, "ops", tie=tie, include=start, pricer=pricer, remat=remat, deadline=deadline,
+                        max_assignments=max_assignments)
     return space, locate(space, start)
 
 

@@ -117,17 +117,30 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
         live = live[undominated(live)]
     else:
         live = np.maximum(np.cumsum(delta, axis=1)[:, [min(max(at - lo, 0), span - 1)]].T, 0.0)
-    inv = np.empty((len(groups), len(cands)))
-    for names, k in groups.items():
-        inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
-    # candidates splitting every group alike share one column (found as byte strings: faster than by axis)
-    columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
-    _, first, of = np.unique(columns, return_index=True, return_inverse=True)
-    inv = inv[:, first]
+    inv, of = _group_columns(cands, tuple(groups), dims, sizes)
     best = np.zeros(inv.shape[1])
+    out = np.empty((min(chunk, len(live)), inv.shape[1]))  # (one buffer: fresh pages per chunk cost page faults)
     for c in range(0, len(live), chunk):
-        best = np.maximum(best, (live[c:c + chunk] @ inv).max(axis=0))
-    return best[of.reshape(-1)]
+        part = live[c:c + chunk]
+        np.maximum(best, np.matmul(part, inv, out=out[:len(part)]).max(axis=0), out=best)
+    return best[of]
+
+
+def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: list[str], sizes: tuple[int, ...]
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(groups x distinct columns: 1 / each group's split, per candidate its column) for :func:`_memory_bounds`:
+    candidates splitting every group alike share one column (remembered per candidates: the bounds of every
+    remat policy, the full one and the one at the backward pass, ask for the same groups)."""
+    def compute() -> tuple[np.ndarray, np.ndarray]:
+        inv = np.empty((len(groups), len(cands)))
+        for k, names in enumerate(groups):
+            inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
+        # (found as byte strings: faster than by axis)
+        columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
+        _, first, of = np.unique(columns, return_index=True, return_inverse=True)
+        return inv[:, first], of.reshape(-1)
+
+    return cands.remembered(("group columns", groups, tuple(dims), sizes), compute)
 
 
 def strategy_values(problem: Problem) -> tuple[np.ndarray, np.ndarray]:

@@ -13,8 +13,9 @@ rules and :func:`model_groups` finds the groups of dims that may share an axis.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -45,8 +46,13 @@ class RuleSets:
     primary: np.ndarray
     fallback: np.ndarray
     fallback_axes: np.ndarray
-    _splits: dict[tuple[bytes, tuple[int, ...]], np.ndarray] = field(default_factory=dict, init=False, repr=False,
-                                                                     compare=False)
+    _memo: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """What :meth:`remembered` computed for these candidates, by key."""
+    _maps: tuple[dict[bytes, int], np.ndarray, np.ndarray | None] | None = field(default=None, init=False,
+                                                                              repr=False, compare=False)
+    """The axis maps :meth:`distinct` computed, for :meth:`project` to look up: (dims' indices -> first column,
+    the maps of every candidate it saw, side by side, and which of its rows are ours: None for all). A
+    candidate's map depends on its own row only, so :meth:`take` passes them on as rows of the same table."""
 
     def __len__(self) -> int:
         return len(self.primary)
@@ -55,15 +61,26 @@ class RuleSets:
         """Per candidate, how many ways it splits a tensor or op whose dims are ``mask``: the product of the
         ``sizes`` of the mesh axes :meth:`project` gives it (remembered: the bounds of every remat policy
         and micro-batch ask for the same dims)."""
-        key = (np.asarray(mask, bool).tobytes(), sizes)
-        hit = self._splits.get(key)
+        return self.remembered(("split", np.asarray(mask, bool).tobytes(), sizes), lambda: np.where(
+            self.project(mask) >= 0, np.array(sizes, float)[None, :], 1.0).prod(axis=1))
+
+    def remembered(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per ``key`` for these candidates (the bounds of every remat policy and
+        micro-batch count ask for the same figures of the same candidates)."""
+        hit = self._memo.get(key)
         if hit is None:
-            hit = self._splits[key] = np.where(self.project(mask) >= 0, np.array(sizes, float)[None, :],
-                                               1.0).prod(axis=1)
+            hit = self._memo[key] = compute()
         return hit
 
     def project(self, mask: np.ndarray) -> np.ndarray:
-        """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence)."""
+        """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence; read from
+        those :meth:`distinct` computed where it saw ``mask``'s dims)."""
+        if self._maps is not None:
+            cols, maps, rows = self._maps
+            c = cols.get(np.flatnonzero(np.asarray(mask, bool)).tobytes())
+            if c is not None:
+                a = self.primary.shape[1]
+                return (maps[:, c:c + a] if rows is None else maps[rows, c:c + a]).astype(np.int32)
         table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
         proj = table[self.primary]
         for s in range(self.fallback.shape[1]):
@@ -89,6 +106,10 @@ class RuleSets:
             return np.arange(len(self))
         maps = np.concatenate([self.project(m) for m in masks], axis=1)
         packed = np.ascontiguousarray(maps, dtype=np.int8 if len(dims) < 127 else np.int32)
+        del maps
+        a = self.primary.shape[1]
+        object.__setattr__(self, "_maps", ({np.flatnonzero(m).tobytes(): k * a for k, m in enumerate(masks)},
+                                           packed, None))
         first: dict[bytes, int] = {}  # (hashing rows: np.unique's sort of wide rows took seconds)
         rows = list(map(bytes, packed))
         for r, row in enumerate(rows):
@@ -99,7 +120,11 @@ class RuleSets:
 
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
-        return RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
+        out = RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
+        if self._maps is not None:
+            cols, maps, rows = self._maps
+            object.__setattr__(out, "_maps", (cols, maps, idx if rows is None else rows[idx]))
+        return out
 
     def _codes(self, primary: np.ndarray, fallback: np.ndarray, fallback_axes: np.ndarray) -> np.ndarray:
         return np.concatenate([primary, fallback, fallback_axes.reshape(len(primary), -1).astype(np.int32)], axis=1)

@@ -51,11 +51,12 @@ def venv_dir() -> Path:
 
 
 def maxtext_python() -> str:
-    """The wrapper interpreter (made on first use); RuntimeError with pip's last line if the install fails."""
+    """The wrapper interpreter (the venv made on first use); RuntimeError with pip's last line if the install
+    fails. The wrapper is written again on every call: it names this checkout's harness directory (the stubs,
+    sitecustomize.py), and the cached venv is shared by every checkout of the machine."""
     venv = venv_dir()
-    wrapper = venv / "bin" / "python-maxtext-harness"
-    if (venv / ".complete").exists() and wrapper.exists():
-        return str(wrapper)
+    if (venv / ".complete").exists():
+        return _wrapper(venv)
     base = base_python()
     if base is None:
         raise RuntimeError("no Python >= 3.12")
@@ -75,9 +76,20 @@ def maxtext_python() -> str:
             if attempt == 2:
                 tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
                 raise RuntimeError(f"{' '.join(step[-3:])} failed: {tail}")
-    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{HERE}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n')
-    wrapper.chmod(0o755)
     (venv / ".complete").write_text("ok\n")
+    return _wrapper(venv)
+
+
+def _wrapper(venv: Path) -> str:
+    """``bin/python-maxtext-harness`` of ``venv``: its Python with this checkout's harness first on the path
+    (written to a temporary name and renamed, so a concurrent test run never executes half a script)."""
+    wrapper = venv / "bin" / "python-maxtext-harness"
+    text = f'#!/bin/sh\nPYTHONPATH="{HERE}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{venv / "bin" / "python"}" "$@"\n'
+    if not wrapper.exists() or wrapper.read_text() != text:
+        tmp = wrapper.with_name(f"{wrapper.name}.{os.getpid()}")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
     return str(wrapper)
 
 
