@@ -26,6 +26,14 @@
   (efficiency 1: the measured figure is already achieved) and latency; when
   several axes share a link kind the slowest axis's figures are used (all are
   recorded). A link kind no axis uses keeps the preset's figures.
+* **kernels**: programs of ``n`` dependent steps ``x - mean(x)`` over 256
+  floats on one device (a reduction and its consumer: XLA cannot fuse the
+  chain into one kernel), for several ``n``, each program's kernels counted in
+  its compiled HLO (:func:`kernel_count`); the least-squares slope of the time
+  against the kernels is ``kernel_latency``: the time the compute stream spends
+  per kernel beyond its work (launch and dispatch; the work, 1 KiB, is about a
+  nanosecond at an accelerator's HBM rate), which the cost model adds for each
+  kernel of a step.
 
 The preset (the device kind's, ``base=``, or for CPU ``cpu-sim``) gives what is
 not measured: HBM size, ``matmul_tile``, ``compute_units``, ``devices_per_node``
@@ -45,6 +53,7 @@ import dataclasses
 import datetime
 import math
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -82,6 +91,7 @@ class Plan:
     matmuls: tuple[tuple[int, int, int], ...]
     hbm_bytes: int
     payloads: tuple[int, ...]
+    kernels: tuple[int, ...]  # steps per program of the kernel-launch measurement
     reps: int
     run_s: float  # each timed run lasts about this long (the op is enqueued back to back)
 
@@ -97,7 +107,10 @@ def plan_for(platform: str, quick: bool) -> Plan:
         hbm, payloads = (256 * MiB, tuple(2**e for e in (12, 16, 20, 24))) if quick else (
             1024 * MiB, tuple(2**e for e in range(12, 29, 2)))
     skinny = ((32, big, big), (big, 32, big), (big, big, 32))
-    return Plan(tuple((s, s, s) for s in squares) + skinny, hbm, payloads, 3 if quick else 7,
+    # (XLA's compile time grows faster than the steps: a few seconds at 64 steps on CPU)
+    kernels = ((4, 8, 16, 32) if quick else (4, 8, 16, 32, 64)) if platform == "cpu" else (
+        (8, 32, 64) if quick else (8, 16, 32, 64, 128))
+    return Plan(tuple((s, s, s) for s in squares) + skinny, hbm, payloads, kernels, 3 if quick else 7,
                 0.002 if quick else 0.02)
 
 
@@ -150,6 +163,41 @@ def _measure_hbm(device: Any, plan: Plan) -> dict[str, Any]:
     moved = 2 * plan.hbm_bytes  # read + written
     return {"op": "y = 1.5 * x + 0.5 (float32)", "buffer_bytes": plan.hbm_bytes, "bytes_moved": moved,
             "seconds": s, "bandwidth": moved / s}
+
+
+_NOT_KERNELS = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
+
+
+def kernel_count(hlo: str) -> int:
+    """The kernels a compiled XLA program (its optimized HLO text) runs: the instructions of its entry
+    computation other than parameters, constants, tuples and bitcasts (no work of their own)."""
+    entry = hlo[hlo.index("\nENTRY"):]
+    ops = re.findall(r"^\s*(?:ROOT )?%\S+ = .*?[\]}] ([a-z][\w-]*)\(", entry, flags=re.M)
+    return sum(op not in _NOT_KERNELS for op in ops)
+
+
+def _measure_kernels(device: Any, plan: Plan) -> dict[str, Any]:
+    """Seconds per kernel of programs of dependent tiny kernels (see the module docstring)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def chain(n: int) -> Callable[[Any], Any]:
+        def run(x: Any) -> Any:
+            for _ in range(n):
+                x = x - jnp.mean(x)  # a reduction and its consumer: XLA fuses no two steps into one kernel
+            return x
+        return jax.jit(run)
+
+    x = jax.device_put(jnp.zeros((256,), jnp.float32), device)
+    rows = []
+    for n in plan.kernels:
+        compiled = chain(n).lower(x).compile()
+        rows.append({"steps": n, "kernels": kernel_count(compiled.as_text()), "seconds": _time(compiled, (x,), plan)})
+    slope = float(np.polyfit([r["kernels"] for r in rows], [r["seconds"] for r in rows], 1)[0])
+    return {"op": "x - mean(x) over 256 float32 (1 KiB), chained; kernels counted in the compiled program",
+            "rows": rows, "kernel_latency": max(0.0, slope),
+            "fit": "least-squares slope of seconds against kernels" + (" (negative: clamped at 0)" if slope < 0 else "")}
 
 
 def _ring(kind: str, n: int, nbytes: float) -> tuple[float, float]:
@@ -269,7 +317,8 @@ def _setting(err: LayoutSearchError, name: str) -> LayoutSearchError:
 def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None, quick: bool = False,
               devices: Sequence[Any] | None = None,
               progress: Callable[[str], None] | None = None) -> tuple[Hardware, dict[str, Any]]:
-    """Measure matmul rates, HBM bandwidth and per-axis collective alpha/beta on the JAX devices present.
+    """Measure matmul rates, HBM bandwidth, the per-kernel launch time and per-axis collective alpha/beta on the
+    JAX devices present.
 
     ``mesh``: the mesh whose axes are measured (default: every device on one axis ``data:N``; with no
     accelerator, ``N`` = 8 simulated CPU devices). ``base``: the preset whose vendor peaks, HBM size, tiles
@@ -296,6 +345,8 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
     best = {dt: max(r["flops_per_s"] for r in rows if r["dtype"] == dt) for dt in ("bfloat16", "float32")}
     say("HBM bandwidth")
     hbm = _measure_hbm(dev, plan)
+    say("kernel launches")
+    kernels = _measure_kernels(dev, plan)
     axes = _measure_collectives(devices, mesh, plan, say)
     rates, peak_note, hbm_note = _rates(template, vendor, best, hbm["bandwidth"], platform, device_kind)
     links, link_notes = _fit_links(template, mesh, axes)
@@ -306,7 +357,7 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
               + (" (simulated CPU devices: not performance figures)" if simulated else ""))
     changes: dict[str, Any] = {
         "name": f"calibrated-{label}", **rates, "fast_link": links["fast"],
-        "slow_link": links["slow"], "source": source, "axis_links": (),
+        "slow_link": links["slow"], "source": source, "axis_links": (), "kernel_latency": kernels["kernel_latency"],
     }
     changes.update(_device_changes(dev, template, vendor, simulated))
     hw = dataclasses.replace(template, **changes)
@@ -326,6 +377,7 @@ def calibrate(mesh: Mesh | str | None = None, base: str | Hardware | None = None
     measurements: dict[str, Any] = {
         "matmul": {"peaks": peak_note, "best_flops_per_s": best, "rows": rows},
         "hbm": hbm,
+        "kernels": kernels,
         "collectives": {"model": "all-reduce: 2(n-1)/n * B / bw + 2(n-1) * alpha; all-gather (B = output bytes): "
                                  "(n-1)/n * B / bw + (n-1) * alpha; the link takes the all-reduce fit",
                         "axes": axes, "links": link_notes},
@@ -465,7 +517,8 @@ def _check(hw: Hardware) -> None:
     for k, v in figures.items():
         if not (math.isfinite(v) and v > 0):
             raise HardwareError(f"calibration measured an invalid {k} = {v!r}")
-    for k, v in {"fast_link.latency": hw.fast_link.latency, "slow_link.latency": hw.slow_link.latency}.items():
+    for k, v in {"fast_link.latency": hw.fast_link.latency, "slow_link.latency": hw.slow_link.latency,
+                 "kernel_latency": hw.kernel_latency}.items():
         if not (math.isfinite(v) and v >= 0):
             raise HardwareError(f"calibration measured an invalid {k} = {v!r}")
 
@@ -478,4 +531,5 @@ def write_profile(hw: Hardware, measurements: dict[str, Any], path: str | os.Pat
     save_profile(hw, path, {k: v for k, v in measurements.items() if k != "meta"}, meta)
 
 
-__all__ = ["SIMULATED_NOTE", "calibrate", "fit_alpha_beta", "plan_for", "preset_for_device_kind", "write_profile"]
+__all__ = ["SIMULATED_NOTE", "calibrate", "fit_alpha_beta", "kernel_count", "plan_for", "preset_for_device_kind",
+           "write_profile"]

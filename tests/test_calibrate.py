@@ -9,7 +9,9 @@ import sys
 import pytest
 from clirun import run, run_json
 
-from layoutsearch.calibrate import calibrate, fit_alpha_beta, preset_for_device_kind, write_profile
+from layoutsearch import calibrate as calibration
+from layoutsearch.calibrate import (calibrate, fit_alpha_beta, kernel_count, plan_for, preset_for_device_kind,
+                                  write_profile)
 from layoutsearch.errors import HardwareError
 from layoutsearch.hwprofile import FORMAT, VERSION, hardware_to_json, load_profile, read_profile, save_profile
 from layoutsearch.mesh import PRESETS, Hardware, Mesh, hardware
@@ -99,6 +101,42 @@ def test_fit_alpha_beta_recovers_the_ring_model_and_clamps():
     assert fit["alpha"] == pytest.approx(alpha) and fit["bandwidth"] == pytest.approx(bw)
     fit = fit_alpha_beta([(2, 1e3, 1e-9), (2, 1e6, 1e-3)])  # negative intercept: alpha clamped to 0
     assert fit["alpha"] == 0 and fit["bandwidth"] > 0 and "clamped" in fit["fit"]
+
+
+def test_the_kernel_launch_time_is_measured_and_reaches_the_profile(calibrated):
+    hw, m = calibrated
+    k = m["kernels"]
+    assert [r["steps"] for r in k["rows"]] == list(plan_for("cpu", quick=True).kernels)
+    counts = [r["kernels"] for r in k["rows"]]
+    assert counts == sorted(counts) and counts[0] >= k["rows"][0]["steps"]  # a step is at least one kernel
+    assert all(_positive(r["seconds"]) for r in k["rows"])
+    assert hw.kernel_latency == k["kernel_latency"] and math.isfinite(hw.kernel_latency) and hw.kernel_latency >= 0
+
+
+def test_kernel_count_reads_the_compiled_program():
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.zeros((256,), jnp.float32)
+    assert kernel_count(jax.jit(lambda v: v * 2.0 + 1.0).lower(x).compile().as_text()) == 1  # one fusion
+
+    def chain(n):
+        def run(v):
+            for _ in range(n):
+                v = v - jnp.mean(v)
+            return v
+        return kernel_count(jax.jit(run).lower(x).compile().as_text())
+
+    assert chain(2) < chain(4) < chain(8) and chain(8) - chain(4) == 2 * (chain(4) - chain(2))
+
+
+def test_the_kernel_launch_fit_is_the_slope_per_kernel(monkeypatch):
+    """With a device that takes 7 us per program plus 2 us per kernel, the fit recovers the 2 us."""
+    monkeypatch.setattr(calibration, "_time", lambda fn, args, plan: 7e-6 + 2e-6 * kernel_count(fn.as_text()))
+    import jax
+
+    k = calibration._measure_kernels(jax.devices("cpu")[0], plan_for("cpu", quick=True))
+    assert k["kernel_latency"] == pytest.approx(2e-6, rel=1e-9) and "clamped" not in k["fit"]
 
 
 @pytest.mark.parametrize("kind, preset", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),

@@ -259,7 +259,10 @@ def test_remat_of_the_first_blocks_is_a_decision_of_the_search(blocks, launches)
     kw = {"memory_limit": limit, "hardware": hw, "top": 1, "microbatches": 1, "baselines": False}
     plan = search(g, "data:2,model:2", **kw)
     assert plan.chosen.remat == "full:3" and plan.chosen.memory_bytes <= limit
-    assert plan.optimal or launches
+    if launches:  # not proven: the gap reported is the bound's (see the docstring), the plan the brute force's
+        assert not plan.optimal and 0 < plan.gap < 0.25
+    else:
+        assert plan.optimal and plan.gap == 0.0
     options = {d.option: d for d in plan.decisions}
     assert list(options) == ["none", "selective", "full", "full:1", "full:2", "full:3"]
     assert options["full"].step_s > plan.step_s and options["selective"].step_s > plan.step_s
