@@ -62,6 +62,7 @@ on their own streams and are not counted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from layoutsearch.costmodel.ops import OpCost, is_matmul
@@ -206,17 +207,24 @@ def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:
 
 
 def _kernels(g: Graph, fused: bool, group: dict[str, int], flash: tuple[AttentionCore, ...]) -> frozenset[str]:
-    """The ops of ``g`` that start a kernel (see the module docstring)."""
-    cores: dict[str | None, list[tuple[int, AttentionCore]]] = {}
-    for k, c in enumerate(flash):
-        cores.setdefault(c.block, []).append((k, c))
+    """The ops of ``g`` that start a kernel (see the module docstring). A flash core's backward kernel: the
+    backward ops joined through the score tensors they read or write (one per core, whether or not the graph's
+    blocks are tagged)."""
+    forward = {t: k for k, c in enumerate(flash) for t in c.forward}
+    context = {c.context: k for k, c in enumerate(flash)}
+    scores = set(forward).union(*{id(c.backward): c.backward for c in flash}.values())
     core: dict[str, tuple[str, int]] = {}  # op of a flash core -> (pass, id of its kernel)
+    touching: dict[str, str] = {}  # score tensor -> the first backward op reading or writing it
+    links: list[tuple[str, str]] = []
     for op in g.ops:
-        for k, c in cores.get(op.block, ()):
-            if (op.phase == "forward" and c.keeps(op.output)) or op.name == c.context:
-                core[op.name] = ("forward", k)
-            elif op.phase == "backward" and (c.keeps(op.output) or any(c.keeps(i) for i in op.inputs)):
-                core[op.name] = ("backward", id(c.backward))
+        if op.phase == "forward" and (op.output in forward or op.name in context):
+            core[op.name] = ("forward", forward.get(op.output, context.get(op.name, -1)))
+        elif op.phase == "backward" and scores:
+            for t in (*op.inputs, op.output):
+                if t in scores:
+                    links.append((touching.setdefault(t, op.name), op.name))
+    backward = _components(dict.fromkeys(b for link in links for b in link), links)
+    core.update({name: ("backward", k) for name, k in backward.items()})
     starts: set[str] = set()
     seen: set[tuple[str, int]] = set()
     for op in g.ops:
@@ -232,9 +240,10 @@ def _kernels(g: Graph, fused: bool, group: dict[str, int], flash: tuple[Attentio
     return frozenset(starts)
 
 
-def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str, int]:
-    """Fusion group of each fusible op: fusible ops joined by ``internal`` tensors (union-find)."""
-    parent = {op.name: op.name for op in g.ops if fusible(op, g)}
+def _components(members: Iterable[str], links: Iterable[tuple[str, str]]) -> dict[str, int]:
+    """The connected component of each of ``members`` joined by ``links`` (pairs of members; union-find), numbered
+    in the order of ``members``."""
+    parent = {m: m for m in members}
 
     def find(x: str) -> str:
         while parent[x] != x:
@@ -242,14 +251,18 @@ def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str
             x = parent[x]
         return x
 
-    for name in internal:
-        a = find(producer[name].name)
-        for c in g.consumers[name]:
-            b = find(c.name)
-            if a != b:
-                parent[b] = a
+    for a, b in links:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[rb] = ra
     roots: dict[str, int] = {}
-    return {op.name: roots.setdefault(find(op.name), len(roots)) for op in g.ops if op.name in parent}
+    return {m: roots.setdefault(find(m), len(roots)) for m in parent}
+
+
+def _groups(g: Graph, internal: set[str], producer: dict[str, O.Op]) -> dict[str, int]:
+    """Fusion group of each fusible op: fusible ops joined by ``internal`` tensors."""
+    members = [op.name for op in g.ops if fusible(op, g)]
+    return _components(members, ((producer[name].name, c.name) for name in internal for c in g.consumers[name]))
 
 
 def attention_cores(g: Graph) -> tuple[AttentionCore, ...]:
