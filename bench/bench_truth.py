@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import io
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -117,7 +119,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", metavar="FILE", help="also write the report to this file")
     args = ap.parse_args()
-    lines = ["## 1. published runs (bench/bench_published.py: the rows in bench/RESULTS_published.txt)", *published(),
+    lines = [f"# python bench/bench_truth.py --n {args.n} --seed {args.seed}   ({datetime.date.today()}, {platform.machine()}, "
+             f"Python {platform.python_version()})", "", "## 1. published runs (bench/bench_published.py: the rows in bench/RESULTS_published.txt)", *published(),
              "", "## 2. XLA:CPU agreement (bench/bench_xla_property.py)", *xla_agreement(args.n, args.seed), "",
              "## 3. devices (bench/bench_device.py)"]
     backend = accelerator()
