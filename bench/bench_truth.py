@@ -81,7 +81,8 @@ def devices_now(out: Path) -> list[str]:
     if proc.returncode or not (out / "device.json").exists():
         return [f"bench_device.py failed: {proc.stderr.strip()[-300:]}"]
     d = json.loads((out / "device.json").read_text())
-    return [f"measured now ({d.get('meta', {}).get('device', '?')}), full table in {out / 'device.md'}:"] + [
+    m = d["meta"]
+    return [f"measured now on {m['device_kind']} x{m['devices']}, preset {m['hardware']}:"] + [
         _row(r["config"], r["measured_step_s"], r["predicted_step_s"]) for r in d["rows"] if "measured_step_s" in r]
 
 

@@ -50,3 +50,17 @@ def test_the_device_profile_traces_kernels_back_to_ir_ops(tmp_path):
     mem = row["memory"]
     assert mem["peak_bytes"] > 0 and mem["top"][0]["bytes"] >= mem["top"][-1]["bytes"]
     assert "### gpt-0.3b none" in (tmp_path / "profile.md").read_text()
+
+
+def test_the_truth_bench_reprices_every_recorded_device_step():
+    """``bench/bench_truth.py`` without an accelerator: each step time of ``bench/device_steps.json`` against
+    today's prediction of the same configuration and preset."""
+    import bench_truth
+
+    lines = bench_truth.devices_recorded()
+    rec = json.loads(bench_truth.RECORDED.read_text())
+    assert rec["preset"] == "h200" and {r["config"] for r in rec["rows"]} <= {c.name for c in bench_device.CONFIGS}
+    rows = [line for line in lines if "measured / predicted" in line and "ms" in line]
+    assert len(rows) == len(rec["rows"]) and lines[-1].startswith("measured / predicted today: ")
+    for line, r in zip(rows, rec["rows"], strict=True):
+        assert r["config"] in line and f"measured {r['measured_step_s'] * 1e3:7.1f} ms" in line
