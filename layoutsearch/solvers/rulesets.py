@@ -84,13 +84,14 @@ class RuleSets:
         table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
         proj = table[self.primary]
         for s in range(self.fallback.shape[1]):
-            fb, fa = self.fallback[:, s], self.fallback_axes[:, s]
-            has = (fb >= 0) & mask[fb]
-            already = (proj == fb[:, None]).any(axis=1)
-            used = ((proj >= 0) & fa).any(axis=1)
-            apply = has & ~already & ~used
-            proj = np.where(apply[:, None] & fa, fb[:, None], proj)
-        return proj.astype(np.int32)
+            fb = self.fallback[:, s]
+            rows = np.flatnonzero((fb >= 0) & mask[fb])  # (the candidates whose fallback has a dim of mask's)
+            if not len(rows):
+                continue
+            fa, f, p = self.fallback_axes[rows, s], fb[rows, None], proj[rows]
+            apply = ~(p == f).any(axis=1) & ~((p >= 0) & fa).any(axis=1)  # neither there already nor its axes used
+            proj[rows] = np.where(apply[:, None] & fa, f, p)
+        return proj.astype(np.int32, copy=False)
 
     def distinct(self, graph: Graph, keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per distinct layout of ``graph``, in the order of each layout's first candidate:
