@@ -156,14 +156,23 @@ def _zeros(v: float, width: int) -> np.ndarray:
     return np.zeros(width)
 
 
-def evaluate(item: Item, deadline: Deadline | None = None) -> Unary | Table:
+def evaluate(item: Item, deadline: Deadline | None = None,
+             found: dict[tuple, tuple[np.ndarray, np.ndarray]] | None = None) -> Unary | Table:
     """An item's values, computed once per distinct combination of the keys its nodes give it (a table over
-    several nodes may take long: ``deadline`` is checked as it fills)."""
+    several nodes may take long: ``deadline`` is checked as it fills). ``found``: the :func:`unique_rows` of
+    the keys met before, by their bytes (the items of one space ask for a few distinct keys many times)."""
     roles, fn = item.roles, item.fn
     nodes = sorted({n for n, _ in roles})
     uniq, inv = [], []
     for n in nodes:
-        u, i = unique_rows(np.concatenate([rows for m, rows in roles if m == n], axis=1))
+        keys = np.concatenate([rows for m, rows in roles if m == n], axis=1)
+        at = (keys.shape, keys.dtype.str, keys.tobytes()) if found is not None else None
+        got = found.get(at) if found is not None else None
+        if got is None:
+            got = unique_rows(keys)
+            if found is not None:
+                found[at] = got
+        u, i = got
         uniq.append(u)
         inv.append(i)
     cols: list[tuple[int, int, int]] = []  # per role: (node position, first column in its keys, width)
@@ -220,10 +229,11 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     (``classes``: see :func:`memory_rows`)."""
     unary = [np.zeros(size) for size in sizes]
     groups: dict[tuple[int, ...], list[_Part]] = defaultdict(list)
+    found: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (the keys' distinct rows, shared by the items)
     for k, pending in enumerate(items.cost.values()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make(), deadline)
+        value = evaluate(pending.make(), deadline, found)
         if isinstance(value, Unary):
             add, u = pending.count * value.values, unary[value.node]
             if add.ndim != u.ndim:  # bound vectors (Pricer.bound) beside scalars
@@ -237,7 +247,7 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     for k, pending in enumerate(items.memory.values()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make(), deadline)
+        value = evaluate(pending.make(), deadline, found)
         if not value.any():
             continue
         sig = _signature(value)

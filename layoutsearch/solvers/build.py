@@ -246,15 +246,25 @@ class _Builder(SpaceNodes):
                 first.setdefault(w.tobytes(), (w, n))
             return sum(self.f_reshard(x, a[0], w, matmul)[0] * n for w, n in first.values())
 
-        def mem_fn(seg: tuple[int, int]) -> Callable:
-            def fn(a: list[np.ndarray]) -> float:
+        copies: dict[bytes, list[tuple[int, int, int]]] = {}
+
+        def live(a: list[np.ndarray]) -> list[tuple[int, int, int]]:
+            """Each distinct copy of ``x`` under keys ``a``: its bytes and the first and last rank reading it
+            (found once per keys, for every segment's item; each role's keys have one width)."""
+            key = np.concatenate(a).tobytes()
+            if key not in copies:
                 ranks: dict[bytes, list[int]] = {}
                 ws = {}
                 for w, r in zip(a[1:], rank, strict=True):
                     ranks.setdefault(w.tobytes(), []).append(r)
                     ws[w.tobytes()] = w
-                return float(sum(self.f_reshard(x, a[0], ws[key], matmul)[1] for key, rs in ranks.items()
-                                 if min(rs) <= seg[0] and max(rs) >= seg[1]))
+                copies[key] = [(self.f_reshard(x, a[0], ws[k], matmul)[1], min(rs), max(rs))
+                               for k, rs in ranks.items()]
+            return copies[key]
+
+        def mem_fn(seg: tuple[int, int]) -> Callable:
+            def fn(a: list[np.ndarray]) -> float:
+                return float(sum(b for b, lo, hi in live(a) if lo <= seg[0] and hi >= seg[1]))
             return fn
 
         return (Item("shared", roles, seconds),

@@ -79,7 +79,7 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
 
 
 def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str], remat: str,
-                   on_chip: frozenset[str], chunk: int = 256, at: int | None = None) -> np.ndarray:
+                   on_chip: frozenset[str], block: int = 1 << 22, at: int | None = None) -> np.ndarray:
     """A lower bound of each candidate's peak memory: the largest, over the points of the schedule, of the
     bytes the memory model holds live there (the tensors whose lifetime, under ``remat``, spans the point, at
     their per-device size: fed tensors, saved activations, gradients). Candidates whose bound exceeds the
@@ -90,7 +90,9 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     grows where a lifetime starts, so those points suffice, and of those only the points no other point
     exceeds in every group (:func:`~.assemble.undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
     584 undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
-    group's split), maximized over the points, in chunks of ``chunk`` points; candidates that split every
+    group's split), maximized over the points, a block of columns at a time (about ``block`` entries, 32 MB:
+    256 points by every column took 400 MB for GPT-3 on 8192 devices over 4 axes, at memory speed; blocks large
+    enough that the BLAS threads' start-up, slow on a busy machine, stays small); candidates that split every
     group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985). ``at`` (an op's index in
     the schedule): the live bytes there only, a weaker bound, computed faster."""
     life = lifetimes(g, remat_plan(g, remat))
@@ -119,10 +121,12 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
         live = np.maximum(np.cumsum(delta, axis=1)[:, [min(max(at - lo, 0), span - 1)]].T, 0.0)
     inv, of = _group_columns(cands, tuple(groups), dims, sizes)
     best = np.zeros(inv.shape[1])
-    out = np.empty((min(chunk, len(live)), inv.shape[1]))  # (one buffer: fresh pages per chunk cost page faults)
-    for c in range(0, len(live), chunk):
-        part = live[c:c + chunk]
-        np.maximum(best, np.matmul(part, inv, out=out[:len(part)]).max(axis=0), out=best)
+    width = max(1, block // len(live))
+    out = np.empty((len(live), min(width, inv.shape[1])))  # (one buffer: fresh pages per block cost page faults)
+    for c in range(0, inv.shape[1], width):
+        part = inv[:, c:c + width]
+        np.maximum(best[c:c + width], np.matmul(live, part, out=out[:, :part.shape[1]]).max(axis=0),
+                   out=best[c:c + width])
     return best[of]
 
 

@@ -84,13 +84,14 @@ class RuleSets:
         table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
         proj = table[self.primary]
         for s in range(self.fallback.shape[1]):
-            fb, fa = self.fallback[:, s], self.fallback_axes[:, s]
-            has = (fb >= 0) & mask[fb]
-            already = (proj == fb[:, None]).any(axis=1)
-            used = ((proj >= 0) & fa).any(axis=1)
-            apply = has & ~already & ~used
-            proj = np.where(apply[:, None] & fa, fb[:, None], proj)
-        return proj.astype(np.int32)
+            fb = self.fallback[:, s]
+            rows = np.flatnonzero((fb >= 0) & mask[fb])  # (the candidates whose fallback has a dim of mask's)
+            if not len(rows):
+                continue
+            fa, f, p = self.fallback_axes[rows, s], fb[rows, None], proj[rows]
+            apply = ~(p == f).any(axis=1) & ~((p >= 0) & fa).any(axis=1)  # neither there already nor its axes used
+            proj[rows] = np.where(apply[:, None] & fa, f, p)
+        return proj.astype(np.int32, copy=False)
 
     def distinct(self, graph: Graph, keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per distinct layout of ``graph``, in the order of each layout's first candidate:
@@ -194,16 +195,16 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
     pdims = sorted({dims.index(d) for t in graph.parameters for d in t.dim_names})
     prim = choice_maps(choices, sizes, axes)
     A = len(axes)
-    P: list[np.ndarray] = []
-    F: list[np.ndarray] = []
-    FA: list[np.ndarray] = []
     big = np.array([s > 1 for s in axes])
     param_choice = np.array([any(d in pdims for d in c) for c in choices] + [False])
     spaces = {tuple(sorted(dims.index(d) for d in t.dim_names)) for t in graph.tensors.values()}
-    for row in prim:
-        used = {d for c in row if c >= 0 for d in choices[c]}
+
+    def fallback_rows(used: frozenset[int], free: tuple[int, ...], model: tuple[bool, ...], owned: frozenset[int]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """(fallback dims, fallback axes) of every (slot 0, slot 1) pair, slot 0 major, of a primary row that
+        splits ``used``, leaves the big axes ``free`` to a parameter dim and gives the ``model`` axes (a mask)
+        the dims ``owned``."""
         slot0: list[tuple[int, np.ndarray]] = [(NONE, np.zeros(A, bool))]
-        free = np.nonzero(big & ~param_choice[row])[0] if fallbacks else []
         for r in range(1, len(free) + 1):
             for subset in itertools.combinations(free, r):  # all free axes (ZeRO-3), or some (hybrid FSDP)
                 mask = np.zeros(A, bool)
@@ -211,19 +212,33 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
                 group = int(np.prod([axes[a] for a in subset]))
                 slot0 += [(f, mask) for f in pdims if f not in used and sizes[f] % group == 0]
         slot1: list[tuple[int, np.ndarray]] = [(NONE, np.zeros(A, bool))]
-        model = big & param_choice[row]
-        if fallbacks and model.any():  # sequence parallelism: dims of the tensors the model axes leave unsplit
+        if fallbacks and any(model):  # sequence parallelism: dims of the tensors the model axes leave unsplit
             group = int(np.prod([s for s, m in zip(axes, model, strict=True) if m]))
-            owned = {d for c in row[model] for d in choices[c]}
             left = {d for sp in spaces if owned.isdisjoint(sp) for d in sp}
-            slot1 += [(d, model) for d in sorted(left - used) if sizes[d] % group == 0]
-        n0, n1 = len(slot0), len(slot1)  # every (slot 0, slot 1) pair, slot 0 major
-        P.append(np.repeat(row[None, :], n0 * n1, axis=0))
-        F.append(np.stack([np.repeat([f for f, _ in slot0], n1), np.tile([f for f, _ in slot1], n0)], axis=1))
-        FA.append(np.stack([np.repeat(np.stack([m for _, m in slot0]), n1, axis=0),
-                            np.tile(np.stack([m for _, m in slot1]), (n0, 1))], axis=1))
-    return RuleSets(tuple(choices), np.concatenate(P).astype(np.int32), np.concatenate(F).astype(np.int32),
-                    np.concatenate(FA).astype(bool))
+            slot1 += [(d, np.array(model)) for d in sorted(left - used) if sizes[d] % group == 0]
+        n0, n1 = len(slot0), len(slot1)
+        F = np.stack([np.repeat([f for f, _ in slot0], n1), np.tile([f for f, _ in slot1], n0)], axis=1)
+        FA = np.stack([np.repeat(np.stack([m for _, m in slot0]), n1, axis=0),
+                       np.tile(np.stack([m for _, m in slot1]), (n0, 1))], axis=1)
+        return F, FA
+
+    made: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (rows sharing what their fallbacks depend on: once)
+    F: list[np.ndarray] = []
+    FA: list[np.ndarray] = []
+    for row in prim.tolist():
+        used = frozenset(d for c in row if c >= 0 for d in choices[c])
+        free = tuple(a for a in range(A) if big[a] and not param_choice[row[a]]) if fallbacks else ()
+        model = tuple(bool(big[a] and param_choice[row[a]]) for a in range(A))
+        owned = frozenset(d for a in range(A) if model[a] for d in choices[row[a]])
+        key = (used, free, model, owned)
+        if key not in made:
+            made[key] = fallback_rows(used, free, model, owned)
+        f, fa = made[key]
+        F.append(f)
+        FA.append(fa)
+    counts = [len(f) for f in F]
+    return RuleSets(tuple(choices), np.repeat(prim, counts, axis=0).astype(np.int32),
+                    np.concatenate(F).astype(np.int32), np.concatenate(FA).astype(bool))
 
 
 def rules_of(sets: RuleSets, r: int, dims: Sequence[str], mesh: Mesh) -> tuple[tuple[str, Axes], ...]:
