@@ -64,9 +64,9 @@ def main() -> int:
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = [predict(r) for r in RUNS]
-    lines = table(rows) + summary(rows)
-    lines[len(rows) + 1] += f" ({time.perf_counter() - t0:.1f} s)"
-    print("\n".join(lines))
+    totals = summary(rows)
+    totals[0] += f" ({time.perf_counter() - t0:.1f} s)"
+    print("\n".join(table(rows) + totals))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     return 0

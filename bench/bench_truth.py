@@ -18,9 +18,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import io
 import json
 import platform
 import subprocess
@@ -129,8 +127,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             lines += devices_now(Path(tmp))
     else:
-        with contextlib.redirect_stdout(io.StringIO()):
-            lines += devices_recorded()
+        lines += devices_recorded()
     text = "\n".join(lines) + "\n"
     print(text, end="")
     if args.out:

@@ -218,7 +218,7 @@ def _kernels(g: Graph, fused: bool, group: dict[str, int], flash: tuple[Attentio
     links: list[tuple[str, str]] = []
     for op in g.ops:
         if op.phase == "forward" and (op.output in forward or op.name in context):
-            core[op.name] = ("forward", forward.get(op.output, context.get(op.name, -1)))
+            core[op.name] = ("forward", forward[op.output] if op.output in forward else context[op.name])
         elif op.phase == "backward" and scores:
             for t in (*op.inputs, op.output):
                 if t in scores:

@@ -162,17 +162,15 @@ def evaluate(item: Item, deadline: Deadline | None = None,
     several nodes may take long: ``deadline`` is checked as it fills). ``found``: the :func:`unique_rows` of
     the keys met before, by their bytes (the items of one space ask for a few distinct keys many times)."""
     roles, fn = item.roles, item.fn
+    found = {} if found is None else found
     nodes = sorted({n for n, _ in roles})
     uniq, inv = [], []
     for n in nodes:
         keys = np.concatenate([rows for m, rows in roles if m == n], axis=1)
-        at = (keys.shape, keys.dtype.str, keys.tobytes()) if found is not None else None
-        got = found.get(at) if found is not None else None
-        if got is None:
-            got = unique_rows(keys)
-            if found is not None:
-                found[at] = got
-        u, i = got
+        at = (keys.shape, keys.dtype.str, keys.tobytes())
+        if at not in found:
+            found[at] = unique_rows(keys)
+        u, i = found[at]
         uniq.append(u)
         inv.append(i)
     cols: list[tuple[int, int, int]] = []  # per role: (node position, first column in its keys, width)

@@ -114,18 +114,16 @@ class Pricer:
     def compute(self, c: OpCost, op: O.Op | None = None) -> float | np.ndarray:
         """Roofline time of an op (:func:`~layoutsearch.costmodel.compute.compute_seconds`); ``c`` may be
         priced for another op of the same shapes: ``op`` gives the HBM traffic of the fusion plan."""
-        seconds = compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0]
-        if self.counted == "all":
-            return seconds
-        v = np.zeros(1 + len(self.streams))
-        v[0] = seconds
-        return v
+        return self._on_compute_stream(compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0])
 
     def launch(self, op: O.Op) -> float | np.ndarray:
         """The kernel launch of one execution of ``op`` (:attr:`~layoutsearch.mesh.Hardware.kernel_latency` if
         it starts a kernel, ``FusionPlan.kernels``; else 0), on the compute stream: seconds, or a bound vector
         (entry 0). It does not depend on the layout; a flash-attention backward's recomputation launches none."""
-        seconds = self.hw.kernel_latency if op.name in self.fusion.kernels else 0.0
+        return self._on_compute_stream(self.hw.kernel_latency if op.name in self.fusion.kernels else 0.0)
+
+    def _on_compute_stream(self, seconds: float) -> float | np.ndarray:
+        """``seconds`` the compute stream is held: as is, or as a bound vector (entry 0, no communicator's)."""
         if self.counted == "all":
             return seconds
         v = np.zeros(1 + len(self.streams))
