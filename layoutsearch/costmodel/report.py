@@ -62,7 +62,7 @@ from layoutsearch.costmodel.ops import OpCost, op_flops
 from layoutsearch.costmodel.overlap import Overlap, collective_classes, schedule
 from layoutsearch.costmodel.render import MEMORY_MEANING as MEMORY_MEANING
 from layoutsearch.costmodel.render import render_report
-from layoutsearch.costmodel.step import checked, graph_cached, graph_ref, step_costs, training_step
+from layoutsearch.costmodel.step import checked, graph_cached, graph_ref, made, step_costs, training_step
 from layoutsearch.errors import CostModelError, LayoutError
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
@@ -217,11 +217,11 @@ def _op_reporter(g: Graph, mesh: Mesh, hw: Hardware, kernels: frozenset[str]) ->
         colls = []
         for c in cost.comms:
             p, axes = price(c.kind, c.axes, c.bytes)
-            colls.append(CollectiveRecord(cost.op, phase, c.kind, axes, c.bytes, p.seconds, c.tensor,
-                                          prefix + c.cause, p.link_bytes))
+            colls.append(made(CollectiveRecord, cost.op, phase, c.kind, axes, c.bytes, p.seconds, c.tensor,
+                              prefix + c.cause, p.link_bytes))
         n = int(launches and cost.op in kernels)
-        return OpReport(cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul, seconds,
-                        bound, tuple(colls), g.op(cost.op).output, n, n * hw.kernel_latency)
+        return made(OpReport, cost.op, cost.kind, phase, cost.block, cost.flops, cost.hbm_bytes, cost.matmul,
+                    seconds, bound, tuple(colls), g.op(cost.op).output, n, n * hw.kernel_latency)
 
     return report
 
