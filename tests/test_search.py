@@ -570,6 +570,62 @@ def test_every_candidate_and_runner_up_is_a_distinct_layout():
     assert len(set(options)) == len(options) == 5
 
 
+def test_layouts_that_only_rename_interchangeable_axes_are_one_candidate(monkeypatch):
+    """On ``data:16,fsdp:8,model:8`` (one TPU slice: fsdp and model alike) the runner-up of GPT-3 was the chosen
+    plan with fsdp and model swapped, priced again for nothing. The rules space now keeps one layout per class
+    of such twins: the same best plan, runner-ups that are other plans, and each candidate dropped is the twin
+    of one kept, at the same price."""
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers import rules_search
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rulesets import interchangeable_axes, rules_of
+
+    mesh, hw = Mesh.parse("data:2,fsdp:2,model:2"), hardware("h100")  # one node: every axis on NVLink
+    assert len(interchangeable_axes(mesh, hw)) == 5  # every relabelling of three alike axes
+    # data:4 spans two nodes of 8: only fsdp and model alike
+    assert [p.tolist() for p in interchangeable_axes(Mesh.parse("data:4,fsdp:2,model:2"), hw)] == [[0, 2, 1]]
+    assert not interchangeable_axes(Mesh.parse("data:2,model:2"), hardware("h100").replace(devices_per_node=2))
+
+    g = training_step(zoo.gpt(batch=32))
+    base = baseline_sets(baseline_rules(g, mesh))
+    kept, _ = rules_search.rules_candidates(g, mesh, hw, Pricer(g, mesh, hw), base)
+    with monkeypatch.context() as m:
+        m.setattr(rules_search, "interchangeable_axes", lambda mesh, hw: [])
+        every, _ = rules_search.rules_candidates(g, mesh, hw, Pricer(g, mesh, hw), base)
+        plain = search(zoo.gpt(batch=32), mesh, hardware=hw, top=3)
+    assert len(kept) < len(every)
+    dims, perms = list(g.dims), [(0, 1, 2), *(tuple(p) for p in interchangeable_axes(mesh, hw))]
+    spaces = sorted({t.dim_names for t in g.tensors.values()} | {op.iteration_dims(g.tensors) for op in g.ops})
+
+    def layout(rules, perm=(0, 1, 2)):  # what the rules give every tensor and op, axes relabelled by ``perm``
+        names = [mesh.names[i] for i in perm]
+        lay = Layout(mesh, [(d, tuple(names[mesh.names.index(a)] for a in axes)) for d, axes in rules])
+        return tuple(tuple(sorted((d, frozenset(a)) for d, a in lay.rules_layout(sp).items())) for sp in spaces)
+
+    ours = {layout(rules_of(kept, k, dims, mesh)) for k in range(len(kept))}
+    for k in range(0, len(every), len(every) // 12):  # a sample of the full space: each has a twin kept, at its price
+        rules = rules_of(every, k, dims, mesh)
+        perm = next((p for p in perms if layout(rules, p) in ours), None)
+        assert perm is not None, rules
+        names = [mesh.names[i] for i in perm]
+        twin = [(d, tuple(names[mesh.names.index(a)] for a in axes)) for d, axes in rules]
+        assert estimate(g, Layout(mesh, twin), hw).step_s == pytest.approx(estimate(g, Layout(mesh, rules),
+                                                                                    hw).step_s, rel=1e-12)
+
+    plan = search(zoo.gpt(batch=32), mesh, hardware=hw, top=3)
+    assert plan.chosen.rules == plain.chosen.rules and plan.chosen.step_s == plain.chosen.step_s
+
+    def renamed(plans):  # each plan as the set of its relabellings
+        return [frozenset((layout(p.rules, q), p.remat, p.microbatches) for q in perms) for p in plans]
+
+    options = renamed((plan.chosen, *plan.runner_ups))
+    assert len(set(options)) == len(options)  # no plan is another one renamed
+    before = renamed((plain.chosen, *plain.runner_ups))
+    assert len(set(before)) < len(before)  # (as it was: a renamed copy among the runner-ups)
+
+
 def test_the_baselines_rule_sets_stay_among_the_candidates():
     """The baselines are found among the rules space's candidates by their encoding (pipeline stage layouts,
     ``first_fitting``): one that has an enumerated twin (the same layout) must be the one kept."""

@@ -35,7 +35,7 @@ from layoutsearch.solvers.dispatch import solve, solver_for
 from layoutsearch.solvers.plan import Costed
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.problem import MemItem, MemRow, Problem
-from layoutsearch.solvers.rulesets import RuleSets, rule_sets, rules_of
+from layoutsearch.solvers.rulesets import RuleSets, interchangeable_axes, rule_sets, rules_of
 
 SEARCH_OVERLAP = 0.0
 """The spaces price a step as the sum of its ops' compute and communication (the overlap schedule is not a
@@ -170,20 +170,29 @@ refuses are left out of every rules space of that search."""
 def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: RuleSets | None
                 ) -> tuple[RuleSets, np.ndarray]:
     """The rules space's candidates (``extra`` appended; one candidate per distinct layout; only those
-    :data:`CANDIDATE_FILTER` keeps, when set) and their roofline bounds without remat (a :class:`RulesSearch`
-    adds those of the einsums its policy runs again)."""
+    :data:`CANDIDATE_FILTER` keeps, when set; one of each class of twins, layouts that differ only by a
+    relabelling of interchangeable mesh axes, :meth:`RuleSets.untwinned`) and their roofline bounds without remat
+    (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
     cands = rule_sets(g, mesh)
     cands = cands.concat(extra) if extra is not None else cands
     named = [cands.index(extra, r) for r in range(len(extra))] if extra is not None else []
-    cands = cands.take(cands.distinct(g, keep=[k for k in named if k is not None]))  # (baselines: looked up)
+    cands, named = _taken(cands, cands.distinct(g, keep=[k for k in named if k is not None]), named)
     keep = CANDIDATE_FILTER.get()
     if keep is not None:
         dims = list(g.dims)
         kept = [r for r in range(len(cands)) if keep(rules_of(cands, r, dims, mesh), mesh)]
         if not kept:
             raise LayoutSearchError("no layout of the rules space can be written for the target framework")
-        cands = cands.take(kept)
+        cands, named = _taken(cands, kept, named)
+    cands, _ = _taken(cands, cands.untwinned(interchangeable_axes(mesh, hw), keep=named), named)
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
+
+
+def _taken(cands: RuleSets, idx: Sequence[int] | np.ndarray, named: Sequence[int | None]
+           ) -> tuple[RuleSets, list[int]]:
+    """``cands.take(idx)`` and the places there of the candidates ``named`` (those kept; None: not found)."""
+    where = {int(k): i for i, k in enumerate(idx)}
+    return cands.take(idx), [where[k] for k in named if k is not None and k in where]
 
 
 FIRST_BATCH, MAX_BATCH = 512, 8192
