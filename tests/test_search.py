@@ -1,5 +1,6 @@
 """search(): plans that fit memory limits, the impossible-limit message, baselines never better, JSON."""
 
+import itertools
 import json
 import math
 import re
@@ -583,9 +584,9 @@ def test_layouts_that_only_rename_interchangeable_axes_are_one_candidate(monkeyp
     from layoutsearch.solvers.rulesets import interchangeable_axes, rules_of
 
     mesh, hw = Mesh.parse("data:2,fsdp:2,model:2"), hardware("h100")  # one node: every axis on NVLink
-    assert len(interchangeable_axes(mesh, hw)) == 5  # every relabelling of three alike axes
+    assert interchangeable_axes(mesh, hw) == [[0, 1, 2]]
     # data:4 spans two nodes of 8: only fsdp and model alike
-    assert [p.tolist() for p in interchangeable_axes(Mesh.parse("data:4,fsdp:2,model:2"), hw)] == [[0, 2, 1]]
+    assert interchangeable_axes(Mesh.parse("data:4,fsdp:2,model:2"), hw) == [[1, 2]]
     assert not interchangeable_axes(Mesh.parse("data:2,model:2"), hardware("h100").replace(devices_per_node=2))
 
     g = training_step(zoo.gpt(batch=32))
@@ -596,7 +597,7 @@ def test_layouts_that_only_rename_interchangeable_axes_are_one_candidate(monkeyp
         every, _ = rules_search.rules_candidates(g, mesh, hw, Pricer(g, mesh, hw), base)
         plain = search(zoo.gpt(batch=32), mesh, hardware=hw, top=3)
     assert len(kept) < len(every)
-    dims, perms = list(g.dims), [(0, 1, 2), *(tuple(p) for p in interchangeable_axes(mesh, hw))]
+    dims, perms = list(g.dims), list(itertools.permutations(range(3)))
     spaces = sorted({t.dim_names for t in g.tensors.values()} | {op.iteration_dims(g.tensors) for op in g.ops})
 
     def layout(rules, perm=(0, 1, 2)):  # what the rules give every tensor and op, axes relabelled by ``perm``

@@ -119,25 +119,28 @@ class RuleSets:
             first[rows[r]] = r  # (in the first one's place: a dict keeps its keys' order)
         return np.fromiter(first.values(), dtype=np.int64, count=len(first))
 
-    def untwinned(self, permutations: Sequence[np.ndarray], keep: Sequence[int] = ()) -> np.ndarray:
+    def untwinned(self, classes: Sequence[Sequence[int]], keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per class of *twins*, candidates whose layouts (the axis maps :meth:`distinct` found,
-        which it must have run first) differ only by one of ``permutations`` of the mesh axes (each an array
-        of axis indices: the axes the cost model cannot tell apart, :func:`interchangeable_axes`, relabelled),
-        in the order of each class's first candidate; the first stands for its class, or those of it in ``keep``
-        (the baselines' rule sets, each of them kept) in the first one's place. Twins cost the same (up to floating-point
-        rounding: a hierarchical collective orders equal links by their place in the mesh), so a search
-        prices one of them; the others would only be the same plan with its axes renamed."""
-        if not permutations or not len(self) or self._maps is None:  # (None: no tensor to tell layouts apart)
+        which it must have run first) differ only by a relabelling of the mesh axes within ``classes`` (lists of
+        axis indices: axes the cost model cannot tell apart, :func:`interchangeable_axes`), in the order of
+        each class's first candidate; the first stands for its class, or those of it in ``keep`` (the
+        baselines' rule sets, each of them kept) in the first one's place. Two candidates are twins when, for
+        each class, the columns of their maps over its axes (what each axis splits, tensor by tensor) are the
+        same columns in some order, and the other axes' columns are equal. Twins cost the same (up to
+        floating-point rounding: a hierarchical collective orders equal links by their place in the mesh), so a
+        search prices one of them; the others would only be the same plan with its axes renamed."""
+        if not classes or not len(self) or self._maps is None:  # (None: no tensor to tell layouts apart)
             return np.arange(len(self))
         _, maps, rows = self._maps
         a = self.primary.shape[1]
-        own = (maps if rows is None else maps[rows]).reshape(len(self), -1, a)
-        keys = list(map(bytes, np.ascontiguousarray(own)))
-        for perm in permutations:
-            for r, key in enumerate(map(bytes, np.ascontiguousarray(own[:, :, perm]))):
-                if key < keys[r]:
-                    keys[r] = key
-        first: dict[bytes, list[int]] = {}
+        own = np.ascontiguousarray((maps if rows is None else maps[rows]).reshape(len(self), -1, a).transpose(0, 2, 1))
+        alike = {i for c in classes for i in c}
+        fixed = [i for i in range(a) if i not in alike]
+        keys = []
+        for row in own:  # row[i]: the column of axis i
+            cols = [bytes(c) for c in row]
+            keys.append((tuple(cols[i] for i in fixed), *(tuple(sorted(cols[i] for i in c)) for c in classes)))
+        first: dict[tuple, list[int]] = {}
         for r, key in enumerate(keys):
             first.setdefault(key, [r])
         named = set(keep)
@@ -186,25 +189,17 @@ class RuleSets:
         return int(hit[0]) if len(hit) else None
 
 
-def interchangeable_axes(mesh: Mesh, hw: Hardware) -> list[np.ndarray]:
-    """The relabellings of ``mesh``'s axes that the cost model cannot tell apart (each an array of axis
-    indices, identity left out): permutations among axes of one size and one link (:meth:`Hardware.links_for`),
-    e.g. ``fsdp`` and ``model`` of ``data:16,fsdp:8,model:8`` on one TPU slice. What prices a layout sees of an
-    axis is its size and its link; the mesh order only breaks ties between equal links."""
+def interchangeable_axes(mesh: Mesh, hw: Hardware) -> list[list[int]]:
+    """The classes (two axes or more, as axis indices) of ``mesh``'s axes that the cost model cannot tell apart:
+    axes of one size and one link (:meth:`Hardware.links_for`), e.g. ``fsdp`` and ``model`` of
+    ``data:16,fsdp:8,model:8`` on one TPU slice. What prices a layout sees of an axis is its size and its link;
+    the mesh order only breaks ties between equal links."""
     links = hw.links_for(mesh)
     classes: dict[tuple, list[int]] = {}
     for i, (name, size) in enumerate(mesh.axes):
         if size > 1:
             classes.setdefault((size, links[name]), []).append(i)
-    choices = [[(c, p) for p in itertools.permutations(c)] for c in classes.values() if len(c) > 1]
-    out = []
-    for combo in itertools.product(*choices):
-        perm = np.arange(len(mesh.axes))
-        for c, p in combo:
-            perm[list(c)] = p
-        if (perm != np.arange(len(mesh.axes))).any():
-            out.append(perm)
-    return out
+    return [c for c in classes.values() if len(c) > 1]
 
 
 def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
