@@ -24,6 +24,7 @@ from layoutsearch.costmodel.step import graph_cached
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes
 from layoutsearch.mesh import Mesh
+from layoutsearch.solvers.assemble import unique_rows
 from layoutsearch.solvers.axismaps import NONE, choice_maps
 
 
@@ -152,8 +153,8 @@ class RuleSets:
         P = np.concatenate([self.primary, prim])
         F = np.concatenate([self.fallback, other.fallback])
         FA = np.concatenate([self.fallback_axes, other.fallback_axes])
-        first = _first_rows(self._codes(P, F, FA))
-        keep = np.fromiter(first.values(), dtype=np.int64, count=len(first))
+        _, first = np.unique(unique_rows(self._codes(P, F, FA))[1], return_index=True)
+        keep = np.sort(first)
         return RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
 
     def index(self, other: RuleSets, r: int = 0) -> int | None:
@@ -162,17 +163,9 @@ class RuleSets:
         remap = [choices.index(c) if c in choices else -2 for c in other.choices] + [NONE]
         code = self._codes(np.array(remap, dtype=np.int32)[other.primary[r:r + 1]], other.fallback[r:r + 1],
                            other.fallback_axes[r:r + 1])[0]
-        ours = self.remembered(("codes",), lambda: _first_rows(self._codes(self.primary, self.fallback,
-                                                                          self.fallback_axes)))
-        return ours.get(code.tobytes())
-
-
-def _first_rows(codes: np.ndarray) -> dict[bytes, int]:
-    """Each distinct row of ``codes`` (by its bytes) and the index where it first comes, in that order."""
-    first: dict[bytes, int] = {}
-    for r, row in enumerate(map(bytes, np.ascontiguousarray(codes))):
-        first.setdefault(row, r)
-    return first
+        ours = self.remembered(("codes",), lambda: self._codes(self.primary, self.fallback, self.fallback_axes))
+        hit = np.nonzero((ours == code).all(axis=1))[0]
+        return int(hit[0]) if len(hit) else None
 
 
 def model_groups(graph: Graph, limit: int = 4) -> list[tuple[str, ...]]:
