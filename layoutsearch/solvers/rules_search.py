@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -183,13 +184,20 @@ def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: l
     candidates splitting every group alike share one column (remembered per candidates: the bounds of every
     remat policy, the full one and the one at the backward pass, ask for the same groups)."""
     def compute() -> tuple[np.ndarray, np.ndarray]:
-        inv = np.empty((len(groups), len(cands)))
+        split = np.empty((len(groups), len(cands)))
         for k, names in enumerate(groups):
-            inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
-        # (found as byte strings: faster than by axis)
-        columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
-        _, first, of = np.unique(columns, return_index=True, return_inverse=True)
-        return inv[:, first], of.reshape(-1)
+            split[k] = cands.split(dims_mask(dims, names), sizes)
+        # each split is a product of some axes' sizes: its rank among those products, the ranks of a candidate's
+        # groups one integer (mixed radix, re-ranked before it could overflow), the columns that integer's
+        # distinct values (sorting integers: faster than rows)
+        products = np.unique([math.prod(c) for r in range(len(sizes) + 1) for c in itertools.combinations(sizes, r)])
+        code = np.zeros(len(cands), dtype=np.int64)
+        for row in np.searchsorted(products, split):
+            if len(code) and int(code.max()) >= (2**62) // len(products):
+                code = np.unique(code, return_inverse=True)[1].reshape(-1)
+            code = code * len(products) + row
+        _, first, of = np.unique(code, return_index=True, return_inverse=True)
+        return 1.0 / split[:, first], of.reshape(-1)
 
     return cands.remembered(("group columns", groups, tuple(dims), sizes), compute)
 
