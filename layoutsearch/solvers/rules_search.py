@@ -187,15 +187,17 @@ def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: l
         split = np.empty((len(groups), len(cands)))
         for k, names in enumerate(groups):
             split[k] = cands.split(dims_mask(dims, names), sizes)
-        # each split is a product of some axes' sizes: its rank among those products, the ranks of a candidate's
-        # groups one integer (mixed radix, re-ranked before it could overflow), the columns that integer's
-        # distinct values (sorting integers: faster than rows)
-        products = np.unique([math.prod(c) for r in range(len(sizes) + 1) for c in itertools.combinations(sizes, r)])
+        # each split is a product of some axes' sizes: its rank among those products (looked up by the product),
+        # the ranks of a candidate's groups one integer (mixed radix, re-ranked before it could overflow), the
+        # columns that integer's distinct values (sorting integers: faster than rows)
+        products = sorted({math.prod(c) for r in range(len(sizes) + 1) for c in itertools.combinations(sizes, r)})
+        rank = np.zeros(products[-1] + 1, dtype=np.int64)
+        rank[products] = np.arange(len(products))
         code = np.zeros(len(cands), dtype=np.int64)
-        for row in np.searchsorted(products, split):
+        for row in split:
             if len(code) and int(code.max()) >= (2**62) // len(products):
                 code = np.unique(code, return_inverse=True)[1].reshape(-1)
-            code = code * len(products) + row
+            code = code * len(products) + rank[row.astype(np.int64)]
         _, first, of = np.unique(code, return_index=True, return_inverse=True)
         return 1.0 / split[:, first], of.reshape(-1)
 
