@@ -119,13 +119,14 @@ class RuleSets:
         a = self.primary.shape[1]
         object.__setattr__(self, "_maps", ({np.flatnonzero(m).tobytes(): k * a for k, m in enumerate(masks)},
                                            packed, None))
-        first: dict[bytes, int] = {}  # (hashing rows: np.unique's sort of wide rows took seconds)
-        rows = list(map(bytes, packed))
-        for r, row in enumerate(rows):
-            first.setdefault(row, r)
+        # (rows as byte strings, sorted stably: np.unique(axis=0)'s sort of wide rows took seconds)
+        _, first, of = np.unique(packed.view(np.dtype((np.void, packed.shape[1] * packed.itemsize))).ravel(),
+                                 return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # the layouts in the order of their first candidates
+        of = of.reshape(-1)
         for r in keep:
-            first[rows[r]] = r  # (in the first one's place: a dict keeps its keys' order)
-        return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+            first[of[r]] = r  # (in the first one's place)
+        return first[order]
 
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
