@@ -516,6 +516,56 @@ def test_a_candidates_split_of_some_dims_is_the_product_of_the_axes_its_projecti
         assert cands.split(mask, (2, 2, 2)) is cands.split(mask.copy(), (2, 2, 2))  # remembered
 
 
+def test_a_candidates_axis_maps_are_what_its_layout_gives_every_tensor_and_op(gpt):
+    """:meth:`RuleSets.project` (one mask, and every mask at once where :meth:`RuleSets.distinct` records them)
+    gives each mesh axis the dim the candidate's rules split over it (Flax precedence, fallbacks included)."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.layout import Layout
+    from layoutsearch.mesh import Mesh
+    from layoutsearch.solvers.rulesets import RuleSets, rule_sets, rules_of
+
+    g = training_step(gpt)
+    mesh = Mesh.of("data:2,fsdp:2,model:2")
+    dims = list(g.dims)
+    sets = rule_sets(g, mesh)
+    plain = RuleSets(sets.choices, sets.primary, sets.fallback, sets.fallback_axes)
+    first = sets.distinct(g)
+    kept = sets.take(first)  # (projections read from the table distinct made)
+    spaces = sorted({t.dim_names for t in g.tensors.values()} | {op.iteration_dims(g.tensors) for op in g.ops})
+    sample = np.random.default_rng(0).choice(len(kept), 40, replace=False)
+    for names in spaces:
+        mask = np.isin(np.arange(len(dims)), [dims.index(d) for d in names])
+        fresh, recorded = plain.project(mask), kept.project(mask)
+        assert fresh.dtype == recorded.dtype == np.int32 and np.array_equal(fresh[first], recorded)
+        for k in sample.tolist():
+            laid = Layout(mesh, rules_of(kept, k, dims, mesh)).rules_layout(names)
+            want = [next((dims.index(d) for d, axes in laid.items() if a in axes), -1) for a in mesh.names]
+            assert recorded[k].tolist() == want
+
+
+def test_the_live_set_bound_tells_which_candidates_exceed_a_limit_as_their_bounds_do():
+    """:meth:`LiveBound.over` decides most columns by cheaper bounds, the rest by their bound: the same answer
+    as the bounds themselves, also for bounds equal to the threshold; :meth:`LiveBound.values` of some
+    candidates are theirs of all."""
+    import numpy as np
+
+    from layoutsearch.solvers.rules_search import LiveBound
+
+    rng = np.random.default_rng(1)
+    live = np.sort(rng.integers(0, 1 << 20, (40, 5)).astype(float), axis=0)[::-1]
+    inv = 1.0 / rng.choice([1.0, 2.0, 4.0, 8.0], (5, 300))
+    of = rng.integers(0, 300, 1000)
+    every = LiveBound(live, inv, of).values()
+    for threshold in (*np.quantile(every, [0.0, 0.1, 0.5, 0.9, 1.0]), every[17], -1.0):
+        bound = LiveBound(live, inv, of)
+        assert np.array_equal(bound.over(threshold), every > threshold)
+        assert bound.over(threshold) is bound.over(threshold)  # remembered
+    idx = rng.choice(len(of), 50)
+    assert np.array_equal(LiveBound(live, inv, of).values(idx), every[idx])
+
+
 @pytest.mark.parametrize("hw, remat", [("tpu-v4", "none"), ("tpu-v4", "selective"), ("h100", "none")])
 def test_the_overlap_bound_is_a_lower_bound_of_every_candidates_step(hw, remat):
     """What the rules search proves its plans with, the largest entry of a candidate's bound vector

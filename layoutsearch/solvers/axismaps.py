@@ -65,7 +65,7 @@ def project(maps: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def to_dim_layout(amap: Sequence[int], dims: Sequence[str], mesh: Mesh) -> DimLayout:
     """An axis map as a DimLayout (dim -> axes in mesh order)."""
     out: dict[str, tuple[str, ...]] = {}
-    for a, d in zip(mesh.names, amap, strict=True):
+    for a, d in zip(mesh.names, amap.tolist() if isinstance(amap, np.ndarray) else amap, strict=True):
         if d >= 0:
             out[dims[d]] = (*out.get(dims[d], ()), a)
     return out

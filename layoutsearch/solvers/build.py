@@ -86,27 +86,30 @@ class _Builder(SpaceNodes):
     def sig(self, op: O.Op) -> tuple:
         """What an op's cost depends on besides layouts (its kind, attributes, shapes)."""
         key = ("sig", op.name)
-        if key not in self._fcache:
+        hit = self._fcache.get(key)
+        if hit is None:
             roles = tuple(self.p.classes.get(x) for x in (*op.inputs, op.output))  # which collectives overlap
-            self._fcache[key] = (signature_ids(self.g)[op.name], self.p.fusion.signature(op), roles)
-        return self._fcache[key]
+            hit = self._fcache[key] = (signature_ids(self.g)[op.name], self.p.fusion.signature(op), roles)
+        return hit
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:
         """``op`` computed as ``it`` with its inputs already laid out for it, its output stored as ``out``."""
         key = ("op", self.sig(op), it.tobytes(), out.tobytes())
-        if key not in self._fcache:
+        hit = self._fcache.get(key)
+        if hit is None:
             t = self.g.tensors
             I = self.dl(it)
             wants = [{d: I[d] for d in t[x].dim_names if d in I} for x in op.inputs]
-            self._fcache[key] = self.p.rules.cost(op, I, wants, self.dl(out))
-        return self._fcache[key]
+            hit = self._fcache[key] = self.p.rules.cost(op, I, wants, self.dl(out))
+        return hit
 
     def f_whole(self, op: O.Op, it: np.ndarray, ins: Sequence[np.ndarray], out: np.ndarray) -> OpCost:
         key = ("whole", self.sig(op), it.tobytes(), tuple(x.tobytes() for x in ins), out.tobytes())
-        if key not in self._fcache:
+        hit = self._fcache.get(key)
+        if hit is None:
             I = {} if isinstance(op, O.Reshape) else self.dl(it)
-            self._fcache[key] = self.p.rules.cost(op, I, [self.dl(x) for x in ins], self.dl(out))
-        return self._fcache[key]
+            hit = self._fcache[key] = self.p.rules.cost(op, I, [self.dl(x) for x in ins], self.dl(out))
+        return hit
 
     def f_reshard(self, t: Tensor, src: np.ndarray, dst: np.ndarray, matmul: bool = False
                   ) -> tuple[float | np.ndarray, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
@@ -78,8 +79,64 @@ def _compute_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: l
     return total
 
 
+class LiveBound:
+    """A lower bound of each candidate's peak memory (:func:`_memory_bounds`): the largest, over some points of
+    the schedule, of the bytes live there; ``live`` (points x groups, the points in decreasing order of their
+    live bytes) @ ``inv`` (groups x distinct columns: 1 / each group's split), maximized over the points, is
+    the bound of each column, and ``of`` gives each candidate's column."""
+
+    SEEDS = 8
+    """:meth:`over` bounds each column from below by the points of most live bytes, this many."""
+
+    def __init__(self, live: np.ndarray, inv: np.ndarray, of: np.ndarray, block: int = 1 << 22) -> None:
+        self.live, self.inv, self.of, self.block = live, inv, of, block
+        self._over: dict[float, np.ndarray] = {}
+
+    def _columns(self, cols: np.ndarray | slice) -> np.ndarray:
+        """The bound of columns ``cols``: the products a block of columns at a time (about ``block`` entries, 32
+        MB: 256 points by every column took 400 MB for GPT-3 on 8192 devices over 4 axes, at memory speed;
+        blocks large enough that the BLAS threads' start-up, slow on a busy machine, stays small)."""
+        inv = self.inv[:, cols]
+        best = np.zeros(inv.shape[1])
+        width = max(1, self.block // len(self.live))
+        out = np.empty((len(self.live), min(width, inv.shape[1])))  # (one buffer: fresh pages per block cost page faults)
+        for c in range(0, inv.shape[1], width):
+            part = inv[:, c:c + width]
+            np.maximum(best[c:c + width], np.matmul(self.live, part, out=out[:, :part.shape[1]]).max(axis=0),
+                       out=best[c:c + width])
+        return best
+
+    @functools.cached_property
+    def _all(self) -> np.ndarray:
+        return self._columns(slice(None))
+
+    def values(self, idx: np.ndarray | list[int] | None = None) -> np.ndarray:
+        """The bound of every candidate, or of candidates ``idx`` (their columns only, unless all are known)."""
+        if idx is None or "_all" in self.__dict__:
+            return self._all[self.of] if idx is None else self._all[self.of[np.asarray(idx, dtype=np.int64)]]
+        cols, at = np.unique(self.of[np.asarray(idx, dtype=np.int64)], return_inverse=True)
+        return self._columns(cols)[at.reshape(-1)]
+
+    def over(self, threshold: float) -> np.ndarray:
+        """Per candidate, whether its bound exceeds ``threshold`` (remembered per threshold). Most columns are
+        decided without their bound: from below by the live bytes at the :data:`SEEDS` points of most live
+        bytes, from above by the largest live bytes of each group (at any point) together; the bound is
+        computed for the columns those leave open (with a margin far above rounding)."""
+        if threshold not in self._over:
+            if "_all" in self.__dict__ or len(self.live) <= self.SEEDS:
+                col_over = self._all > threshold
+            else:
+                low = (self.live[:self.SEEDS] @ self.inv).max(axis=0)
+                high = self.live.max(axis=0) @ self.inv
+                col_over = low > threshold * (1 + 1e-12)
+                open_ = np.flatnonzero(~col_over & (high >= threshold * (1 - 1e-12)))
+                col_over[open_] = self._columns(open_) > threshold
+            self._over[threshold] = col_over[self.of]
+        return self._over[threshold]
+
+
 def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: list[str], remat: str,
-                   on_chip: frozenset[str], block: int = 1 << 22, at: int | None = None) -> np.ndarray:
+                   on_chip: frozenset[str], at: int | None = None) -> LiveBound:
     """A lower bound of each candidate's peak memory: the largest, over the points of the schedule, of the
     bytes the memory model holds live there (the tensors whose lifetime, under ``remat``, spans the point, at
     their per-device size: fed tensors, saved activations, gradients). Candidates whose bound exceeds the
@@ -90,11 +147,9 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     grows where a lifetime starts, so those points suffice, and of those only the points no other point
     exceeds in every group (:func:`~.assemble.undominated`; GPT-3's 96 layers with full remat: 3,757 distinct points,
     584 undominated). A candidate's bound is then a product (points x groups) @ (groups x candidates: 1 / the
-    group's split), maximized over the points, a block of columns at a time (about ``block`` entries, 32 MB:
-    256 points by every column took 400 MB for GPT-3 on 8192 devices over 4 axes, at memory speed; blocks large
-    enough that the BLAS threads' start-up, slow on a busy machine, stays small); candidates that split every
-    group alike share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985). ``at`` (an op's index in
-    the schedule): the live bytes there only, a weaker bound, computed faster."""
+    group's split), maximized over the points (:class:`LiveBound`); candidates that split every group alike
+    share one column (GPT-3 on 1024 devices: 9,570 distinct of 32,985). ``at`` (an op's index in the
+    schedule): the live bytes there only, a weaker bound, computed faster."""
     life = lifetimes(g, remat_plan(g, remat))
     sizes = tuple(s for _, s in mesh.axes)
     skip = set(life.deferrable.values()) if hw.combined_gradient_all_reduce else set()
@@ -105,7 +160,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     keep[list(skip)] = False
     rows = np.nonzero(keep)[0]
     if not len(rows):
-        return np.zeros(len(cands))
+        return LiveBound(np.zeros((1, 0)), np.zeros((0, 1)), np.zeros(len(cands), dtype=np.int64))
     group, nbytes = tensor_group[life.tensor[rows]], tensor_bytes[life.tensor[rows]]
     start, end = life.start[rows].astype(np.int64), life.end[rows].astype(np.int64)
     lo = int(start.min())
@@ -120,14 +175,7 @@ def _memory_bounds(g: Graph, mesh: Mesh, hw: Hardware, cands: RuleSets, dims: li
     else:
         live = np.maximum(np.cumsum(delta, axis=1)[:, [min(max(at - lo, 0), span - 1)]].T, 0.0)
     inv, of = _group_columns(cands, tuple(groups), dims, sizes)
-    best = np.zeros(inv.shape[1])
-    width = max(1, block // len(live))
-    out = np.empty((len(live), min(width, inv.shape[1])))  # (one buffer: fresh pages per block cost page faults)
-    for c in range(0, inv.shape[1], width):
-        part = inv[:, c:c + width]
-        np.maximum(best[c:c + width], np.matmul(live, part, out=out[:, :part.shape[1]]).max(axis=0),
-                   out=best[c:c + width])
-    return best[of]
+    return LiveBound(live, inv, of)
 
 
 def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: list[str], sizes: tuple[int, ...]
@@ -136,13 +184,22 @@ def _group_columns(cands: RuleSets, groups: tuple[tuple[str, ...], ...], dims: l
     candidates splitting every group alike share one column (remembered per candidates: the bounds of every
     remat policy, the full one and the one at the backward pass, ask for the same groups)."""
     def compute() -> tuple[np.ndarray, np.ndarray]:
-        inv = np.empty((len(groups), len(cands)))
+        split = np.empty((len(groups), len(cands)))
         for k, names in enumerate(groups):
-            inv[k] = 1.0 / cands.split(dims_mask(dims, names), sizes)
-        # (found as byte strings: faster than by axis)
-        columns = np.ascontiguousarray(inv.T).view(np.dtype((np.void, inv.itemsize * len(groups)))).ravel()
-        _, first, of = np.unique(columns, return_index=True, return_inverse=True)
-        return inv[:, first], of.reshape(-1)
+            split[k] = cands.split(dims_mask(dims, names), sizes)
+        # each split is a product of some axes' sizes: its rank among those products (looked up by the product),
+        # the ranks of a candidate's groups one integer (mixed radix, re-ranked before it could overflow), the
+        # columns that integer's distinct values (sorting integers: faster than rows)
+        products = sorted({math.prod(c) for r in range(len(sizes) + 1) for c in itertools.combinations(sizes, r)})
+        rank = np.zeros(products[-1] + 1, dtype=np.int64)
+        rank[products] = np.arange(len(products))
+        code = np.zeros(len(cands), dtype=np.int64)
+        for row in split:
+            if len(code) and int(code.max()) >= (2**62) // len(products):
+                code = np.unique(code, return_inverse=True)[1].reshape(-1)
+            code = code * len(products) + rank[row.astype(np.int64)]
+        _, first, of = np.unique(code, return_index=True, return_inverse=True)
+        return 1.0 / split[:, first], of.reshape(-1)
 
     return cands.remembered(("group columns", groups, tuple(dims), sizes), compute)
 
@@ -222,11 +279,21 @@ class RulesSearch:
         self.cut_short: list[str] = []  # what a deadline cut short, in words
 
     @functools.cached_property
-    def mem_lb(self) -> np.ndarray:
-        """Per candidate, its live-set bound of the peak memory (:func:`_memory_bounds`; computed when first
-        asked for: a search without a memory limit never needs it)."""
+    def live_bound(self) -> LiveBound:
+        """The live-set bound of the candidates' peak memory (:func:`_memory_bounds`; made when first asked
+        for: a search without a memory limit never needs it)."""
         return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
                               self.pricer.fusion.on_chip)
+
+    @property
+    def mem_lb(self) -> np.ndarray:
+        """Per candidate, its live-set bound of the peak memory (every candidate's; :meth:`over_limit` tells
+        most candidates apart without theirs)."""
+        return self.live_bound.values()
+
+    def over_limit(self, limit: float) -> np.ndarray:
+        """Per candidate, whether its live-set bound exceeds ``limit`` (beyond rounding): it cannot fit."""
+        return self.live_bound.over(limit * (1 + 1e-9))
 
     def may_fit_among(self, idx: np.ndarray, limit: float | None, any_out: bool = False) -> np.ndarray:
         """Those of candidates ``idx`` that may fit ``limit`` (:meth:`may_fit`). Before the live-set bound is
@@ -236,7 +303,7 @@ class RulesSearch:
         it rules out any."""
         if limit is None or not len(idx):
             return idx
-        if "mem_lb" not in self.__dict__:
+        if "live_bound" not in self.__dict__:
             kept = idx[self.backward_lb[idx] <= limit * (1 + 1e-9)]
             if not len(kept) or (any_out and len(kept) < len(idx)):
                 return kept
@@ -251,7 +318,7 @@ class RulesSearch:
         if start is None:
             return np.zeros(len(self.cands))
         return _memory_bounds(self.g, self.mesh, self.hw, self.cands, self.dims, self.remat,
-                              self.pricer.fusion.on_chip, at=start)
+                              self.pricer.fusion.on_chip, at=start).values()
 
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
@@ -280,21 +347,21 @@ class RulesSearch:
         """Per candidate, whether it may fit ``limit``: its live-set bound does, and its peak where priced."""
         if limit is None:
             return np.ones(len(self.cands), bool)
-        return (self.mem_lb <= limit * (1 + 1e-9)) & ~(self.mem > limit * (1 + 1e-12))
+        return ~self.over_limit(limit) & ~(self.mem > limit * (1 + 1e-12))
 
     def peak_floors(self, idx: np.ndarray | None = None) -> np.ndarray:
         """Per candidate (of ``idx``; default all), its peak where priced, else its live-set bound (the live
         bytes where the backward pass starts when that bound was not needed): a lower bound of its peak."""
         idx = np.arange(len(self.cands)) if idx is None else np.asarray(idx, dtype=np.int64)
-        floor = (self.mem_lb if "mem_lb" in self.__dict__ else self.backward_lb)[idx]
+        floor = self.live_bound.values(idx) if "live_bound" in self.__dict__ else self.backward_lb[idx]
         return np.where(np.isnan(self.mem[idx]), floor, self.mem[idx])
 
     def pruning(self, limit: float | None) -> dict[str, int | None]:
         """How the space was pruned: its candidates, those the live-set memory bound rules out (None: the bound
         was not needed), those priced (the rest cannot beat the plans found, by their roofline bound) and those
         priced again with overlap."""
-        known = limit is not None and "mem_lb" in self.__dict__
-        over = int((self.mem_lb > limit * (1 + 1e-9)).sum()) if known else None if limit is not None else 0
+        known = limit is not None and "live_bound" in self.__dict__
+        over = int(self.over_limit(limit).sum()) if known else None if limit is not None else 0
         return {"candidates": len(self.cands), "memory_bound": over, "priced": int((~np.isnan(self.cost)).sum()),
                 "refined": self.refined}
 
@@ -317,7 +384,7 @@ class RulesSearch:
         if upper is not None:
             order = order[self.lb[order] < upper * (1 + 1e-9)]
         if limit is not None and len(order):  # a candidate whose live bytes exceed the limit somewhere cannot fit
-            order = order[self.mem_lb[order] <= limit * (1 + 1e-9)]
+            order = order[~self.over_limit(limit)[order]]
         batch, start = FIRST_BATCH, 0
         while start < len(order):
             self.price(order[start:start + batch])
@@ -345,21 +412,22 @@ class RulesSearch:
         if among is not None:
             want &= among
         if limit is not None:
-            want &= self.mem_lb <= limit * (1 + 1e-9)
+            want &= ~self.over_limit(limit)
         idx = np.nonzero(want)[0]
         for start in range(0, len(idx), MAX_BATCH):
             self.price(idx[start:start + MAX_BATCH])
 
     def min_memory(self) -> tuple[float, int]:
         """The smallest peak memory of any candidate (priced in resident-bytes bound order) and its index."""
-        order = np.argsort(self.mem_lb, kind="stable")
+        lb = self.mem_lb
+        order = np.argsort(lb, kind="stable")
         batch, start = FIRST_BATCH, 0
         while start < len(order):
             self.price(order[start:start + batch])
             start += batch
             done = ~np.isnan(self.mem)
             best = float(np.min(self.mem[done]))
-            if start >= len(order) or self.mem_lb[order[start]] > best:
+            if start >= len(order) or lb[order[start]] > best:
                 break
             batch = min(batch * 4, MAX_BATCH)
         done = np.nonzero(~np.isnan(self.mem))[0]

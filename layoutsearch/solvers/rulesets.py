@@ -24,6 +24,7 @@ from layoutsearch.costmodel.step import graph_cached
 from layoutsearch.ir.graph import Graph
 from layoutsearch.layout import Axes
 from layoutsearch.mesh import Hardware, Mesh
+from layoutsearch.solvers.assemble import unique_rows
 from layoutsearch.solvers.axismaps import NONE, choice_maps
 
 
@@ -81,17 +82,26 @@ class RuleSets:
             if c is not None:
                 a = self.primary.shape[1]
                 return (maps[:, c:c + a] if rows is None else maps[rows, c:c + a]).astype(np.int32)
-        table = np.array([next((d for d in c if mask[d]), NONE) for c in self.choices] + [NONE], dtype=np.int32)
-        proj = table[self.primary]
+        return self._project(np.asarray(mask, bool)[None])[:, 0].astype(np.int32)
+
+    def _project(self, masks: np.ndarray) -> np.ndarray:
+        """:meth:`project` of every mask of ``masks`` (masks x dims) at once, candidates x masks x axes (small
+        integers: int8 where the dims' indices fit)."""
+        dt = np.int8 if len(masks[0]) < 127 else np.int32
+        table = np.full((len(masks), len(self.choices) + 1), NONE, dtype=dt)  # per mask, each choice's first dim in it
+        for c, members in enumerate(self.choices):
+            for d in reversed(members):
+                table[masks[:, d], c] = d
+        proj = table[:, self.primary.T]  # masks x axes x candidates (reductions over the few axes: slices)
         for s in range(self.fallback.shape[1]):
             fb = self.fallback[:, s]
-            rows = np.flatnonzero((fb >= 0) & mask[fb])  # (the candidates whose fallback has a dim of mask's)
-            if not len(rows):
+            if not (fb >= 0).any():
                 continue
-            fa, f, p = self.fallback_axes[rows, s], fb[rows, None], proj[rows]
-            apply = ~(p == f).any(axis=1) & ~((p >= 0) & fa).any(axis=1)  # neither there already nor its axes used
-            proj[rows] = np.where(apply[:, None] & fa, f, p)
-        return proj.astype(np.int32, copy=False)
+            fa, f = np.ascontiguousarray(self.fallback_axes[:, s].T), fb.astype(dt)
+            # where the mask has the fallback's dim, neither there already nor its axes used
+            apply = (fb >= 0) & masks[:, fb] & ~(proj == f).any(axis=1) & ~((proj >= 0) & fa).any(axis=1)
+            np.copyto(proj, np.broadcast_to(f, proj.shape), where=apply[:, None] & fa)
+        return proj.transpose(2, 0, 1)
 
     def distinct(self, graph: Graph, keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per distinct layout of ``graph``, in the order of each layout's first candidate:
@@ -105,19 +115,18 @@ class RuleSets:
         masks = [np.isin(np.arange(len(dims)), [dims.index(d) for d in sp]) for sp in spaces]
         if not masks or not len(self):
             return np.arange(len(self))
-        maps = np.concatenate([self.project(m) for m in masks], axis=1)
-        packed = np.ascontiguousarray(maps, dtype=np.int8 if len(dims) < 127 else np.int32)
-        del maps
+        packed = np.ascontiguousarray(self._project(np.array(masks)).reshape(len(self), -1))
         a = self.primary.shape[1]
         object.__setattr__(self, "_maps", ({np.flatnonzero(m).tobytes(): k * a for k, m in enumerate(masks)},
                                            packed, None))
-        first: dict[bytes, int] = {}  # (hashing rows: np.unique's sort of wide rows took seconds)
-        rows = list(map(bytes, packed))
-        for r, row in enumerate(rows):
-            first.setdefault(row, r)
+        # (rows as byte strings, sorted stably: np.unique(axis=0)'s sort of wide rows took seconds)
+        _, first, of = np.unique(packed.view(np.dtype((np.void, packed.shape[1] * packed.itemsize))).ravel(),
+                                 return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")  # the layouts in the order of their first candidates
+        of = of.reshape(-1)
         for r in keep:
-            first[rows[r]] = r  # (in the first one's place: a dict keeps its keys' order)
-        return np.fromiter(first.values(), dtype=np.int64, count=len(first))
+            first[of[r]] = r  # (in the first one's place)
+        return first[order]
 
     def untwinned(self, classes: Sequence[Sequence[int]], keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per class of *twins*, candidates whose layouts (the axis maps :meth:`distinct` found,
@@ -159,7 +168,9 @@ class RuleSets:
         return out
 
     def _codes(self, primary: np.ndarray, fallback: np.ndarray, fallback_axes: np.ndarray) -> np.ndarray:
-        return np.concatenate([primary, fallback, fallback_axes.reshape(len(primary), -1).astype(np.int32)], axis=1)
+        """One row of small integers per candidate: equal rows, equal candidates."""
+        return np.concatenate([primary, fallback, fallback_axes.reshape(len(primary), -1)], axis=1,
+                              dtype=np.int32, casting="unsafe")
 
     def concat(self, other: RuleSets) -> RuleSets:
         """Both candidate lists, duplicates (of ``other``) dropped; ``other``'s choices are mapped to ours."""
@@ -174,7 +185,7 @@ class RuleSets:
         P = np.concatenate([self.primary, prim])
         F = np.concatenate([self.fallback, other.fallback])
         FA = np.concatenate([self.fallback_axes, other.fallback_axes])
-        _, first = np.unique(self._codes(P, F, FA), axis=0, return_index=True)
+        _, first = np.unique(unique_rows(self._codes(P, F, FA))[1], return_index=True)
         keep = np.sort(first)
         return RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
 
@@ -184,7 +195,7 @@ class RuleSets:
         remap = [choices.index(c) if c in choices else -2 for c in other.choices] + [NONE]
         code = self._codes(np.array(remap, dtype=np.int32)[other.primary[r:r + 1]], other.fallback[r:r + 1],
                            other.fallback_axes[r:r + 1])[0]
-        ours = self._codes(self.primary, self.fallback, self.fallback_axes)
+        ours = self.remembered(("codes",), lambda: self._codes(self.primary, self.fallback, self.fallback_axes))
         hit = np.nonzero((ours == code).all(axis=1))[0]
         return int(hit[0]) if len(hit) else None
 
