@@ -627,7 +627,7 @@ def test_layouts_that_only_rename_interchangeable_axes_are_one_candidate(monkeyp
     of such twins: the same best plan, runner-ups that are other plans, and each candidate dropped is the twin
     of one kept, at the same price."""
     from layoutsearch.costmodel.step import training_step
-    from layoutsearch.layout import Layout
+    from layoutsearch.layout import Layout, parse_rules
     from layoutsearch.mesh import Mesh, hardware
     from layoutsearch.solvers import rules_search
     from layoutsearch.solvers.pricer import Pricer
@@ -653,17 +653,20 @@ def test_layouts_that_only_rename_interchangeable_axes_are_one_candidate(monkeyp
     def layout(rules, perm=(0, 1, 2)):  # what the rules give every tensor and op, axes relabelled by ``perm``
         names = [mesh.names[i] for i in perm]
         lay = Layout(mesh, [(d, tuple(names[mesh.names.index(a)] for a in axes)) for d, axes in rules])
-        return tuple(tuple(sorted((d, frozenset(a)) for d, a in lay.rules_layout(sp).items())) for sp in spaces)
+        return tuple(tuple(sorted(lay.rules_layout(sp).items())) for sp in spaces)
 
-    ours = {layout(rules_of(kept, k, dims, mesh)) for k in range(len(kept))}
+    ours = {layout(rules_of(kept, k, dims, mesh)): k for k in range(len(kept))}
     for k in range(0, len(every), len(every) // 12):  # a sample of the full space: each has a twin kept, at its price
         rules = rules_of(every, k, dims, mesh)
-        perm = next((p for p in perms if layout(rules, p) in ours), None)
-        assert perm is not None, rules
-        names = [mesh.names[i] for i in perm]
-        twin = [(d, tuple(names[mesh.names.index(a)] for a in axes)) for d, axes in rules]
-        assert estimate(g, Layout(mesh, twin), hw).step_s == pytest.approx(estimate(g, Layout(mesh, rules),
-                                                                                    hw).step_s, rel=1e-12)
+        twin = next((ours[layout(rules, p)] for p in perms if layout(rules, p) in ours), None)
+        assert twin is not None, rules
+        assert estimate(g, Layout(mesh, rules_of(kept, twin, dims, mesh)), hw).step_s == pytest.approx(
+            estimate(g, Layout(mesh, rules), hw).step_s, rel=1e-12)
+    # relabelling data and fsdp in batch:data+fsdp+model gives batch:fsdp+data+model, another layout: so
+    # d_model:fsdp+model beside it has no twin d_model:data+model (Llama 3 70B on data:8,fsdp:8,model:8 lost its
+    # best plan, 0.03% faster, to that mistake)
+    for d_model in ("fsdp+model", "data+model", "data+fsdp"):
+        assert layout(parse_rules(f"batch:data+fsdp+model,d_model:{d_model}")) in ours, d_model
 
     plan = search(zoo.gpt(batch=32), mesh, hardware=hw, top=3)
     assert plan.chosen.rules == plain.chosen.rules and plan.chosen.step_s == plain.chosen.step_s

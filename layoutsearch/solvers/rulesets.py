@@ -13,6 +13,7 @@ rules and :func:`model_groups` finds the groups of dims that may share an axis.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,27 +130,36 @@ class RuleSets:
         return first[order]
 
     def untwinned(self, classes: Sequence[Sequence[int]], keep: Sequence[int] = ()) -> np.ndarray:
-        """One candidate per class of *twins*, candidates whose layouts (the axis maps :meth:`distinct` found,
-        which it must have run first) differ only by a relabelling of the mesh axes within ``classes`` (lists of
-        axis indices: axes the cost model cannot tell apart, :func:`interchangeable_axes`), in the order of
-        each class's first candidate; the first stands for its class, or those of it in ``keep`` (the
-        baselines' rule sets, each of them kept) in the first one's place. Two candidates are twins when, for
-        each class, the columns of their maps over its axes (what each axis splits, tensor by tensor) are the
-        same columns in some order, and the other axes' columns are equal. Twins cost the same (up to
-        floating-point rounding: a hierarchical collective orders equal links by their place in the mesh), so a
-        search prices one of them; the others would only be the same plan with its axes renamed."""
-        if not classes or not len(self) or self._maps is None:  # (None: no tensor to tell layouts apart)
+        """One candidate per class of *twins*, in the order of each class's first candidate: candidates whose
+        layouts (the axis maps :meth:`distinct` found, which it must have run first) differ only by a
+        relabelling of mesh axes within ``classes`` (lists of axis indices: axes the cost model cannot tell
+        apart, :func:`interchangeable_axes`) that keeps the order of the axes splitting each dim (a dim split
+        over ``data+fsdp`` is another layout than over ``fsdp+data``: the rules list a dim's axes in mesh order,
+        so relabelling ``data`` and ``fsdp`` there gives no candidate's layout). The first stands for its
+        class, or those of it in ``keep`` (the baselines' rule sets, each of them kept) in the first one's
+        place. Twins cost the same (up to floating-point rounding: a hierarchical collective orders equal links
+        by their place in the mesh), so a search prices one of them; the others would only be the same plan
+        with its axes renamed. At most :data:`MAX_RELABELLINGS` relabellings are tried (none beyond)."""
+        perms = _relabellings(classes, self.primary.shape[1])
+        if not perms or not len(self) or self._maps is None:  # (None: no tensor to tell layouts apart)
             return np.arange(len(self))
         _, maps, rows = self._maps
         a = self.primary.shape[1]
-        own = np.ascontiguousarray((maps if rows is None else maps[rows]).reshape(len(self), -1, a).transpose(0, 2, 1))
-        alike = {i for c in classes for i in c}
-        fixed = [i for i in range(a) if i not in alike]
-        keys = []
-        for row in own:  # row[i]: the column of axis i
-            cols = [bytes(c) for c in row]
-            keys.append((tuple(cols[i] for i in fixed), *(tuple(sorted(cols[i] for i in c)) for c in classes)))
-        first: dict[tuple, list[int]] = {}
+        own = (maps if rows is None else maps[rows]).reshape(len(self), -1, a)  # candidates x masks x axes
+        keys = list(map(bytes, np.ascontiguousarray(own)))
+        shared = {(i, j): ((own[:, :, i] == own[:, :, j]) & (own[:, :, i] != NONE)).any(axis=1)
+                  for i in range(a) for j in range(i + 1, a)}  # per pair of axes: whether they split one dim
+        for perm in perms:  # relabelled: axis k takes what axis perm[k] split
+            to = np.argsort(perm)  # axis i's new place
+            keeps_order = np.ones(len(self), bool)
+            for (i, j), both in shared.items():
+                if to[i] > to[j]:
+                    keeps_order &= ~both
+            for r, key in zip(np.flatnonzero(keeps_order).tolist(),
+                              map(bytes, np.ascontiguousarray(own[keeps_order][:, :, perm])), strict=True):
+                if key < keys[r]:
+                    keys[r] = key
+        first: dict[bytes, list[int]] = {}
         for r, key in enumerate(keys):
             first.setdefault(key, [r])
         named = set(keep)
@@ -198,6 +208,25 @@ class RuleSets:
         ours = self.remembered(("codes",), lambda: self._codes(self.primary, self.fallback, self.fallback_axes))
         hit = np.nonzero((ours == code).all(axis=1))[0]
         return int(hit[0]) if len(hit) else None
+
+
+MAX_RELABELLINGS = 24
+""":meth:`RuleSets.untwinned` tries at most this many relabellings of interchangeable axes (four alike axes)."""
+
+
+def _relabellings(classes: Sequence[Sequence[int]], axes: int) -> list[np.ndarray]:
+    """Every permutation of ``axes`` axis indices that moves axes only within ``classes`` (identity left out),
+    as index arrays; none when there would be more than :data:`MAX_RELABELLINGS`."""
+    if math.prod(math.factorial(len(c)) for c in classes) > MAX_RELABELLINGS + 1:
+        return []
+    out = []
+    for combo in itertools.product(*(itertools.permutations(c) for c in classes)):
+        perm = np.arange(axes)
+        for c, p in zip(classes, combo, strict=True):
+            perm[list(c)] = p
+        if (perm != np.arange(axes)).any():
+            out.append(perm)
+    return out
 
 
 def interchangeable_axes(mesh: Mesh, hw: Hardware) -> list[list[int]]:
