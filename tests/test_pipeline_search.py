@@ -17,6 +17,33 @@ def test_microbatch_candidates_divide_the_batch_up_to_4k():
     assert microbatch_candidates(12, 4) == [1, 2, 3, 4, 6, 12]
 
 
+def test_a_stage_axis_whose_pipelined_mesh_is_another_renamed_is_not_searched_again():
+    """On ``pipe:2,data:2,model:2`` inside one node every axis is alike: stages over ``data`` or ``model`` give
+    ``pipe``'s plans renamed (the pipelined mesh, stage axis first, has the same sizes and links position by
+    position), so only ``pipe`` is searched; searched alone, either finds a plan of the same step time."""
+    from layoutsearch.solvers.pipeline_search import STAGE_AXES
+
+    mesh = "pipe:2,data:2,model:2"
+    plan = search_pipeline(GPT, mesh, hardware="h100")
+    assert {c.stage_axis for c in plan.candidates} == {"pipe"}
+    for axis in ("data", "model"):
+        token = STAGE_AXES.set((axis,))
+        try:
+            alone = search_pipeline(GPT, mesh, hardware="h100")
+        finally:
+            STAGE_AXES.reset(token)
+        assert {c.stage_axis for c in alone.candidates} == {axis}
+        assert alone.step_s == pytest.approx(plan.step_s, rel=1e-12)
+    # links follow the position in the pipelined mesh, unless pinned to an axis: then model differs
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.pipeline_search import _untwinned_stage_axes
+
+    m, axes = Mesh.parse(mesh), ["pipe", "data", "model"]
+    assert _untwinned_stage_axes(m, hardware("h100").replace(devices_per_node=4), axes) == ["pipe"]
+    assert _untwinned_stage_axes(m, hardware("h100").replace(axis_links={"model": "slow"}), axes) == ["pipe", "model"]
+    assert _untwinned_stage_axes(Mesh.parse("pipe:2,data:4"), hardware("h100"), ["pipe", "data"]) == ["pipe", "data"]
+
+
 def test_a_limit_only_a_pipeline_meets_gets_a_pipelined_plan():
     with pytest.raises(InfeasibleError) as info:
         search(GPT, MESH, memory_limit=1, hardware="h100", remat="none")

@@ -213,7 +213,7 @@ def search_pipeline(graph: Graph, mesh: Mesh | str, memory_limit: float | None =
     bounded = 0  # configurations ruled out by a lower bound
     trained_graph = training_step(graph, optimizer, precision)
     sched = Schedule.parse(schedule)
-    for axis in axes:
+    for axis in _untwinned_stage_axes(m, hw, axes):
         K = m.axis_size(axis)
         inner_mesh = Mesh(tuple((a, s) for a, s in m.axes if a != axis))
         if progress and inner_mesh.axes:
@@ -288,6 +288,23 @@ def _why_none(reasons: list[str], bounded: int, priced: bool) -> str:
     if reasons:
         return "fits: " + "; ".join(reasons[-3:])
     return "fits: every candidate exceeds the memory limit" if priced else "can beat the unpipelined plan"
+
+
+def _untwinned_stage_axes(m: Mesh, hw: Hardware, axes: list[str]) -> list[str]:
+    """``axes`` less those whose pipelined mesh (the stage axis first, the others in order) has, position by
+    position, the sizes and links of an earlier one's: pipelining over ``fsdp`` or over ``model`` of
+    ``data:16,fsdp:8,model:8`` on one TPU slice gives the same plans with those two axes renamed (the cost model
+    sees an axis's size and link, and the mesh order), so only the first is searched."""
+    seen: set[tuple] = set()
+    out = []
+    for axis in axes:
+        full = Mesh(((axis, m.axis_size(axis)),) + tuple((a, s) for a, s in m.axes if a != axis))
+        links = hw.links_for(full)
+        shape = tuple((s, links[a]) for a, s in full.axes)
+        if shape not in seen:
+            seen.add(shape)
+            out.append(axis)
+    return out
 
 
 STAGE_AXES: ContextVar[tuple[str, ...] | None] = ContextVar("STAGE_AXES", default=None)
