@@ -516,6 +516,33 @@ def test_a_candidates_split_of_some_dims_is_the_product_of_the_axes_its_projecti
         assert cands.split(mask, (2, 2, 2)) is cands.split(mask.copy(), (2, 2, 2))  # remembered
 
 
+@pytest.mark.parametrize("mesh", ["data:4,fsdp:2,model:2,seq:2", "data:8,model:4", "pipe:2,data:4,model:2"])
+def test_a_micro_batchs_candidates_are_those_enumerated_afresh(mesh):
+    """:func:`rule_sets` of a graph whose dim sizes divide a remembered one's (a micro-batch: batch 16 / M,
+    sequences halved) are the remembered candidates that divide them, exactly the enumeration's (rows, order)."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.mesh import Mesh
+    from layoutsearch.solvers import rulesets
+
+    g = zoo.build("gpt", **{**GPT, "batch": 16, "heads": 8})
+    m = Mesh.of(mesh)
+    rulesets._RULE_SETS.clear()
+    full = rulesets.rule_sets(training_step(g), m)
+    fewer = False
+    for sizes in ({"batch": 8}, {"batch": 4}, {"batch": 2}, {"batch": 1}, {"batch": 8, "seq": 8, "kv_seq": 8}):
+        micro = training_step(resized(g, sizes))
+        got = rulesets.rule_sets(micro, m)
+        fresh = rulesets._enumerated(micro, m, True, True)
+        fewer = fewer or len(got) < len(full)
+        assert got.choices == fresh.choices
+        for a, b in ((got.primary, fresh.primary), (got.fallback, fresh.fallback),
+                     (got.fallback_axes, fresh.fallback_axes)):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert fewer  # (some micro-batch rules candidates out: the filter is exercised)
+
+
 def test_a_candidates_axis_maps_are_what_its_layout_gives_every_tensor_and_op(gpt):
     """:meth:`RuleSets.project` (one mask, and every mask at once where :meth:`RuleSets.distinct` records them)
     gives each mesh axis the dim the candidate's rules split over it (Flax precedence, fallbacks included)."""

@@ -157,10 +157,13 @@ def _zeros(v: float, width: int) -> np.ndarray:
 
 
 def evaluate(item: Item, deadline: Deadline | None = None,
-             found: dict[tuple, tuple[np.ndarray, np.ndarray]] | None = None) -> Unary | Table:
+             found: dict[tuple, tuple[np.ndarray, np.ndarray]] | None = None,
+             known: dict[bytes, Any] | None = None) -> Unary | Table:
     """An item's values, computed once per distinct combination of the keys its nodes give it (a table over
     several nodes may take long: ``deadline`` is checked as it fills). ``found``: the :func:`unique_rows` of
-    the keys met before, by their bytes (the items of one space ask for a few distinct keys many times)."""
+    the keys met before, by their bytes (the items of one space ask for a few distinct keys many times).
+    ``known``: an item over one node, its values met before by its key's bytes (filled in as computed; the
+    spaces one pricer builds for several sets of candidates ask again for most of the same keys)."""
     roles, fn = item.roles, item.fn
     found = {} if found is None else found
     nodes = sorted({n for n, _ in roles})
@@ -184,7 +187,15 @@ def evaluate(item: Item, deadline: Deadline | None = None,
         return fn([picked[j][c:c + w] for j, c, w in cols])
 
     if len(nodes) == 1:  # (values may be vectors: bounds, see Pricer.bound; a zero may be a scalar)
-        got = [call([row]) for row in uniq[0]]
+        if known is None:
+            got = [call([row]) for row in uniq[0]]
+        else:
+            got = []
+            for row in uniq[0]:
+                at = row.tobytes()
+                if at not in known:
+                    known[at] = call([row])
+                got.append(known[at])
         vectors = [v for v in got if isinstance(v, np.ndarray)]
         if vectors:
             got = [v if isinstance(v, np.ndarray) else _zeros(v, len(vectors[0])) for v in got]
@@ -221,17 +232,23 @@ def _excess_table(fn: Excess, cols: list[tuple[int, int, int]], uniq: list[np.nd
 
 
 def assemble(names: list[str], sizes: list[int], items: Items, points: list[str], classes: list[Any],
-             deadline: Deadline) -> Problem:
+             deadline: Deadline, known: dict[str, dict[tuple, dict[bytes, Any]]] | None = None) -> Problem:
     """The :class:`Problem` over nodes ``names`` (``sizes`` strategies each) of ``items``: unary costs per
     node, one factor per set of nodes, memory items and the memory rows over the schedule ``points``
-    (``classes``: see :func:`memory_rows`)."""
+    (``classes``: see :func:`memory_rows`). ``known``: for ``"cost"`` and ``"memory"``, per item's merge key,
+    its values met before (:func:`evaluate`): items of equal key must have equal values in every space built
+    with it (see :meth:`.build._Builder.known`)."""
     unary = [np.zeros(size) for size in sizes]
     groups: dict[tuple[int, ...], list[_Part]] = defaultdict(list)
     found: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # (the keys' distinct rows, shared by the items)
-    for k, pending in enumerate(items.cost.values()):
+    def values(section: str, key: tuple, pending: Pending) -> Unary | Table:
+        mine = None if known is None else known[section].setdefault(key, {})
+        return evaluate(pending.make(), deadline, found, mine)
+
+    for k, (key, pending) in enumerate(items.cost.items()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make(), deadline, found)
+        value = values("cost", key, pending)
         if isinstance(value, Unary):
             add, u = pending.count * value.values, unary[value.node]
             if add.ndim != u.ndim:  # bound vectors (Pricer.bound) beside scalars
@@ -242,10 +259,10 @@ def assemble(names: list[str], sizes: list[int], items: Items, points: list[str]
     mems: list[MemItem | None] = []
     spans: list[list[Span]] = []
     same: dict[tuple, int] = {}  # items of equal value are one item live wherever either is
-    for k, pending in enumerate(items.memory.values()):
+    for k, (key, pending) in enumerate(items.memory.items()):
         if k % 64 == 0:
             deadline.check()
-        value = evaluate(pending.make(), deadline, found)
+        value = values("memory", key, pending)
         if not value.any():
             continue
         sig = _signature(value)

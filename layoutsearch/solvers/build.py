@@ -76,6 +76,7 @@ class _Builder(SpaceNodes):
         super().__init__(graph, mesh, kind, tie, rules, include, variants, self.p.cache)
         self.deadline = deadline or Deadline()
         self.max_assignments = max_assignments
+        self.remat_policy = remat
         self.plan = remat_plan(graph, remat)
         self.life = lifetimes(graph, self.plan)
         self.recomputed = frozenset(self.plan.recomputed)
@@ -318,10 +319,20 @@ class _Builder(SpaceNodes):
         self.add_tensor_items()
         try:
             problem = assemble([n.name for n in self.nodes], [n.size for n in self.nodes], self.items,
-                               [op.name for op in self.g.ops], self.point_classes(), self.deadline)
+                               [op.name for op in self.g.ops], self.point_classes(), self.deadline, self.known())
         finally:  # the items' makers refer back to this builder: let it go by reference counting
             self.items = Items()
         return Space(self.g, self.mesh, self.hw, self.kind, self.nodes, self.op_node, self.owner, problem, self.dims)
+
+    def known(self) -> dict[str, dict[tuple, dict[bytes, Any]]]:
+        """The item values met before by the spaces this pricer built alike (:func:`.assemble.assemble`'s
+        ``known``): an item's value is a function of its merge key and its keys under one space kind, tying,
+        variants and pricing (seconds or bounds, optimizer or not), and for a memory item one remat policy
+        (lifetimes and recomputation buffers; a cost item's recomputation is in its count, or in its key);
+        the candidates (the keys asked for) may differ from build to build."""
+        alike = ("item values", self.kind, self.tie, self.variants, self.p.counted, self.p.optimizer)
+        return {"cost": self.p.cache.setdefault(alike, {}),
+                "memory": self.p.cache.setdefault((*alike, self.remat_policy), {})}
 
     def runs(self, op: O.Op) -> int:
         """How often ``op`` runs in a step: once, and again when remat or a flash-attention backward pass

@@ -230,7 +230,7 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     :data:`CANDIDATE_FILTER` keeps, when set; one of each class of twins, layouts that differ only by a
     relabelling of interchangeable mesh axes, :meth:`RuleSets.untwinned`) and their roofline bounds without remat
     (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
-    cands = rule_sets(g, mesh)
+    cands = rule_sets(g, mesh, mapped=True)
     cands = cands.concat(extra) if extra is not None else cands
     named = [cands.index(extra, r) for r in range(len(extra))] if extra is not None else []
     cands, named = _taken(cands, cands.distinct(g, keep=[k for k in named if k is not None]), named)
@@ -248,8 +248,10 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
 def _taken(cands: RuleSets, idx: Sequence[int] | np.ndarray, named: Sequence[int | None]
            ) -> tuple[RuleSets, list[int]]:
     """``cands.take(idx)`` and the places there of the candidates ``named`` (those kept; None: not found)."""
-    where = {int(k): i for i, k in enumerate(idx)}
-    return cands.take(idx), [where[k] for k in named if k is not None and k in where]
+    idx = np.asarray(idx, dtype=np.int64)
+    where = np.full(len(cands), -1, dtype=np.int64)
+    where[idx] = np.arange(len(idx))
+    return cands.take(idx), [int(where[k]) for k in named if k is not None and where[k] >= 0]
 
 
 FIRST_BATCH, MAX_BATCH = 512, 8192

@@ -12,6 +12,7 @@ rules and :func:`model_groups` finds the groups of dims that may share an axis.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -27,6 +28,33 @@ from layoutsearch.layout import Axes
 from layoutsearch.mesh import Hardware, Mesh
 from layoutsearch.solvers.assemble import unique_rows
 from layoutsearch.solvers.axismaps import NONE, choice_maps
+
+
+@dataclass(frozen=True)
+class _Maps:
+    """Candidates' axis maps for several sets of dims (``masks``, masks x dims) side by side: ``maps`` (rows x
+    (masks x axes)), ``cols`` (a mask's dims' indices, as bytes -> its first column), ``rows`` (which rows of
+    ``maps`` are the candidates': None for all)."""
+
+    cols: dict[bytes, int]
+    maps: np.ndarray
+    rows: np.ndarray | None
+    masks: np.ndarray
+
+    @staticmethod
+    def of(masks: np.ndarray, packed: np.ndarray, axes: int) -> _Maps:
+        return _Maps({np.flatnonzero(m).tobytes(): k * axes for k, m in enumerate(masks)}, packed, None, masks)
+
+
+def _space_masks(graph: Graph) -> np.ndarray:
+    """The sets of dims (masks x dims) of ``graph``'s tensors and ops' iterations: what tells layouts apart."""
+    def compute() -> np.ndarray:
+        dims = list(graph.dims)
+        spaces = {frozenset(t.dim_names) for t in graph.tensors.values()}
+        spaces |= {frozenset(op.iteration_dims(graph.tensors)) for op in graph.ops}
+        masks = [np.isin(np.arange(len(dims)), [dims.index(d) for d in sp]) for sp in spaces]
+        return np.array(masks, dtype=bool).reshape(len(masks), len(dims))
+    return graph_cached(graph, "space masks", compute)
 
 
 @dataclass(frozen=True)
@@ -50,11 +78,9 @@ class RuleSets:
     fallback_axes: np.ndarray
     _memo: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
     """What :meth:`remembered` computed for these candidates, by key."""
-    _maps: tuple[dict[bytes, int], np.ndarray, np.ndarray | None] | None = field(default=None, init=False,
-                                                                              repr=False, compare=False)
-    """The axis maps :meth:`distinct` computed, for :meth:`project` to look up: (dims' indices -> first column,
-    the maps of every candidate it saw, side by side, and which of its rows are ours: None for all). A
-    candidate's map depends on its own row only, so :meth:`take` passes them on as rows of the same table."""
+    _maps: _Maps | None = field(default=None, init=False, repr=False, compare=False)
+    """The axis maps :meth:`distinct` (or :meth:`mapped`) computed, for :meth:`project` to look up. A
+    candidate's maps depend on its own row only, so :meth:`take` passes them on as rows of the same table."""
 
     def __len__(self) -> int:
         return len(self.primary)
@@ -78,11 +104,11 @@ class RuleSets:
         """The axis maps the rules give a tensor or op whose dims are ``mask`` (Flax precedence; read from
         those :meth:`distinct` computed where it saw ``mask``'s dims)."""
         if self._maps is not None:
-            cols, maps, rows = self._maps
-            c = cols.get(np.flatnonzero(np.asarray(mask, bool)).tobytes())
+            m = self._maps
+            c = m.cols.get(np.flatnonzero(np.asarray(mask, bool)).tobytes())
             if c is not None:
                 a = self.primary.shape[1]
-                return (maps[:, c:c + a] if rows is None else maps[rows, c:c + a]).astype(np.int32)
+                return (m.maps[:, c:c + a] if m.rows is None else m.maps[m.rows, c:c + a]).astype(np.int32)
         return self._project(np.asarray(mask, bool)[None])[:, 0].astype(np.int32)
 
     def _project(self, masks: np.ndarray) -> np.ndarray:
@@ -110,16 +136,11 @@ class RuleSets:
         a fallback on axes that split nothing else, and that dim's primary choice on them), priced alike. The
         first of them stands for the layout, or the one in ``keep`` (candidates found later by their encoding,
         :meth:`index`: the baselines' rule sets), in the first one's place."""
-        dims = list(graph.dims)
-        spaces = {frozenset(t.dim_names) for t in graph.tensors.values()}
-        spaces |= {frozenset(op.iteration_dims(graph.tensors)) for op in graph.ops}
-        masks = [np.isin(np.arange(len(dims)), [dims.index(d) for d in sp]) for sp in spaces]
-        if not masks or not len(self):
+        masks = _space_masks(graph)
+        if not len(masks) or not len(self):
             return np.arange(len(self))
-        packed = np.ascontiguousarray(self._project(np.array(masks)).reshape(len(self), -1))
-        a = self.primary.shape[1]
-        object.__setattr__(self, "_maps", ({np.flatnonzero(m).tobytes(): k * a for k, m in enumerate(masks)},
-                                           packed, None))
+        packed = self._packed(masks)
+        object.__setattr__(self, "_maps", _Maps.of(masks, packed, self.primary.shape[1]))
         # (rows as byte strings, sorted stably: np.unique(axis=0)'s sort of wide rows took seconds)
         _, first, of = np.unique(packed.view(np.dtype((np.void, packed.shape[1] * packed.itemsize))).ravel(),
                                  return_index=True, return_inverse=True)
@@ -128,6 +149,28 @@ class RuleSets:
         for r in keep:
             first[of[r]] = r  # (in the first one's place)
         return first[order]
+
+    def mapped(self, graph: Graph) -> RuleSets:
+        """These candidates, their axis maps for every tensor and op of ``graph`` computed (kept: what
+        :meth:`distinct` and :meth:`project` of these, and of the candidates taken from these, read)."""
+        masks = _space_masks(graph)
+        if len(masks) and len(self) and self._maps is None:
+            object.__setattr__(self, "_maps", _Maps.of(masks, self._packed(masks), self.primary.shape[1]))
+        return self
+
+    def _packed(self, masks: np.ndarray) -> np.ndarray:
+        """Every candidate's axis maps for each of ``masks`` (masks x dims), side by side (candidates x (masks x
+        axes)): read from those kept where they hold every mask, else computed (:meth:`_project`)."""
+        a = self.primary.shape[1]
+        if self._maps is not None:
+            m = self._maps
+            at = [m.cols.get(np.flatnonzero(mask).tobytes()) for mask in masks]
+            if None not in at:
+                idx = np.concatenate([np.arange(c, c + a) for c in at])
+                same = len(idx) == m.maps.shape[1] and bool((idx == np.arange(len(idx))).all())
+                got = m.maps if m.rows is None else m.maps[m.rows]
+                return np.ascontiguousarray(got if same else got[:, idx])
+        return np.ascontiguousarray(self._project(np.asarray(masks)).reshape(len(self), -1))
 
     def untwinned(self, classes: Sequence[Sequence[int]], keep: Sequence[int] = ()) -> np.ndarray:
         """One candidate per class of *twins*, in the order of each class's first candidate: candidates whose
@@ -143,9 +186,9 @@ class RuleSets:
         perms = _relabellings(classes, self.primary.shape[1])
         if not perms or not len(self) or self._maps is None:  # (None: no tensor to tell layouts apart)
             return np.arange(len(self))
-        _, maps, rows = self._maps
+        m = self._maps
         a = self.primary.shape[1]
-        own = (maps if rows is None else maps[rows]).reshape(len(self), -1, a)  # candidates x masks x axes
+        own = (m.maps if m.rows is None else m.maps[m.rows]).reshape(len(self), -1, a)  # candidates x masks x axes
         keys = list(map(bytes, np.ascontiguousarray(own)))
         shared = {(i, j): ((own[:, :, i] == own[:, :, j]) & (own[:, :, i] != NONE)).any(axis=1)
                   for i in range(a) for j in range(i + 1, a)}  # per pair of axes: whether they split one dim
@@ -173,8 +216,8 @@ class RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
         out = RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
         if self._maps is not None:
-            cols, maps, rows = self._maps
-            object.__setattr__(out, "_maps", (cols, maps, idx if rows is None else rows[idx]))
+            m = self._maps
+            object.__setattr__(out, "_maps", dataclasses.replace(m, rows=idx if m.rows is None else m.rows[idx]))
         return out
 
     def _codes(self, primary: np.ndarray, fallback: np.ndarray, fallback_axes: np.ndarray) -> np.ndarray:
@@ -197,7 +240,15 @@ class RuleSets:
         FA = np.concatenate([self.fallback_axes, other.fallback_axes])
         _, first = np.unique(unique_rows(self._codes(P, F, FA))[1], return_index=True)
         keep = np.sort(first)
-        return RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
+        out = RuleSets(tuple(choices), P[keep], F[keep], FA[keep])
+        n = len(self)
+        if self._maps is not None and (n == 0 or (len(keep) >= n and keep[n - 1] == n - 1)):  # (ours all kept)
+            m = self._maps
+            new = RuleSets(tuple(choices), P[keep[n:]], F[keep[n:]], FA[keep[n:]])
+            added = (new._project(m.masks).reshape(len(new), -1) if len(new) else m.maps[:0]).astype(m.maps.dtype)
+            mine = m.maps if m.rows is None else m.maps[m.rows]
+            object.__setattr__(out, "_maps", dataclasses.replace(m, maps=np.concatenate([mine, added]), rows=None))
+        return out
 
     def index(self, other: RuleSets, r: int = 0) -> int | None:
         """The index of candidate ``r`` of ``other`` among ours, if present."""
@@ -266,10 +317,68 @@ def _model_groups(graph: Graph, limit: int) -> tuple[tuple[str, ...], ...]:
     return tuple(cliques[:limit])
 
 
-def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True) -> RuleSets:
+def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True, mapped: bool = False
+              ) -> RuleSets:
     """Every candidate of the global-rules space (see :mod:`.space`): each mesh axis splits one dim, a
     group of dims (:func:`model_groups`) or nothing, divisibly; plus, when some axes split no parameter dim,
-    a fallback parameter dim taking them (ZeRO/FSDP)."""
+    a fallback parameter dim taking them (ZeRO/FSDP).
+
+    Remembered per graph structure (dims, tensors' dims, parameters' dims, groups) and mesh: a graph of that
+    structure whose every dim size divides the remembered graph's (one micro-batch of it) gets the remembered
+    candidates that divide its sizes, in their order, which are those enumerated afresh (a split dividing the
+    smaller size divides the larger; the enumeration's order does not depend on the sizes). ``mapped``: with
+    their axis maps for every tensor and op (:meth:`RuleSets.mapped`, computed once per remembered enumeration:
+    the graphs of one structure have the same sets of dims)."""
+    sizes = tuple(graph.dims.values())
+    key = (_structure(graph, groups), mesh.axes, fallbacks, groups)
+    hit = _RULE_SETS.get(key)
+    if hit is None or not all(big % small == 0 for big, small in zip(hit[0], sizes, strict=True)):
+        hit = _RULE_SETS[key] = (sizes, _enumerated(graph, mesh, fallbacks, groups))
+        while len(_RULE_SETS) > _RULE_SETS_SIZE:
+            _RULE_SETS.pop(next(iter(_RULE_SETS)))
+    found = hit[1].mapped(graph) if mapped else hit[1]
+    if hit[0] != sizes:
+        return found.take(np.flatnonzero(_divisible(found, np.array(sizes), [s for _, s in mesh.axes])))
+    out = RuleSets(found.choices, found.primary, found.fallback, found.fallback_axes)
+    if mapped:  # (the maps shared, as rows of the same table)
+        object.__setattr__(out, "_maps", found._maps)
+    return out
+
+
+_RULE_SETS: dict[tuple, tuple[tuple[int, ...], RuleSets]] = {}
+"""The last candidates :func:`rule_sets` enumerated, per graph structure and mesh: (the dim sizes, the candidates)."""
+_RULE_SETS_SIZE = 4
+
+
+def _structure(graph: Graph, groups: bool) -> tuple:
+    """What :func:`rule_sets` reads of a graph besides its dim sizes."""
+    def compute() -> tuple:
+        spaces = frozenset(t.dim_names for t in graph.tensors.values())
+        params = frozenset(t.dim_names for t in graph.parameters)
+        return tuple(graph.dims), spaces, params
+    return (*graph_cached(graph, "rule_sets structure", compute), tuple(model_groups(graph)) if groups else ())
+
+
+def _divisible(sets: RuleSets, dim_sizes: np.ndarray, axis_sizes: Sequence[int]) -> np.ndarray:
+    """Per candidate, whether it splits every dim of sizes ``dim_sizes`` divisibly: its primary choices (each
+    dim's split the product of its axes' sizes) and each fallback (its dim over its axes)."""
+    member = np.zeros((len(sets.choices) + 1, len(dim_sizes)), bool)  # (the last row: NONE, splitting nothing)
+    for c, dims in enumerate(sets.choices):
+        member[c, list(dims)] = True
+    rows, of = unique_rows(sets.primary)  # (many candidates share their primary choices)
+    split = np.ones((len(rows), len(dim_sizes)), dtype=np.int64)
+    for a, size in enumerate(axis_sizes):
+        split *= np.where(member[rows[:, a]], size, 1)
+    ok = (dim_sizes[None, :] % split == 0).all(axis=1)[of]
+    for slot in range(sets.fallback.shape[1]):
+        f = sets.fallback[:, slot]
+        group = np.where(sets.fallback_axes[:, slot], np.asarray(axis_sizes), 1).prod(axis=1)
+        ok &= (f < 0) | (dim_sizes[np.maximum(f, 0)] % group == 0)
+    return ok
+
+
+def _enumerated(graph: Graph, mesh: Mesh, fallbacks: bool, groups: bool) -> RuleSets:
+    """:func:`rule_sets` enumerated."""
     dims = list(graph.dims)
     sizes = [graph.dims[d] for d in dims]
     axes = [s for _, s in mesh.axes]
