@@ -120,10 +120,17 @@ class _Builder(SpaceNodes):
         key = ("rs", self.p.counted, self.p.optimizer, self.p.classes.get(t.name), t.dims, t.dtype, src.tobytes(),
                dst.tobytes(), matmul and self.p.counted == "bound")
         if key not in self._fcache:
-            comms = self.p.rules.reshard(t, self.dl(src), self.dl(dst), "")
+            comms = self.reshard_comms(t, src, dst)
             payload = [c.bytes for c in comms if c.kind in ("all-gather", "all-to-all", "collective-permute")]
             self._fcache[key] = (self.p.collectives(comms, matmul=matmul, tensor=t.name),
                                  payload[-1] if payload else 0)
+        return self._fcache[key]
+
+    def reshard_comms(self, t: Tensor, src: np.ndarray, dst: np.ndarray) -> tuple:
+        """The collectives resharding ``t`` from axis map ``src`` to ``dst`` (the op rules', without a tensor)."""
+        key = ("rs comms", t.dims, t.dtype, src.tobytes(), dst.tobytes())
+        if key not in self._fcache:
+            self._fcache[key] = tuple(self.p.rules.reshard(t, self.dl(src), self.dl(dst), ""))
         return self._fcache[key]
 
     def transient(self, op: O.Op, cost: OpCost, out: np.ndarray) -> tuple[int, dict[Any, int]]:
@@ -274,6 +281,41 @@ class _Builder(SpaceNodes):
         return (Item("shared", roles, seconds),
                 [Item("shared", roles, mem_fn(seg)) for seg in _segments(max(rank) + 1)])
 
+    def hold_item(self, op: O.Op, operands: list[tuple[str, list[O.Op]]]) -> Item:
+        """A bound vector's compute entry for matmul ``op`` beyond its compute (and launch): the longest
+        communicator's decomposed collectives (:meth:`~.pricer.Pricer.decomposed`) of its own cost and of the
+        reshards of its operands it runs, those no earlier reader of the same operand (``operands``: each with
+        its earlier readers, as :meth:`add_operand_reshards` groups them) runs to the same layout (the cost
+        model gives a shared reshard to its first reader)."""
+        t = self.g.tensors
+        n, o = self.op_node[op.name], self.owner[op.output]
+        I = self.iter_keys(n, op)
+        roles: Roles = [(n, I), (o, self.store_keys(o, t[op.output]))]
+        at: list[tuple[Tensor, int, int]] = []  # per operand: its tensor, its first role, its earlier readers
+        for x, before in operands:
+            xt, u, xm = t[x], self.owner[x], self.mask(t[x].dim_names)
+            at.append((xt, len(roles), len(before)))
+            roles += [(u, self.store_keys(u, xt)), (n, project(I, xm))]
+            roles += [(self.op_node[b.name], project(self.iter_keys(self.op_node[b.name], b), xm)) for b in before]
+        launch = self.p.launch(op)
+        launch_s = float(launch[0]) if isinstance(launch, np.ndarray) else float(launch)
+
+        def fn(a: list[np.ndarray]) -> float | np.ndarray:
+            own = self.f_op(op, a[0], a[1])
+            per = self.p.decomposed(own.comms, own.op)
+            for xt, r, m in at:
+                want = a[r + 1].tobytes()
+                if any(a[r + 2 + j].tobytes() == want for j in range(m)):
+                    continue  # an earlier reader runs this reshard
+                for axes, sec in self.p.decomposed(self.reshard_comms(xt, a[r], a[r + 1]), op.name, xt.name).items():
+                    per[axes] = per.get(axes, 0.0) + sec
+            busy = self.p.compute(own, op)
+            busy_s = float(busy[0]) if isinstance(busy, np.ndarray) else float(busy)
+            excess = max(0.0, max(per.values(), default=0.0) - busy_s - launch_s)
+            return self.p.on_compute_stream(excess) if excess else 0.0
+
+        return Item("hold", roles, fn)
+
     def recompute_item(self, at: O.Op, ops: list[O.Op]) -> Item:
         """The transient buffers of the recomputation run before op ``at``: the cost model keeps the larger of
         ``at``'s own buffers and each recomputed op's (own and shared); this item is the excess over ``at``'s."""
@@ -383,6 +425,7 @@ class _Builder(SpaceNodes):
                     if x in self.p.rules.constant:
                         continue  # a compile-time constant is built in the layout it is read in (the op rules)
                     readers[(x, op.phase if self.hw.regather_weights else "")].append((k, i, op))
+        self.add_hold_items(readers)
         for (x, _), slots in readers.items():
             t = g.tensors[x]
             nodes = {self.owner[x], *(self.op_node[op.name] for _, _, op in slots)}
@@ -395,6 +438,28 @@ class _Builder(SpaceNodes):
                         self.items.add_memory(key, lambda mem=mem: mem, (k, k))
                 continue
             self.add_shared_reshard(t, slots)
+
+    def add_hold_items(self, readers: dict[tuple[str, str], list[tuple[int, int, O.Op]]]) -> None:
+        """Bound prices on hardware with collective matmuls: each matmul's :meth:`hold_item`, once per run
+        (``readers``: the einsums reading each operand, grouped as their reshards are shared)."""
+        hw = self.hw
+        if not (self.p.counted == "bound" and hw.collective_matmul and hw.async_collectives):
+            return
+        operands: dict[str, list[tuple[str, list[O.Op]]]] = defaultdict(list)
+        for (x, _), slots in readers.items():
+            for j, (_, i, op) in enumerate(slots):
+                if x not in op.inputs[:i]:
+                    operands[op.name].append((x, [b for _, _, b in slots[:j] if b is not op]))
+        t = self.g.tensors
+        for op in self.g.ops:
+            if not is_matmul(op, t) or not (self.p.optimizer or op.phase != "optimizer"):
+                continue
+            mine = operands.get(op.name, [])
+            key = ("hold", self.sig(op), self.op_node[op.name], self.owner[op.output],
+                   tuple((t[x].dim_names, t[x].dtype, self.owner[x], tuple((self.op_node[b.name], self.sig(b))
+                                                                           for b in before)) for x, before in mine))
+            for _ in range(self.runs(op)):
+                self.items.add_cost(key, lambda op=op, mine=mine: self.hold_item(op, mine))
 
     def add_shared_reshard(self, t: Tensor, slots: list[tuple[int, int, O.Op]]) -> None:
         """The one reshard of operand ``t`` its einsums ``slots`` share: its time, and its copies' memory per

@@ -68,8 +68,9 @@ class Pricer:
         collectives, entry ``streams[axes]`` the collectives over the communicator ``axes``. Summed over a
         step, each entry is a lower bound of the step that :mod:`~layoutsearch.costmodel.overlap` schedules:
         compute runs on one stream and a critical collective holds it for at least its time, a matmul at
-        least as long as its own decomposed collectives run beside it (:meth:`held`); each communicator runs
-        its collectives one at a time, and the step ends after the last. So is the largest entry. ``serial``: seconds instead (compute and every collective, as this pricer's), the step itself
+        least as long as the decomposed collectives it runs beside it (:meth:`decomposed`; the spaces' hold
+        items); each communicator runs its collectives one at a time, and the step ends after the last. So is
+        the largest entry. ``serial``: seconds instead (compute and every collective, as this pricer's), the step itself
         where no collective overlaps compute (overlap 0, or hardware without asynchronous collectives).
         ``optimizer=False`` leaves out the optimizer's ops and the gradient all-reduces that run once per step
         (:func:`~layoutsearch.costmodel.overlap.once_per_step`): a lower bound of one micro-batch's share of a
@@ -114,15 +115,15 @@ class Pricer:
     def compute(self, c: OpCost, op: O.Op | None = None) -> float | np.ndarray:
         """Roofline time of an op (:func:`~layoutsearch.costmodel.compute.compute_seconds`); ``c`` may be
         priced for another op of the same shapes: ``op`` gives the HBM traffic of the fusion plan."""
-        return self._on_compute_stream(compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0])
+        return self.on_compute_stream(compute_seconds(self.fusion.cost(op, c) if op is not None else c, self.hw)[0])
 
     def launch(self, op: O.Op) -> float | np.ndarray:
         """The kernel launch of one execution of ``op`` (:attr:`~layoutsearch.mesh.Hardware.kernel_latency` if
         it starts a kernel, ``FusionPlan.kernels``; else 0), on the compute stream: seconds, or a bound vector
         (entry 0). It does not depend on the layout; a flash-attention backward's recomputation launches none."""
-        return self._on_compute_stream(self.hw.kernel_latency if op.name in self.fusion.kernels else 0.0)
+        return self.on_compute_stream(self.hw.kernel_latency if op.name in self.fusion.kernels else 0.0)
 
-    def _on_compute_stream(self, seconds: float) -> float | np.ndarray:
+    def on_compute_stream(self, seconds: float) -> float | np.ndarray:
         """``seconds`` the compute stream is held: as is, or as a bound vector (entry 0, no communicator's)."""
         if self.counted == "all":
             return seconds
@@ -134,35 +135,23 @@ class Pricer:
         return self.collectives(c.comms, c.op, c.matmul)
 
     def seconds(self, c: OpCost, op: O.Op | None = None) -> float | np.ndarray:
-        """An op's compute and collectives ``c`` (priced for ``op``'s shapes): seconds, or a bound vector whose
-        compute entry counts the compute stream held at least as long as the op's decomposed collectives
-        (:meth:`held`)."""
-        busy, comm = self.compute(c, op), self.comm(c)
-        v = busy + comm
-        if self.counted == "bound" and op is not None:  # (entry 0 of busy: the compute; the launch has its own item)
-            v[0] += max(0.0, self.held(c) - busy[0] - self._launch(op))
-        return v
+        return self.compute(c, op) + self.comm(c)
 
-    def held(self, c: OpCost) -> float:
-        """The least time the decomposed collectives of ``c`` (``Hardware.collective_matmul``: ring steps beside
-        the matmul) hold the compute stream: the op ends when its compute and each of them has, and one
-        communicator runs its collectives one at a time, so the longest communicator's sum
-        (:func:`~layoutsearch.costmodel.overlap.schedule`)."""
-        if not (self.hw.collective_matmul and self.hw.async_collectives and c.matmul and c.comms):
-            return 0.0
-        view = _OpView(True, self.graph.op(c.op).output)
+    def decomposed(self, comms: Iterable[Any], op_name: str, tensor: str | None = None) -> dict[Axes, float]:
+        """Per communicator, the seconds of those of ``comms`` (of matmul ``op_name``, or of a reshard of its
+        operand ``tensor``) that run as ring steps beside the matmul (``Hardware.collective_matmul``): the
+        matmul ends when its compute and each of them has (:func:`~layoutsearch.costmodel.overlap.schedule`)."""
+        hw = self.hw
         per: dict[Axes, float] = {}
-        for x in c.comms:
-            if not self.optimizer and once_per_step(x, self.classes):
-                continue
+        if not (hw.collective_matmul and hw.async_collectives):
+            return per
+        view = _OpView(True, self.graph.op(op_name).output)
+        for x in comms:
+            if tensor is not None:
+                x = dataclasses.replace(x, tensor=tensor)
             if collective_class(x, self.classes, view, True, True) == "decomposed":
                 per[x.axes] = per.get(x.axes, 0.0) + self.collective(x.kind, x.bytes, x.axes)
-        return max(per.values(), default=0.0)
-
-    def _launch(self, op: O.Op) -> float:
-        """Seconds of ``op``'s kernel launch (counted on the compute stream by its own item)."""
-        v = self.launch(op)
-        return float(v[0]) if isinstance(v, np.ndarray) else float(v)
+        return per
 
 
 def evaluate(graph: Graph, mesh: Mesh, hw: Hardware, iteration: dict[str, DimLayout],
