@@ -76,6 +76,7 @@ class _Builder(SpaceNodes):
         super().__init__(graph, mesh, kind, tie, rules, include, variants, self.p.cache)
         self.deadline = deadline or Deadline()
         self.max_assignments = max_assignments
+        self._sigs: dict[str, tuple] = self.p.cache.setdefault(("sigs",), {})  # (per op, :meth:`sig`)
         self.remat_policy = remat
         self.plan = remat_plan(graph, remat)
         self.life = lifetimes(graph, self.plan)
@@ -86,11 +87,11 @@ class _Builder(SpaceNodes):
     # -- pricing
     def sig(self, op: O.Op) -> tuple:
         """What an op's cost depends on besides layouts (its kind, attributes, shapes)."""
-        key = ("sig", op.name)
-        hit = self._fcache.get(key)
+        sigs = self._sigs
+        hit = sigs.get(op.name)
         if hit is None:
             roles = tuple(self.p.classes.get(x) for x in (*op.inputs, op.output))  # which collectives overlap
-            hit = self._fcache[key] = (signature_ids(self.g)[op.name], self.p.fusion.signature(op), roles)
+            hit = sigs[op.name] = (signature_ids(self.g)[op.name], self.p.fusion.signature(op), roles)
         return hit
 
     def f_op(self, op: O.Op, it: np.ndarray, out: np.ndarray) -> OpCost:

@@ -218,12 +218,17 @@ class SpaceNodes:
     def owner_is_self(self, op: O.Op) -> bool:
         return self.g.tensors[op.output].updates is None
 
+    def iteration_dims(self) -> dict[str, tuple[str, ...]]:
+        """Per op, the dims it iterates over (:meth:`~layoutsearch.ir.ops.Op.iteration_dims`), once per pricer."""
+        t = self.g.tensors
+        return self.cached(("iteration dims",), lambda: {op.name: op.iteration_dims(t) for op in self.g.ops})
+
     # -- keys: the axis maps a node's strategies give one op (iteration) or one tensor (storage)
     def iter_keys(self, n: int, op: O.Op) -> np.ndarray:
         node = self.nodes[n]
         if node.rules is None:
             return node.iteration
-        dims = op.iteration_dims(self.g.tensors)
+        dims = self.iteration_dims()[op.name]
         key = ("it", n, dims, isinstance(op, O.Reshape))
         if key not in self._keys:
             k = node.rules.project(self.mask(dims))
