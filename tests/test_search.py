@@ -655,6 +655,31 @@ def test_a_matmul_holds_the_compute_stream_while_its_decomposed_collectives_run(
         assert tight[i] <= plan.step_s * (1 + 1e-9), (plan.rules_text(), tight[i], plan.step_s)
 
 
+@pytest.mark.parametrize("hw, limit", [("tpu-v4", 3e6), ("h100", None)])
+def test_the_top_plans_are_the_fastest_of_every_candidate_priced(hw, limit):
+    """The rules search (candidates bounded in roofline order, priced with overlap in bound order) returns the
+    3 fastest fitting plans of all, as pricing every one of the 1,882 candidates with the cost model finds
+    them: on TPU (collective matmuls: matmuls held by their ring steps) with a memory limit that rules out
+    candidates, and on a GPU."""
+    from layoutsearch.costmodel.step import training_step
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rules_search import costed_rules, rules_candidates
+    from layoutsearch.solvers.rulesets import rules_of
+
+    g = zoo.build("gpt", batch=16, seq=32, vocab=256, d_model=128, heads=4, layers=1)
+    mesh, hwo = Mesh.of("data:2,model:4"), hardware(hw)
+    plan = search(g, mesh, limit, hardware=hw, remat="none", microbatches=1, baselines=False)
+    train = training_step(g)
+    cands, _ = rules_candidates(train, mesh, hwo, Pricer(train, mesh, hwo), None)
+    every = [costed_rules("", train, mesh, hwo, rules_of(cands, k, list(train.dims), mesh), limit, "adam")
+             for k in range(len(cands))]
+    fitting = sorted((c.step_s for c in every if limit is None or c.memory_bytes <= limit * (1 + 1e-12)))
+    assert len(fitting) < len(every) or limit is None
+    found = [plan.chosen.step_s, *(r.step_s for r in plan.runner_ups)]
+    assert found == pytest.approx(fitting[:3], rel=1e-12) and plan.optimal
+
+
 def test_every_candidate_and_runner_up_is_a_distinct_layout():
     """The rules space held the same layout twice (a fallback on axes splitting nothing else is that dim's
     primary choice on them): runner-ups came in identical pairs. Now one candidate per layout, checked against

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -494,6 +495,9 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         if not len(near):  # nothing may fit (and beat upper)
             rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
             return [], True, None, "enumerate"
+    if len(near) and solver in ("auto", "enumerate"):  # A in roofline order, plans in A order (no sum over ops)
+        return _in_bound_order(rs, near, limit, top, ceiling, deadline, overlap, attention, optimizer, progress,
+                               dominated)
     if 0 < len(near) <= FIRST_BATCH:  # few may fit (and beat upper): their A in one build, then in A order
         bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
         fit = rs.may_fit(limit)[near]
@@ -547,6 +551,62 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     rs.refined, rs.plans = len(plans), plans
     rs.floor = _floor(rs, limit, lower, set(plans), dominated, ceiling)
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
+
+
+def _in_bound_order(rs: RulesSearch, near: np.ndarray, limit: float | None, top: int, ceiling: float,
+                    deadline: Deadline, overlap: float | str, attention: str, optimizer: str,
+                    progress: Progress | None, dominated: np.ndarray | None
+                    ) -> tuple[list[Costed], bool, float | None, str]:
+    """:func:`overlapped_top` without the sum over ops: the candidates ``near`` (those that may fit and whose
+    roofline bound is below ``ceiling``) get their ``A`` (:meth:`RulesSearch.overlap_bounds`) a batch at a time
+    in roofline-bound order, and are priced with overlap in order of ``A``, whichever of the next roofline
+    bound and the next ``A`` is smaller coming first, until neither can beat the ``top``-th best plan (or
+    ``ceiling``). Every candidate left then has a lower bound (its ``A``, or its roofline bound, no larger)
+    at least that plan's step: the plans are proven. The ``A`` of a candidate needs no more work than its sum
+    over ops, and a cut from the ``top``-th best sum over ops (``C >= S``) takes more candidates than one from
+    the ``top``-th best step: when the bounds are tight (the overlap schedule's compute stream and communicators,
+    a matmul held by its ring steps), far fewer candidates are built."""
+    g, mesh, hw, dims = rs.g, rs.mesh, rs.hw, rs.dims
+    order = near[np.argsort(rs.lb[near], kind="stable")]
+    lower: dict[int, float] = {}
+    pending: list[tuple[float, int]] = []  # (A, candidate) of the fitting ones not priced with overlap: a heap
+    plans: dict[int, Costed] = {}
+    proven, gap, start, batch = not rs.cut_short, None, 0, FIRST_BATCH
+    while True:
+        steps = sorted(p.step_s for p in plans.values())
+        frontier = float(rs.lb[order[start]]) if start < len(order) else math.inf
+        low = min(frontier, pending[0][0] if pending else math.inf)
+        if low >= ceiling or (len(steps) >= top and steps[top - 1] <= low * (1 + 1e-9)):
+            break
+        if (plans or ceiling < math.inf) and deadline.passed():
+            proven = False
+            rs.cut_short.append(f"remat {rs.remat}: the time limit ran out after pricing {len(plans)} plans with "
+                                "overlap (best and runner-ups among those, not proven)")
+            break
+        if frontier <= low:  # the next roofline bound first: the next batch's A
+            if progress is not None and start:
+                progress(f"remat {rs.remat}: bounded {start} of {len(order)} candidates")
+            idx = order[start:start + batch]
+            start += len(idx)
+            batch = min(batch * 4, MAX_BATCH)
+            bounds, _ = rs.overlap_bounds(idx)  # (their peaks recorded: may_fit is exact for them now)
+            fit = rs.may_fit(limit)[idx]
+            for k, v in zip(idx[fit].tolist(), bounds[fit].tolist(), strict=True):
+                lower[k] = v
+                heapq.heappush(pending, (v, k))
+            continue
+        if len(plans) >= MAX_REFINED:  # the best is proven if no plan left can beat it (the runner-ups not)
+            if steps[0] > low * (1 + 1e-9):
+                proven, gap = False, (steps[0] - low) / steps[0]
+            break
+        _, k = heapq.heappop(pending)
+        if progress is not None and plans and len(plans) % 8 == 0:
+            progress(f"remat {rs.remat}: priced {len(plans)} plans with overlap")
+        plans[k] = deadline.timed(costed_rules, "", g, mesh, hw, rules_of(rs.cands, k, dims, mesh), limit,
+                                  optimizer, rs.remat, attention, overlap)
+    rs.refined, rs.plans = len(plans), plans
+    rs.floor = _floor(rs, limit, lower, set(plans), dominated, ceiling)
+    return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, "enumerate"
 
 
 def _floor(rs: RulesSearch, limit: float | None, lower: dict[int, float], priced: set[int],

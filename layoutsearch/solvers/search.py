@@ -465,12 +465,15 @@ def _search_accumulation(found: _Found, graph: Graph, g: Graph, mesh: Mesh, hw: 
         return
     decisions: dict[int, Decision] = {}
     fitting: list[tuple[int, list[RulesSearch]]] = []
+    # a plan that fits the whole batch fits one micro-batch of it (the same tensors, those with a batch dim
+    # smaller): its micro-batch may fit without a bound computed
+    fits = any(p.within(limit) for p in found.options)
     for M in microbatch_options(graph.dims["batch"], microbatches):
         if found.options and deadline.passed():
             found.skipped(f"gradient accumulation over {M} micro-batches")
             break
         searches = micro_searches(graph, mesh, hw, M, policies, optimizer, precision, attention)
-        if micro_may_fit(searches, limit):
+        if fits or micro_may_fit(searches, limit):
             fitting.append((M, searches))
         else:
             decisions[M] = _decision("microbatches", str(M), None, None)
