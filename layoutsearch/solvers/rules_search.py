@@ -342,6 +342,7 @@ class RulesSearch:
         space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx),
                             pricer=self.pricer.bound(optimizer, serial), remat=self.remat)
         values, peak = strategy_values(space.problem)
+        self.rows = max(self.rows, len(space.problem.mem_rows))
         if optimizer:
             self.mem[idx] = peak
         return (values.max(axis=1) if values.ndim == 2 else values), peak
@@ -535,8 +536,7 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
                 break
             if (plans or upper is not None) and deadline.passed():
                 proven = False
-                rs.cut_short.append(f"remat {rs.remat}: the time limit ran out after pricing {len(plans)} plans "
-                                    "with overlap (best and runner-ups among those, not proven)")
+                rs.cut_short.append(_out_of_time(rs, len(plans)))
                 break
             if progress is not None and plans and len(plans) % 8 == 0:
                 progress(f"remat {rs.remat}: priced {len(plans)} plans with overlap")
@@ -551,6 +551,12 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     rs.refined, rs.plans = len(plans), plans
     rs.floor = _floor(rs, limit, lower, set(plans), dominated, ceiling)
     return sorted(plans.values(), key=lambda c: c.step_s)[:top], proven, gap, name
+
+
+def _out_of_time(rs: RulesSearch, priced: int) -> str:
+    """What a time limit cut short in the rules search ``rs`` after ``priced`` plans priced with overlap."""
+    return (f"remat {rs.remat}: the time limit ran out after pricing {priced} plan{'s' if priced != 1 else ''} "
+            "with overlap (best and runner-ups among those, not proven)")
 
 
 def _in_bound_order(rs: RulesSearch, near: np.ndarray, limit: float | None, top: int, ceiling: float,
@@ -580,8 +586,7 @@ def _in_bound_order(rs: RulesSearch, near: np.ndarray, limit: float | None, top:
             break
         if (plans or ceiling < math.inf) and deadline.passed():
             proven = False
-            rs.cut_short.append(f"remat {rs.remat}: the time limit ran out after pricing {len(plans)} plans with "
-                                "overlap (best and runner-ups among those, not proven)")
+            rs.cut_short.append(_out_of_time(rs, len(plans)))
             break
         if frontier <= low:  # the next roofline bound first: the next batch's A
             if progress is not None and start:
