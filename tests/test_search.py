@@ -543,6 +543,29 @@ def test_a_micro_batchs_candidates_are_those_enumerated_afresh(mesh):
     assert fewer  # (some micro-batch rules candidates out: the filter is exercised)
 
 
+def test_a_micro_batch_whose_sizes_rule_out_no_rule_set_has_the_same_candidates():
+    """The rules space of one micro-batch whose sizes divide as the whole batch's do is the same candidates
+    (one object, what it remembered shared), equal to those found afresh."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers import rules_search, rulesets
+    from layoutsearch.solvers.pricer import Pricer
+
+    g = zoo.build("gpt", **{**GPT, "batch": 16})
+    mesh, hw = Mesh.of("data:2,model:4"), hardware("h100")
+    full, micro = training_step(g), training_step(resized(g, {"batch": 8}))
+    first = rules_search.rules_candidates(full, mesh, hw, Pricer(full, mesh, hw), None)[0]
+    again, lb = rules_search.rules_candidates(micro, mesh, hw, Pricer(micro, mesh, hw), None)
+    assert again is first
+    rulesets._RULE_SETS.clear()
+    rules_search._CANDIDATES.clear()
+    fresh, fresh_lb = rules_search.rules_candidates(micro, mesh, hw, Pricer(micro, mesh, hw), None)
+    assert fresh is not first and np.array_equal(fresh.primary, first.primary)
+    assert np.array_equal(fresh.fallback, first.fallback) and np.array_equal(fresh_lb, lb)
+
+
 def test_a_candidates_axis_maps_are_what_its_layout_gives_every_tensor_and_op(gpt):
     """:meth:`RuleSets.project` (one mask, and every mask at once where :meth:`RuleSets.distinct` records them)
     gives each mesh axis the dim the candidate's rules split over it (Flax precedence, fallbacks included)."""

@@ -231,19 +231,39 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     :data:`CANDIDATE_FILTER` keeps, when set; one of each class of twins, layouts that differ only by a
     relabelling of interchangeable mesh axes, :meth:`RuleSets.untwinned`) and their roofline bounds without remat
     (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
-    cands = rule_sets(g, mesh, mapped=True)
-    cands = cands.concat(extra) if extra is not None else cands
+    raw = rule_sets(g, mesh, mapped=True)
+    keep = CANDIDATE_FILTER.get()
+    classes = interchangeable_axes(mesh, hw)
+    key = (id(raw.primary), None if extra is None else (extra.choices, *(a.tobytes() for a in (
+        extra.primary, extra.fallback, extra.fallback_axes))), keep, tuple(map(tuple, classes)))
+    hit = _CANDIDATES.get(key)
+    if hit is None or hit[0] is not raw.primary:  # (the same rows: a micro-batch whose sizes rule out none)
+        hit = _CANDIDATES[key] = (raw.primary, _kept(g, mesh, raw, extra, keep, classes))
+        while len(_CANDIDATES) > 4:
+            _CANDIDATES.pop(next(iter(_CANDIDATES)))
+    cands = hit[1]
+    return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
+
+
+_CANDIDATES: dict[tuple, tuple[np.ndarray, RuleSets]] = {}
+""":func:`rules_candidates`'s last candidates, by their rule sets' rows (the array itself, kept against a reuse
+of its id), the extra rule sets, the filter and the interchangeable axes: one micro-batch of a graph whose
+sizes rule out no rule set has the same ones (and what they remember: splits, group columns)."""
+
+
+def _kept(g: Graph, mesh: Mesh, raw: RuleSets, extra: RuleSets | None,
+          keep: Callable[[Sequence[tuple[str, Axes]], Mesh], bool] | None, classes: list[list[int]]) -> RuleSets:
+    """:func:`rules_candidates`'s candidates among the rule sets ``raw``."""
+    cands = raw.concat(extra) if extra is not None else raw
     named = [cands.index(extra, r) for r in range(len(extra))] if extra is not None else []
     cands, named = _taken(cands, cands.distinct(g, keep=[k for k in named if k is not None]), named)
-    keep = CANDIDATE_FILTER.get()
     if keep is not None:
         dims = list(g.dims)
         kept = [r for r in range(len(cands)) if keep(rules_of(cands, r, dims, mesh), mesh)]
         if not kept:
             raise LayoutSearchError("no layout of the rules space can be written for the target framework")
         cands, named = _taken(cands, kept, named)
-    cands, _ = _taken(cands, cands.untwinned(interchangeable_axes(mesh, hw), keep=named), named)
-    return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
+    return _taken(cands, cands.untwinned(classes, keep=named), named)[0]
 
 
 def _taken(cands: RuleSets, idx: Sequence[int] | np.ndarray, named: Sequence[int | None]

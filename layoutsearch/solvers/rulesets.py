@@ -338,8 +338,10 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
             _RULE_SETS.pop(next(iter(_RULE_SETS)))
     found = hit[1].mapped(graph) if mapped else hit[1]
     if hit[0] != sizes:
-        return found.take(np.flatnonzero(_divisible(found, np.array(sizes), [s for _, s in mesh.axes])))
-    out = RuleSets(found.choices, found.primary, found.fallback, found.fallback_axes)
+        ok = _divisible(found, np.array(sizes), [s for _, s in mesh.axes])
+        if not ok.all():
+            return found.take(np.flatnonzero(ok))
+    out = RuleSets(found.choices, found.primary, found.fallback, found.fallback_axes)  # (its arrays: the same)
     if mapped:  # (the maps shared, as rows of the same table)
         object.__setattr__(out, "_maps", found._maps)
     return out
