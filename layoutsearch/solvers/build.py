@@ -77,7 +77,6 @@ class _Builder(SpaceNodes):
         self.deadline = deadline or Deadline()
         self.max_assignments = max_assignments
         self._sigs: dict[str, tuple] = self.p.cache.setdefault(("sigs",), {})  # (per op, :meth:`sig`)
-        self.remat_policy = remat
         self.plan = remat_plan(graph, remat)
         self.life = lifetimes(graph, self.plan)
         self.recomputed = frozenset(self.plan.recomputed)
@@ -298,8 +297,7 @@ class _Builder(SpaceNodes):
             at.append((xt, len(roles), len(before)))
             roles += [(u, self.store_keys(u, xt)), (n, project(I, xm))]
             roles += [(self.op_node[b.name], project(self.iter_keys(self.op_node[b.name], b), xm)) for b in before]
-        launch = self.p.launch(op)
-        launch_s = float(launch[0]) if isinstance(launch, np.ndarray) else float(launch)
+        launch_s = float(self.p.launch(op)[0])  # (bound prices: vectors, entry 0 the compute stream)
 
         def fn(a: list[np.ndarray]) -> float | np.ndarray:
             own = self.f_op(op, a[0], a[1])
@@ -310,9 +308,7 @@ class _Builder(SpaceNodes):
                     continue  # an earlier reader runs this reshard
                 for axes, sec in self.p.decomposed(self.reshard_comms(xt, a[r], a[r + 1]), op.name, xt.name).items():
                     per[axes] = per.get(axes, 0.0) + sec
-            busy = self.p.compute(own, op)
-            busy_s = float(busy[0]) if isinstance(busy, np.ndarray) else float(busy)
-            excess = max(0.0, max(per.values(), default=0.0) - busy_s - launch_s)
+            excess = max(0.0, max(per.values(), default=0.0) - float(self.p.compute(own, op)[0]) - launch_s)
             return self.p.on_compute_stream(excess) if excess else 0.0
 
         return Item("hold", roles, fn)
@@ -375,7 +371,7 @@ class _Builder(SpaceNodes):
         the candidates (the keys asked for) may differ from build to build."""
         alike = ("item values", self.kind, self.tie, self.variants, self.p.counted, self.p.optimizer)
         return {"cost": self.p.cache.setdefault(alike, {}),
-                "memory": self.p.cache.setdefault((*alike, self.remat_policy), {})}
+                "memory": self.p.cache.setdefault((*alike, self.plan.policy), {})}
 
     def runs(self, op: O.Op) -> int:
         """How often ``op`` runs in a step: once, and again when remat or a flash-attention backward pass

@@ -490,16 +490,15 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
     :meth:`~.pricer.Pricer.bound`, the larger of its compute plus the collectives the step always waits
     for and the busiest communicator's collectives (``A``, a lower bound of the overlapped step ``S``;
     ``S`` is usually below ``C``, but may exceed it when prefetched
-    gathers hold a communicator a critical collective then waits for). The solver proves the ``top``
+    gathers hold a communicator a critical collective then waits for). With the default solver (``auto`` or
+    ``enumerate``), or when at most :data:`FIRST_BATCH` candidates may fit (and, with ``upper``, beat it by
+    their roofline bound), no ``C`` is summed: :func:`_in_bound_order`. Else the named solver proves the ``top``
     smallest ``C`` that fit; their ``k``-th (at most ``upper``) is the first cut. Every fitting candidate
     whose roofline bound is below the cut is priced, its ``A`` computed, and they are priced by the cost
     model in order of ``A`` until the ``top``-th best ``S`` is below the next ``A`` (or the next ``A``
     reaches ``upper``); if that ``S`` is above the cut, the cut rises to it (at most to ``upper``) and the
-    candidates below the new cut join. When at most :data:`FIRST_BATCH` candidates may fit (and, with
-    ``upper``, beat it by their roofline bound), their ``A`` comes first, in one build, and they are priced in
-    order of ``A`` with no sum over ops (every candidate left has its ``A``: the proof needs no cut); when
-    none may, nothing is built (the live bytes where the backward pass starts rule candidates out before
-    the live-set bound is computed). ``dominated`` (a mask): candidates whose plan under a policy recomputing less
+    candidates below the new cut join. When none may fit, nothing is built (the live bytes where the backward
+    pass starts rule candidates out before the live-set bound is computed). ``dominated`` (a mask): candidates whose plan under a policy recomputing less
     (:func:`~layoutsearch.ir.remat.recomputes_within`) fits, so that their plan here is no faster: left out
     (not runner-ups either). Returns (plans fastest first, proven, gap, solver); the smallest
     lower bound of the plans not priced is left in ``rs.floor``. When ``deadline`` passes, the plans priced
@@ -516,27 +515,22 @@ def overlapped_top(rs: RulesSearch, limit: float | None, top: int, solver: str, 
         if not len(near):  # nothing may fit (and beat upper)
             rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
             return [], True, None, "enumerate"
-    if len(near) and solver in ("auto", "enumerate"):  # A in roofline order, plans in A order (no sum over ops)
+    if len(near) and (solver in ("auto", "enumerate") or len(near) <= FIRST_BATCH):
+        # A in roofline order, plans in A order, no sum over ops (few candidates: their A in one build)
         return _in_bound_order(rs, near, limit, top, ceiling, deadline, overlap, attention, optimizer, progress,
                                dominated)
-    if 0 < len(near) <= FIRST_BATCH:  # few may fit (and beat upper): their A in one build, then in A order
-        bounds, _ = rs.overlap_bounds(near)  # (their peaks recorded: may_fit is exact for them now)
-        fit = rs.may_fit(limit)[near]
-        lower.update(zip(near[fit].tolist(), bounds[fit].tolist(), strict=True))
-        cut, proven, gap, name = math.inf, not rs.cut_short, None, "enumerate"  # (every candidate left has its A)
-    else:
-        priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
-        if not len(priced):
-            rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
-            return [], True, None, "enumerate"
-        problem = rs.problem(priced)
-        name = solver_for(problem, solver, limit)
-        sols = solve(problem, name, limit, top, deadline.left())
-        if not sols[0].assign:
-            rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
-            return [], True, None, name
-        cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
-        proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
+    priced = rs.bound_and_price(limit, top, progress, deadline, upper, among)
+    if not len(priced):
+        rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
+        return [], True, None, "enumerate"
+    problem = rs.problem(priced)
+    name = solver_for(problem, solver, limit)
+    sols = solve(problem, name, limit, top, deadline.left())
+    if not sols[0].assign:
+        rs.floor = _floor(rs, limit, lower, set(), dominated, ceiling)
+        return [], True, None, name
+    cut = min(max(float(rs.cost[priced[s.assign[0]]]) for s in sols), ceiling)
+    proven, gap = all(s.optimal for s in sols) and not rs.cut_short, None
     plans: dict[int, Costed] = {}
     while True:
         done = np.nonzero(~np.isnan(rs.cost) & (among if among is not None else True))[0]
