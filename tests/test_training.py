@@ -427,3 +427,30 @@ def test_dropout_rate_and_seed_are_checked():
     kept = b.unary("dropout_mask", x, rate=0.0, seed=7)                  # rate 0 keeps everything
     g = b.build(b.reduce(x * kept, [], fn="sum"))
     np.testing.assert_array_equal(np.asarray(run_graph(g, init_params(g))[kept.name]), np.ones(4, np.float32))
+
+
+@pytest.mark.parametrize("name", [m.name for m in list_models()])
+def test_a_resized_training_graph_is_the_training_graph_of_the_resized_model(name):
+    """resized_training_graph (how a micro-batch's training step is made from the whole batch's) gives what
+    deriving the micro-batch's training graph afresh gives: the same ops (a mean's gradient scaled by its
+    own count), tensors and meta; None where the derivation would emit other ops (a count that becomes 1)."""
+    from layoutsearch.ir.precision import Precision
+    from layoutsearch.ir.training import resized_training_graph
+
+    fwd = zoo.build(name)
+    if "batch" not in fwd.dims:
+        pytest.skip(f"{name} has no batch dim")
+    sizes = [{"batch": fwd.dims["batch"] // k} for k in sorted({2, fwd.dims["batch"]}) if fwd.dims["batch"] % k == 0]
+    for opt, precision in (("adam", Precision.of("mixed")), ("sgd", None)):
+        train = training_graph(fwd, opt, precision)
+        for new in sizes:
+            small = fwd.with_sizes(new)
+            got = resized_training_graph(train, fwd, new)
+            means = [op for op in fwd.ops if getattr(op, "fn", None) == "mean"]
+            if got is None:  # only where some mean's count changes to 1
+                assert any(small.tensors[op.output].num_elements == small.tensors[op.inputs[0]].num_elements
+                           for op in means), (name, new)
+                continue
+            want = training_graph(small, opt, precision)
+            assert got.ops == want.ops, (name, new, opt)
+            assert got.tensors == want.tensors and got.meta == want.meta and got.loss == want.loss

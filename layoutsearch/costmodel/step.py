@@ -29,7 +29,7 @@ from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
 from layoutsearch.ir.names import SEP, scope_prefix
 from layoutsearch.ir.precision import DEFAULT_PRECISION, Precision
-from layoutsearch.ir.training import Optimizer, training_graph
+from layoutsearch.ir.training import Optimizer, resized_training_graph, training_graph
 from layoutsearch.layout import Layout
 
 _CACHE: dict[tuple[int, Any], tuple[weakref.ref[Graph], Any]] = {}
@@ -71,7 +71,17 @@ def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
     many layouts, remat policies and pipelines are priced on it."""
     if all(graph.dims.get(d) == s for d, s in sizes.items()):
         return graph
-    return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))), lambda: graph.with_sizes(sizes))
+
+    def make() -> Graph:
+        small = graph.with_sizes(sizes)
+        _RESIZED_FROM[id(small)] = (graph_ref(small, _RESIZED_FROM, id(small)), weakref.ref(graph), dict(sizes))
+        return small
+    return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))), make)
+
+
+_RESIZED_FROM: dict[int, tuple[weakref.ref[Graph], weakref.ref[Graph], dict[str, int]]] = {}
+"""A graph :func:`resized` made -> (itself, the graph it resized, the sizes): its training step is the other's
+resized (:func:`training_step`)."""
 
 
 def checked(layout: Layout, graph: Graph) -> Layout:
@@ -101,12 +111,21 @@ def is_training_graph(graph: Graph) -> bool:
 def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
                   precision: Precision | str = DEFAULT_PRECISION) -> Graph:
     """``graph`` if it is a training graph, else its training graph with ``optimizer``
-    under the ``precision`` policy (derived once per forward graph object, optimizer and policy)."""
+    under the ``precision`` policy (derived once per forward graph object, optimizer and policy; of a graph
+    :func:`resized` made, the resized graph's, :func:`~layoutsearch.ir.training.resized_training_graph`)."""
     if is_training_graph(graph):
         return graph
     opt = Optimizer.of(optimizer)
     policy = Precision.of(precision)
-    return graph_cached(graph, ("training", opt, policy), lambda: training_graph(graph, opt, policy))
+
+    def derive() -> Graph:
+        origin = _RESIZED_FROM.get(id(graph))
+        if origin is not None and origin[0]() is graph and (big := origin[1]()) is not None:
+            small = resized_training_graph(training_step(big, opt, policy), big, origin[2])
+            if small is not None:
+                return small
+        return training_graph(graph, opt, policy)
+    return graph_cached(graph, ("training", opt, policy), derive)
 
 
 def op_signature(op: O.Op, graph: Graph) -> tuple[Any, ...]:

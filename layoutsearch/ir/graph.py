@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
@@ -205,15 +204,22 @@ class Graph:
                 out[t].append(op)
         return {t: tuple(v) for t, v in out.items()}
 
-    def with_sizes(self, sizes: Mapping[str, int]) -> Graph:
+    def with_sizes(self, sizes: Mapping[str, int], ops: Iterable[Op] | None = None) -> Graph:
         """The same graph with some dims resized (e.g. ``{"batch": 4}`` for one
-        micro-batch); ``meta`` entries named like a resized dim follow it."""
+        micro-batch); ``meta`` entries named like a resized dim follow it. ``ops``: instead of the graph's
+        (the same ops, an attribute that depends on the sizes recomputed)."""
         for d in sizes:
             self.dim(d)
         new = {d: Dim(d, sizes.get(d, s)) for d, s in self.dims.items()}
-        tensors = [dataclasses.replace(t, dims=tuple(new[d.name] for d in t.dims)) for t in self.tensors.values()]
+        shapes: dict[tuple[str, ...], tuple[Dim, ...]] = {}  # (tensors share their dims: each shape once)
+        tensors = []
+        for t in self.tensors.values():
+            shape = shapes.get(t.dim_names)
+            if shape is None:
+                shape = shapes[t.dim_names] = tuple(new[d] for d in t.dim_names)
+            tensors.append(Tensor(t.name, shape, t.dtype, t.role, t.updates))
         meta = {k: (sizes[k] if k in sizes and isinstance(v, int) else v) for k, v in self.meta.items()}
-        return Graph(self.name, tensors, self.ops, loss=self.loss, meta=meta)
+        return Graph(self.name, tensors, self.ops if ops is None else ops, loss=self.loss, meta=meta)
 
     def tensors_with_role(self, *roles: str) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.role in roles]

@@ -44,6 +44,7 @@ Conventions (other modules rely on them):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -139,6 +140,35 @@ def training_graph(forward: Graph, optimizer: Optimizer | str = "adam",
         wide = _gradient_chains(params, d.tensors, producer.get)
         tensors = [Tensor(t.name, t.dims, policy.grads, t.role, t.updates) if t.name in wide else t for t in tensors]
     return Graph(forward.name, tensors, d.ops, loss=forward.loss, meta=meta)
+
+
+def resized_training_graph(train: Graph, forward: Graph, sizes: Mapping[str, int]) -> Graph | None:
+    """:func:`training_graph` of ``forward.with_sizes(sizes)`` (one micro-batch), from ``train``, the training
+    graph of ``forward`` (any optimizer and precision), without deriving it again: the derivation reads the
+    dims' sizes only in a mean's gradient, ``scale`` by 1 / the count of elements averaged, so it is
+    ``train.with_sizes(sizes)`` with those factors recomputed. None when the resize changes which ops the
+    derivation emits (a mean whose count was or becomes 1 passes its gradient on unscaled)."""
+    small = forward.with_sizes(sizes)
+    factors: dict[str, float] = {}
+    for op in forward.ops:
+        if not (isinstance(op, O.Reduce) and op.fn == "mean"):
+            continue
+        x, y = forward.tensors[op.inputs[0]], forward.tensors[op.output]
+        n = _mean_count(small.tensors[x.name], small.tensors[y.name])
+        if (n == 1) != (_mean_count(x, y) == 1):
+            return None
+        for name in (grad_name(x.name), grad_name(op.name, 0)):
+            grad = train.producer(name) if name in train.tensors else None
+            if isinstance(grad, O.Elementwise) and grad.fn == "scale" and grad.inputs == (grad_name(y.name),):
+                factors[name] = 1.0 / n
+    return train.with_sizes(sizes, [
+        dataclasses.replace(op, params=tuple(sorted({**op.param, "factor": factors[op.name]}.items())))
+        if op.name in factors else op for op in train.ops])
+
+
+def _mean_count(x: Tensor, y: Tensor) -> int:
+    """The number of elements of ``x`` a mean down to ``y`` averages."""
+    return math.prod(d.size for d in x.dims if d.name not in y.dim_names)
 
 
 def trained_parameters(graph: Graph) -> list[str]:
@@ -402,7 +432,7 @@ class _Derivation:
         if op.fn == "sum":
             self._pass(op, 0, dy)
         elif op.fn == "mean":
-            n = math.prod(d.size for d in x.dims if d.name not in y.dim_names)
+            n = _mean_count(x, y)
             if n == 1:
                 self._pass(op, 0, dy)
             else:
