@@ -34,6 +34,7 @@ from layoutsearch.solvers.assemble import undominated
 from layoutsearch.solvers.build import build_space
 from layoutsearch.solvers.clock import Deadline, Progress
 from layoutsearch.solvers.dispatch import solve, solver_for
+from layoutsearch.solvers.forked import split
 from layoutsearch.solvers.plan import Costed
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.problem import MemItem, MemRow, Problem
@@ -346,10 +347,18 @@ class RulesSearch:
     def price(self, idx: np.ndarray) -> None:
         idx = np.array([i for i in idx if np.isnan(self.cost[i])], dtype=np.int64)
         if len(idx):
-            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx), pricer=self.pricer,
-                                remat=self.remat)
-            self.cost[idx], self.mem[idx] = strategy_values(space.problem)
-            self.rows = max(self.rows, len(space.problem.mem_rows))
+            self.cost[idx], self.mem[idx] = self._values(idx, self.pricer)
+
+    def _values(self, idx: np.ndarray, pricer: Pricer) -> tuple[np.ndarray, np.ndarray]:
+        """(cost, peak) of candidates ``idx`` priced by ``pricer``: one build of the space over them, or of a
+        share of them per process (:func:`.forked.split`)."""
+        def work(share: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx[share]),
+                                pricer=pricer, remat=self.remat)
+            return (*strategy_values(space.problem), np.array([len(space.problem.mem_rows)]))
+        parts = split(len(idx), work)
+        self.rows = max(self.rows, *(int(p[2][0]) for p in parts))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def overlap_bounds(self, idx: np.ndarray | list[int], optimizer: bool = True, serial: bool = False
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -359,10 +368,7 @@ class RulesSearch:
         overlaps), and of their peaks (the peak itself with the optimizer, recorded in :attr:`mem`;
         without, the optimizer's operand copies are left out)."""
         idx = np.asarray(idx, dtype=np.int64)
-        space = build_space(self.g, self.mesh, self.hw, "rules", rules=self.cands.take(idx),
-                            pricer=self.pricer.bound(optimizer, serial), remat=self.remat)
-        values, peak = strategy_values(space.problem)
-        self.rows = max(self.rows, len(space.problem.mem_rows))
+        values, peak = self._values(idx, self.pricer.bound(optimizer, serial))
         if optimizer:
             self.mem[idx] = peak
         return (values.max(axis=1) if values.ndim == 2 else values), peak
