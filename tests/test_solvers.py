@@ -364,3 +364,23 @@ def test_an_excess_table_equals_calling_it_on_every_combination():
         want = fn([rows[s[n]] for n, rows in roles])
         got = table.table[tuple(k[s[i]] for i, k in enumerate(table.keys))]
         assert got == pytest.approx(want, abs=1e-12)
+
+
+def test_the_maximal_cliques_are_networkx_s():
+    """The rules space's dim groups come from the maximal cliques of the graph of parameter dims that no op or
+    tensor has together (rulesets._maximal_cliques, written out to keep networkx off the search's start-up):
+    the same cliques as networkx finds, on random graphs of up to 9 nodes."""
+    import random
+
+    import networkx as nx
+
+    from layoutsearch.solvers.rulesets import _maximal_cliques
+
+    rng = random.Random(0)
+    for _ in range(300):
+        nodes = [f"d{i}" for i in range(rng.randint(1, 9))]
+        edges = [(a, b) for i, a in enumerate(nodes) for b in nodes[i + 1:] if rng.random() < rng.random()]
+        g = nx.Graph()
+        g.add_nodes_from(nodes)
+        g.add_edges_from(edges)
+        assert sorted(map(sorted, _maximal_cliques(nodes, edges))) == sorted(map(sorted, nx.find_cliques(g)))

@@ -9,7 +9,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 
 from layoutsearch.costdag.limits import MAX_BYTES, MAX_DEVICES, check_bytes, check_time, check_total
 from layoutsearch.errors import CostDAGError
@@ -232,6 +231,8 @@ def _validate(dag: CostDAG) -> None:
     for f in ("memory_bytes", "param_bytes", "activation_bytes"):
         check_total(sum(getattr(n, f) for n in dag.nodes), f"{where}: the nodes' {f}")
     check_total(sum(e.bytes for e in dag.edges), f"{where}: the edges' bytes")
+    import networkx as nx  # (imported where a DAG is checked: a command pricing none starts without it)
+
     graph = nx.DiGraph()
     graph.add_edges_from((e.src, e.dst) for e in dag.edges)
     if not nx.is_directed_acyclic_graph(graph):
@@ -281,6 +282,8 @@ def _validate_node(n: Node, where: str, kinds: set[str]) -> None:
 
 
 def _topological_order(dag: CostDAG) -> tuple[str, ...]:
+    import networkx as nx
+
     graph = nx.DiGraph()
     graph.add_nodes_from(dag.names)
     graph.add_edges_from((e.src, e.dst) for e in dag.edges)

@@ -6,8 +6,6 @@ from collections.abc import Iterable, Mapping
 from functools import cached_property
 from typing import Any
 
-import networkx as nx
-
 from layoutsearch.errors import GraphError
 from layoutsearch.ir.dims import MAX_GRAPH_ELEMENTS, Dim, short_repr
 from layoutsearch.ir.ops import Op
@@ -166,6 +164,8 @@ class Graph:
             done.add(op.name)
         else:
             return ops
+        import networkx as nx  # (only for a graph whose ops come out of order: most never need it)
+
         g = nx.DiGraph()
         index = {op.name: i for i, op in enumerate(ops)}
         g.add_nodes_from(index)

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from layoutsearch.costmodel.step import graph_cached
@@ -307,14 +306,35 @@ def _model_groups(graph: Graph, limit: int) -> tuple[tuple[str, ...], ...]:
         for a, b in itertools.combinations(dims, 2):
             together.add(frozenset((a, b)))
     apart = [(a, b) for a, b in itertools.combinations(pdims, 2) if frozenset((a, b)) not in together]
-    g = nx.Graph()
-    g.add_nodes_from(pdims)
-    g.add_edges_from(apart)
     order = {d: i for i, d in enumerate(pdims)}
-    cliques = [tuple(sorted(c, key=order.__getitem__)) for c in nx.find_cliques(g) if len(c) >= 2]
+    cliques = [tuple(sorted(c, key=order.__getitem__)) for c in _maximal_cliques(pdims, apart) if len(c) >= 2]
     weight = {d: sum(t.nbytes for t in graph.parameters if d in t.dim_names) for d in pdims}
     cliques.sort(key=lambda c: (-len(c), -sum(weight[d] for d in c), c))
     return tuple(cliques[:limit])
+
+
+def _maximal_cliques(nodes: Sequence[str], edges: Iterable[tuple[str, str]]) -> list[frozenset[str]]:
+    """The maximal cliques of a small undirected graph (Bron and Kerbosch 1973, with a pivot; in no
+    particular order)."""
+    near: dict[str, set[str]] = {n: set() for n in nodes}
+    for a, b in edges:
+        if a != b:
+            near[a].add(b)
+            near[b].add(a)
+    out: list[frozenset[str]] = []
+
+    def extend(clique: set[str], candidates: set[str], done: set[str]) -> None:
+        if not candidates and not done:
+            out.append(frozenset(clique))
+            return
+        pivot = max(candidates | done, key=lambda n: len(near[n] & candidates))
+        for n in list(candidates - near[pivot]):
+            extend(clique | {n}, candidates & near[n], done & near[n])
+            candidates.remove(n)
+            done.add(n)
+
+    extend(set(), set(nodes), set())
+    return out
 
 
 def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True, mapped: bool = False
