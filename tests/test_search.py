@@ -566,6 +566,46 @@ def test_a_micro_batch_whose_sizes_rule_out_no_rule_set_has_the_same_candidates(
     assert np.array_equal(fresh.fallback, first.fallback) and np.array_equal(fresh_lb, lb)
 
 
+@pytest.mark.parametrize("mesh", ["data:2,model:4", "data:4,fsdp:2,model:2", "data:2,fsdp:2,seq:2,model:2"])
+def test_a_micro_batch_whose_sizes_rule_out_rule_sets_has_the_whole_batchs_others(mesh):
+    """The rules space of a micro-batch whose sizes rule out some rule sets (batch 16 / M over 4-16 devices)
+    is the whole batch's candidates that divide its sizes: those found afresh (rows, order, the roofline
+    bounds, the memory bound's columns), the splits they remember taken along."""
+    import numpy as np
+
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.mesh import Mesh, hardware
+    from layoutsearch.solvers import rules_search, rulesets
+    from layoutsearch.solvers.baselines import baseline_rules, baseline_sets
+    from layoutsearch.solvers.pricer import Pricer
+    from layoutsearch.solvers.rules_search import RulesSearch
+
+    g = zoo.build("gpt", **{**GPT, "batch": 16})
+    m, hw = Mesh.of(mesh), hardware("tpu-v4")
+    full = training_step(g)
+
+    def found(graph):
+        pricer = Pricer(graph, m, hw)
+        cands = rules_search.rules_candidates(graph, m, hw, pricer, baseline_sets(baseline_rules(graph, m)))
+        return cands, RulesSearch(graph, m, hw, pricer, cands, "full").mem_lb
+
+    ruled_out = False
+    for M in (2, 4, 8, 16):
+        rulesets._RULE_SETS.clear()
+        rules_search._CANDIDATES.clear()
+        whole = found(full)[0][0]
+        micro = training_step(resized(g, {"batch": 16 // M}))
+        (got, lb), mem = found(micro)
+        rulesets._RULE_SETS.clear()
+        rules_search._CANDIDATES.clear()
+        (fresh, fresh_lb), fresh_mem = found(micro)
+        ruled_out = ruled_out or len(got) < len(whole)
+        for a, b in ((got.primary, fresh.primary), (got.fallback, fresh.fallback),
+                     (got.fallback_axes, fresh.fallback_axes), (lb, fresh_lb), (mem, fresh_mem)):
+            assert a.shape == b.shape and np.array_equal(a, b), (mesh, M)
+    assert ruled_out
+
+
 def test_a_candidates_axis_maps_are_what_its_layout_gives_every_tensor_and_op(gpt):
     """:meth:`RuleSets.project` (one mask, and every mask at once where :meth:`RuleSets.distinct` records them)
     gives each mesh axis the dim the candidate's rules split over it (Flax precedence, fallbacks included)."""

@@ -38,7 +38,14 @@ from layoutsearch.solvers.forked import split
 from layoutsearch.solvers.plan import Costed
 from layoutsearch.solvers.pricer import Pricer
 from layoutsearch.solvers.problem import MemItem, MemRow, Problem
-from layoutsearch.solvers.rulesets import RuleSets, interchangeable_axes, rule_sets, rules_of
+from layoutsearch.solvers.rulesets import (
+    RuleSets,
+    divisible,
+    interchangeable_axes,
+    remembered_rule_sets,
+    rule_sets,
+    rules_of,
+)
 
 SEARCH_OVERLAP = 0.0
 """The spaces price a step as the sum of its ops' compute and communication (the overlap schedule is not a
@@ -232,24 +239,36 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     :data:`CANDIDATE_FILTER` keeps, when set; one of each class of twins, layouts that differ only by a
     relabelling of interchangeable mesh axes, :meth:`RuleSets.untwinned`) and their roofline bounds without remat
     (a :class:`RulesSearch` adds those of the einsums its policy runs again)."""
-    raw = rule_sets(g, mesh, mapped=True)
+    root, rows = remembered_rule_sets(g, mesh, mapped=True)
     keep = CANDIDATE_FILTER.get()
     classes = interchangeable_axes(mesh, hw)
-    key = (id(raw.primary), None if extra is None else (extra.choices, *(a.tobytes() for a in (
+    key = (id(root.primary), None if extra is None else (extra.choices, *(a.tobytes() for a in (
         extra.primary, extra.fallback, extra.fallback_axes))), keep, tuple(map(tuple, classes)))
     hit = _CANDIDATES.get(key)
-    if hit is None or hit[0] is not raw.primary:  # (the same rows: a micro-batch whose sizes rule out none)
-        hit = _CANDIDATES[key] = (raw.primary, _kept(g, mesh, raw, extra, keep, classes))
-        while len(_CANDIDATES) > 4:
-            _CANDIDATES.pop(next(iter(_CANDIDATES)))
-    cands = hit[1]
+    if hit is not None and hit[0] is not root.primary:
+        hit = None
+    if hit is None and rows is not None:  # (a micro-batch of a graph whose candidates are not remembered)
+        cands = _kept(g, mesh, rule_sets(g, mesh, mapped=True), extra, keep, classes)
+    else:
+        if hit is None:
+            hit = _CANDIDATES[key] = (root.primary, _kept(g, mesh, rule_sets(g, mesh, mapped=True), extra, keep,
+                                                          classes))
+            while len(_CANDIDATES) > 4:
+                _CANDIDATES.pop(next(iter(_CANDIDATES)))
+        cands = hit[1]
+        if rows is not None:
+            cands = cands.take(np.flatnonzero(divisible(cands, np.array(list(g.dims.values())),
+                                                        [s for _, s in mesh.axes])))
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
 
 
 _CANDIDATES: dict[tuple, tuple[np.ndarray, RuleSets]] = {}
-""":func:`rules_candidates`'s last candidates, by their rule sets' rows (the array itself, kept against a reuse
-of its id), the extra rule sets, the filter and the interchangeable axes: one micro-batch of a graph whose
-sizes rule out no rule set has the same ones (and what they remember: splits, group columns)."""
+""":func:`rules_candidates`'s last candidates of a whole enumeration (:func:`~.rulesets.remembered_rule_sets`),
+by its rows (the array itself, kept against a reuse of its id), the extra rule sets, the filter and the
+interchangeable axes. A micro-batch of a graph whose candidates are remembered has those of them that divide
+its sizes, which are those found afresh: candidates of one layout (or twins) split every tensor alike, so a
+class is kept or ruled out whole, and it keeps the candidate standing for it; when its sizes rule out none,
+the same object (and what it remembers: splits, group columns)."""
 
 
 def _kept(g: Graph, mesh: Mesh, raw: RuleSets, extra: RuleSets | None,

@@ -214,6 +214,11 @@ class RuleSets:
     def take(self, idx: Sequence[int] | np.ndarray) -> RuleSets:
         idx = np.asarray(idx, dtype=np.int64)
         out = RuleSets(self.choices, self.primary[idx], self.fallback[idx], self.fallback_axes[idx])
+        for key, value in self._memo.items():  # (a candidate's splits are its own: taken along)
+            if key[0] == "split":
+                out._memo[key] = value[idx]
+            elif key[0] == "group columns":  # (the columns of candidates not taken: computed, never read)
+                out._memo[key] = (value[0], value[1][idx])
         if self._maps is not None:
             m = self._maps
             object.__setattr__(out, "_maps", dataclasses.replace(m, rows=idx if m.rows is None else m.rows[idx]))
@@ -349,6 +354,19 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
     smaller size divides the larger; the enumeration's order does not depend on the sizes). ``mapped``: with
     their axis maps for every tensor and op (:meth:`RuleSets.mapped`, computed once per remembered enumeration:
     the graphs of one structure have the same sets of dims)."""
+    found, rows = remembered_rule_sets(graph, mesh, fallbacks, groups, mapped)
+    if rows is not None:
+        return found.take(rows)
+    out = RuleSets(found.choices, found.primary, found.fallback, found.fallback_axes)  # (its arrays: the same)
+    if mapped:  # (the maps shared, as rows of the same table)
+        object.__setattr__(out, "_maps", found._maps)
+    return out
+
+
+def remembered_rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = True,
+                         mapped: bool = False) -> tuple[RuleSets, np.ndarray | None]:
+    """(the remembered enumeration :func:`rule_sets` takes ``graph``'s candidates from, the rows of it that
+    are they: None for all)."""
     sizes = tuple(graph.dims.values())
     key = (_structure(graph, groups), mesh.axes, fallbacks, groups)
     hit = _RULE_SETS.get(key)
@@ -358,13 +376,10 @@ def rule_sets(graph: Graph, mesh: Mesh, fallbacks: bool = True, groups: bool = T
             _RULE_SETS.pop(next(iter(_RULE_SETS)))
     found = hit[1].mapped(graph) if mapped else hit[1]
     if hit[0] != sizes:
-        ok = _divisible(found, np.array(sizes), [s for _, s in mesh.axes])
+        ok = divisible(found, np.array(sizes), [s for _, s in mesh.axes])
         if not ok.all():
-            return found.take(np.flatnonzero(ok))
-    out = RuleSets(found.choices, found.primary, found.fallback, found.fallback_axes)  # (its arrays: the same)
-    if mapped:  # (the maps shared, as rows of the same table)
-        object.__setattr__(out, "_maps", found._maps)
-    return out
+            return found, np.flatnonzero(ok)
+    return found, None
 
 
 _RULE_SETS: dict[tuple, tuple[tuple[int, ...], RuleSets]] = {}
@@ -381,7 +396,7 @@ def _structure(graph: Graph, groups: bool) -> tuple:
     return (*graph_cached(graph, "rule_sets structure", compute), tuple(model_groups(graph)) if groups else ())
 
 
-def _divisible(sets: RuleSets, dim_sizes: np.ndarray, axis_sizes: Sequence[int]) -> np.ndarray:
+def divisible(sets: RuleSets, dim_sizes: np.ndarray, axis_sizes: Sequence[int]) -> np.ndarray:
     """Per candidate, whether it splits every dim of sizes ``dim_sizes`` divisibly: its primary choices (each
     dim's split the product of its axes' sizes) and each fallback (its dim over its axes)."""
     member = np.zeros((len(sets.choices) + 1, len(dim_sizes)), bool)  # (the last row: NONE, splitting nothing)
