@@ -66,7 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from layoutsearch.costmodel.ops import OpCost, is_matmul
-from layoutsearch.costmodel.step import graph_cached, replaced
+from layoutsearch.costmodel.step import graph_cached, replaced, resized_from
 from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.graph import Graph
@@ -165,7 +165,23 @@ def resolve_attention(attention: str, hw: Hardware) -> str:
 def fusion_plan(g: Graph, fused: bool, attention: str = "standard") -> FusionPlan:
     """The fusion plan of training graph ``g`` (cached per graph)."""
     check_attention(attention, auto=False)
-    return graph_cached(g, ("fusion", fused, attention), lambda: _plan(g, fused, attention))
+    def compute() -> FusionPlan:
+        plan = _resized_plan(g, fused, attention)
+        return plan if plan is not None else _plan(g, fused, attention)
+    return graph_cached(g, ("fusion", fused, attention), compute)
+
+
+def _resized_plan(g: Graph, fused: bool, attention: str) -> FusionPlan | None:
+    """The plan of the graph ``g`` resizes (one micro-batch of it, :func:`~.step.resized_from`), which is
+    ``g``'s: a plan reads no size but which einsums run as matmuls (:func:`is_matmul`, a global contraction
+    size); None when ``g`` is no resize, or some einsum runs otherwise in it."""
+    origin = resized_from(g)
+    if origin is None:
+        return None
+    big = origin[0]
+    if any(isinstance(op, O.Einsum) and is_matmul(op, g.tensors) != is_matmul(op, big.tensors) for op in g.ops):
+        return None
+    return fusion_plan(big, fused, attention)
 
 
 def _plan(g: Graph, fused: bool, attention: str) -> FusionPlan:

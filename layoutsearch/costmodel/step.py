@@ -80,8 +80,17 @@ def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
 
 
 _RESIZED_FROM: dict[int, tuple[weakref.ref[Graph], weakref.ref[Graph], dict[str, int]]] = {}
-"""A graph :func:`resized` made -> (itself, the graph it resized, the sizes): its training step is the other's
-resized (:func:`training_step`)."""
+"""A graph :func:`resized` made, or its training step -> (itself, the graph it resized or that graph's training
+step, the sizes)."""
+
+
+def resized_from(graph: Graph) -> tuple[Graph, dict[str, int]] | None:
+    """(the graph ``graph`` is a resize of, the sizes) when :func:`resized` made it (or its training step, from
+    that graph's), else None: analyses that do not read the sizes are the other's."""
+    origin = _RESIZED_FROM.get(id(graph))
+    if origin is None or origin[0]() is not graph or (big := origin[1]()) is None:
+        return None
+    return big, origin[2]
 
 
 def checked(layout: Layout, graph: Graph) -> Layout:
@@ -119,10 +128,12 @@ def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
     policy = Precision.of(precision)
 
     def derive() -> Graph:
-        origin = _RESIZED_FROM.get(id(graph))
-        if origin is not None and origin[0]() is graph and (big := origin[1]()) is not None:
-            small = resized_training_graph(training_step(big, opt, policy), big, origin[2])
+        origin = resized_from(graph)
+        if origin is not None:
+            big = training_step(origin[0], opt, policy)
+            small = resized_training_graph(big, origin[0], origin[1])
             if small is not None:
+                _RESIZED_FROM[id(small)] = (graph_ref(small, _RESIZED_FROM, id(small)), weakref.ref(big), origin[1])
                 return small
         return training_graph(graph, opt, policy)
     return graph_cached(graph, ("training", opt, policy), derive)
@@ -342,4 +353,4 @@ def step_costs(g: Graph, layout: Layout, reduce_scatter: bool = True, memo: bool
 
 
 __all__ = ["checked", "graph_cached", "graph_ref", "is_training_graph", "made", "op_signature", "repeats", "replaced",
-           "resized", "signature_ids", "step_costs", "training_step"]
+           "resized", "resized_from", "signature_ids", "step_costs", "training_step"]
