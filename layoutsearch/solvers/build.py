@@ -484,8 +484,11 @@ class _Builder(SpaceNodes):
     def add_recompute_items(self) -> None:
         """Per remat point, the buffers of the recomputation run there (:meth:`recompute_item`)."""
         g = self.g
+        by_block: dict[str | None, list[O.Op]] = defaultdict(list)  # (one pass: a scan per block grew as blocks²)
+        for name in self.plan.recomputed:
+            by_block[g.op(name).block].append(g.op(name))
         for block, p in self.plan.points.items():
-            ops = [g.op(name) for name in self.plan.recomputed if g.op(name).block == block]
+            ops = by_block.get(block, [])
             if ops:
                 n = self.op_node[g.ops[p].name]
                 nodes = tuple(sorted({self.op_node[op.name] for op in ops} | {self.owner[x] for op in ops
