@@ -482,3 +482,29 @@ def test_a_micro_batchs_fusion_plan_is_the_one_found_afresh(name):
                 assert got is whole, (name, b)  # (the same matmuls: the whole batch's plan itself)
                 reused = True
     assert reused or name in ("mlp", "mtf-ffn"), name  # (tiny models: a contraction over the batch drops below)
+
+
+@pytest.mark.parametrize("name", [m.name for m in list_models()])
+def test_a_micro_batchs_remat_plans_and_lifetimes_are_those_found_afresh(name):
+    """A micro-batch's remat plans and live ranges (taken from the whole batch's: they read no size) equal those
+    computed for its graph afresh, the ranges' tensors its own (its sizes), under every policy."""
+    import numpy as np
+
+    from layoutsearch.costmodel import memory
+    from layoutsearch.costmodel.step import resized, training_step
+    from layoutsearch.ir.remat import REMAT_POLICIES, block_groups, forward_blocks
+
+    fwd = zoo.build(name)
+    if "batch" not in fwd.dims:
+        pytest.skip(f"{name} has no batch dim")
+    big = training_step(fwd)
+    small = training_step(resized(fwd, {"batch": fwd.dims["batch"] // 2}))
+    for policy in (*REMAT_POLICIES, *block_groups(len(forward_blocks(big)))):
+        plan = memory.remat_plan(small, policy)
+        assert plan == memory._remat_plan(small, policy) and plan.points == memory._remat_plan(small, policy).points
+        assert plan is memory.remat_plan(big, policy)
+        got, want = memory.lifetimes(small, plan), memory._lifetimes(small, plan)
+        assert got.tensors == want.tensors and all(t is small.tensors[t.name] for t in got.tensors)
+        for f in ("tensor", "cat", "start", "end"):
+            assert np.array_equal(getattr(got, f), getattr(want, f)), (name, policy, f)
+        assert (got.fed, got.deferrable, got.last_backward) == (want.fed, want.deferrable, want.last_backward)

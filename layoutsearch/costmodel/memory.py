@@ -87,6 +87,7 @@ scheduler's result). Checked against compiled programs in the tests.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ from typing import Any
 import numpy as np
 
 from layoutsearch.costmodel.ops import OpCost
-from layoutsearch.costmodel.step import graph_cached, step_costs, training_step
+from layoutsearch.costmodel.step import graph_cached, resized_from, step_costs, training_step
 from layoutsearch.errors import CostModelError
 from layoutsearch.ir import ops as O
 from layoutsearch.ir.dims import Dim
@@ -134,7 +135,11 @@ class RematPlan:
 def remat_plan(graph: Graph, policy: str = "none") -> RematPlan:
     """The recomputation ``policy`` (:mod:`layoutsearch.ir.remat`) implies for training graph ``graph``."""
     parse_remat(policy, CostModelError)
-    return graph_cached(graph, ("remat", policy), lambda: _remat_plan(graph, policy))
+
+    def compute() -> RematPlan:  # (of one micro-batch: the whole batch's, the plan reading no size)
+        origin = resized_from(graph)
+        return remat_plan(origin[0], policy) if origin is not None else _remat_plan(graph, policy)
+    return graph_cached(graph, ("remat", policy), compute)
 
 
 def _remat_plan(graph: Graph, policy: str) -> RematPlan:
@@ -295,7 +300,13 @@ class Lifetimes:
 def lifetimes(g: Graph, plan: RematPlan) -> Lifetimes:
     """Every tensor's live range in the schedule of training graph ``g`` under ``plan`` (cached per graph):
     what :func:`simulate` charges, and what the solvers' memory rows and bounds are built from."""
-    return graph_cached(g, ("lifetimes", plan), lambda: _lifetimes(g, plan))
+    def compute() -> Lifetimes:  # (of one micro-batch: the whole batch's ranges, its own tensors)
+        origin = resized_from(g)
+        if origin is None:
+            return _lifetimes(g, plan)
+        big = lifetimes(origin[0], plan)
+        return dataclasses.replace(big, tensors=tuple(g.tensors[t.name] for t in big.tensors))
+    return graph_cached(g, ("lifetimes", plan), compute)
 
 
 def _lifetimes(g: Graph, plan: RematPlan) -> Lifetimes:
