@@ -7,7 +7,8 @@
 
 ``--cli`` times what a user runs: ``layoutsearch search ...`` with its defaults (three plans, the
 baselines, the decisions; ``--json`` output), each in a fresh process (start-up, imports and the model's
-graph included), beside the same with ``--top 1``; the time limits (``--time-limit T``: the answer, baselines
+graph included), beside the same with ``--top 1`` and with one process (``LAYOUTSEARCH_PROCESSES=1``: no
+bound build split over the cores); the time limits (``--time-limit T``: the answer, baselines
 included, within T + 10% plus 1 s of start-up); search time against devices at 3 axes and against layers,
 drawn as bench/search_scaling.png. Results: bench/RESULTS_search_cli.txt.
 
@@ -163,12 +164,17 @@ LIMIT_ROWS = [(t, f"{GPT3} --mesh data:16,fsdp:8,model:8 --hardware tpu-v4 --pip
               for t in (5, 20)]
 
 
-def cli_run(args: str) -> dict:
-    """``layoutsearch search ARGS --json`` in a fresh process: wall and CPU seconds, and the plan it printed."""
+def cli_run(args: str, processes: int | None = None) -> dict:
+    """``layoutsearch search ARGS --json`` in a fresh process: wall and CPU seconds (its forked helpers'
+    included), and the plan it printed. ``processes``: ``LAYOUTSEARCH_PROCESSES`` (1: no bound build split over
+    processes)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(CLI_ROOT)}
+    if processes is not None:
+        env["LAYOUTSEARCH_PROCESSES"] = str(processes)
     proc = subprocess.run([sys.executable, str(CLI_ROOT / "cli.py"), "search", *shlex.split(args), "--json"],
-                          cwd=CLI_ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(CLI_ROOT)})
+                          cwd=CLI_ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -206,6 +212,10 @@ def cli_bench(plot: Path) -> list[dict]:
             r["what"] = what + top
             cli_show(what + (top or " (defaults)"), r, target if not top else None)
             out.append(r)
+        r = cli_run(args, processes=1)
+        r["what"] = what + " one process"
+        cli_show(what + " (one process)", r)
+        out.append(r)
     print("\n# --time-limit T: the answer (baselines included) within T + 10% + 1 s of start-up", flush=True)
     for t, args in LIMIT_ROWS:
         r = cli_run(args)
