@@ -56,6 +56,11 @@ def format_bytes(n: float, unit: str | None = None) -> str:
     raise AssertionError("unreachable")
 
 
+def format_exact_bytes(n: float) -> str:
+    """``17179869184 B (16.00 GiB)``: exact bytes, then a readable size (``512 B`` below a KiB)."""
+    return f"{int(n)} B" if abs(n) < 1024 else f"{int(n)} B ({format_bytes(n)})"
+
+
 def format_seconds(t: float) -> str:
     """``1.234 s``, ``56.7 ms``, ``8 us``, ``120 ns`` (4 significant digits)."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from layoutsearch.errors import PartitionError
-from layoutsearch.solvers.partition.instance import fmt_bytes
+from layoutsearch.units import format_exact_bytes
 
 
 def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Sequence[float],
@@ -67,9 +67,10 @@ def split_chain(times: Sequence[float], transfers: Sequence[float], fixed: Seque
     if not math.isfinite(best[K, n]):
         held = ", ".join(f"{f:g}" for f in in_flight)
         raise PartitionError(f"no split of {n} pipeline units into {K} stages fits the memory limit of "
-                             f"{fmt_bytes(limit or 0)} with the stages holding {held} micro-batches' activations: "
-                             f"the smallest achievable largest-stage memory is {fmt_bytes(peak[K, n])}; raise the "
-                             "limit, use more stages or fewer micro-batches")
+                             f"{format_exact_bytes(limit or 0)} with the stages holding {held} micro-batches' "
+                             "activations: the smallest achievable largest-stage memory is "
+                             f"{format_exact_bytes(peak[K, n])}; raise the limit, use more stages or fewer "
+                             "micro-batches")
     firsts, i = [], n
     for k in range(K, 0, -1):
         i = int(start[k, i])

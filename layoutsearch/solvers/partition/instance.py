@@ -52,7 +52,7 @@ import networkx as nx
 from layoutsearch.costdag import MAX_DEVICES, CostDAG, DeviceKind
 from layoutsearch.errors import PartitionError
 from layoutsearch.gantt import bubble_fraction
-from layoutsearch.units import format_bytes
+from layoutsearch.units import format_exact_bytes
 
 OBJECTIVES = ("throughput", "latency", "gpipe")
 STAGE = "stage"
@@ -422,14 +422,9 @@ def memory_message(dag: CostDAG, k: int, mb: int, limit: int, best: int, exact: 
     why = f" (node {culprit!r} alone needs that much)" if culprit else ""
     what = "is" if exact else "is at least"
     per_mb = f" with {mb} micro-batches in flight" if mb > 1 else ""
-    return (f"no partition of cost DAG {dag.name!r} into {k} stages fits the memory limit of {fmt_bytes(limit)}"
-            f"{per_mb}: the smallest achievable largest-stage memory {what} {fmt_bytes(best)}{why}; raise the "
-            "limit, use more stages or fewer micro-batches")
-
-
-def fmt_bytes(n: float) -> str:
-    """``17179869184 B (16.00 GiB)``: exact bytes, then a readable size."""
-    return f"{int(n)} B" if abs(n) < 1024 else f"{int(n)} B ({format_bytes(n)})"
+    return (f"no partition of cost DAG {dag.name!r} into {k} stages fits the memory limit of "
+            f"{format_exact_bytes(limit)}{per_mb}: the smallest achievable largest-stage memory {what} "
+            f"{format_exact_bytes(best)}{why}; raise the limit, use more stages or fewer micro-batches")
 
 
 def kinds_of(dag: CostDAG, stages: int | None, memory_limit: int | None) -> list[Kind]:

@@ -22,7 +22,8 @@ import math
 import networkx as nx
 
 from layoutsearch.errors import PartitionError
-from layoutsearch.solvers.partition.instance import Instance, fmt_bytes
+from layoutsearch.solvers.partition.instance import Instance
+from layoutsearch.units import format_exact_bytes
 
 
 class _Union:
@@ -100,8 +101,9 @@ def _check_units(inst: Instance, uf: _Union, groups: dict[str, list[int]], mb: i
         need = sum(inst.fixed[v] + mb * inst.act[v] for v in members)
         limits = [inst.kinds[k].limit for k in usable]
         if all(lim is not None and need > lim for lim in limits):
-            raise PartitionError(f"{what} needs {fmt_bytes(need)} of memory{why}, more than any device it can run "
-                                 f"on holds ({fmt_bytes(max(lim for lim in limits if lim is not None))})")
+            most = max(lim for lim in limits if lim is not None)
+            raise PartitionError(f"{what} needs {format_exact_bytes(need)} of memory{why}, more than any device it "
+                                 f"can run on holds ({format_exact_bytes(most)})")
 
 
 def _contract(inst: Instance, uf: _Union) -> Instance:
