@@ -462,22 +462,22 @@ def test_a_micro_batchs_fusion_plan_is_the_one_found_afresh(name):
     it reads no size but which einsums are matmuls), equals the one computed for that graph afresh; batch 1
     (where a weight gradient's contraction over the batch may fall below a matmul's) included."""
     from layoutsearch.costmodel import fusion
+    from layoutsearch.costmodel.flops import is_matmul
     from layoutsearch.costmodel.step import resized, training_step
 
     fwd = zoo.build(name)
     if "batch" not in fwd.dims:
         pytest.skip(f"{name} has no batch dim")
+    big = training_step(fwd)
     reused = False
     for b in sorted({fwd.dims["batch"] // 2, 1}):
         small = training_step(resized(fwd, {"batch": b}))
         for fused, attention in ((True, "flash"), (True, "standard"), (False, "standard")):
-            whole = fusion.fusion_plan(training_step(fwd), fused, attention)
+            whole = fusion.fusion_plan(big, fused, attention)
             got = fusion.fusion_plan(small, fused, attention)
             want = fusion._plan(small, fused, attention)
             assert (got.fused, got.on_chip, got.charged, got.writes, got.flash, got.kernels) == (
                 want.fused, want.on_chip, want.charged, want.writes, want.flash, want.kernels), (name, b)
-            from layoutsearch.costmodel.flops import is_matmul
-            big = training_step(fwd)
             if all(is_matmul(op, small.tensors) == is_matmul(op, big.tensors) for op in small.ops):
                 assert got is whole, (name, b)  # (the same matmuls: the whole batch's plan itself)
                 reused = True

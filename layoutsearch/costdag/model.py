@@ -9,7 +9,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-
 from layoutsearch.costdag.limits import MAX_BYTES, MAX_DEVICES, check_bytes, check_time, check_total
 from layoutsearch.errors import CostDAGError
 from layoutsearch.ir.dims import short_repr

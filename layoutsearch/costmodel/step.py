@@ -72,11 +72,14 @@ def resized(graph: Graph, sizes: dict[str, int]) -> Graph:
     if all(graph.dims.get(d) == s for d, s in sizes.items()):
         return graph
 
-    def make() -> Graph:
-        small = graph.with_sizes(sizes)
-        _RESIZED_FROM[id(small)] = (graph_ref(small, _RESIZED_FROM, id(small)), weakref.ref(graph), dict(sizes))
-        return small
-    return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))), make)
+    return graph_cached(graph, ("sizes", tuple(sorted(sizes.items()))),
+                        lambda: _resize_of(graph.with_sizes(sizes), graph, sizes))
+
+
+def _resize_of(small: Graph, big: Graph, sizes: dict[str, int]) -> Graph:
+    """``small``, remembered as ``big`` resized to ``sizes`` (:func:`resized_from`)."""
+    _RESIZED_FROM[id(small)] = (graph_ref(small, _RESIZED_FROM, id(small)), weakref.ref(big), dict(sizes))
+    return small
 
 
 _RESIZED_FROM: dict[int, tuple[weakref.ref[Graph], weakref.ref[Graph], dict[str, int]]] = {}
@@ -133,8 +136,7 @@ def training_step(graph: Graph, optimizer: Optimizer | str = "adam",
             big = training_step(origin[0], opt, policy)
             small = resized_training_graph(big, origin[0], origin[1])
             if small is not None:
-                _RESIZED_FROM[id(small)] = (graph_ref(small, _RESIZED_FROM, id(small)), weakref.ref(big), origin[1])
-                return small
+                return _resize_of(small, big, origin[1])
         return training_graph(graph, opt, policy)
     return graph_cached(graph, ("training", opt, policy), derive)
 

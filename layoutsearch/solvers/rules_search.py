@@ -245,20 +245,17 @@ def rules_candidates(g: Graph, mesh: Mesh, hw: Hardware, pricer: Pricer, extra: 
     key = (id(root.primary), None if extra is None else (extra.choices, *(a.tobytes() for a in (
         extra.primary, extra.fallback, extra.fallback_axes))), keep, tuple(map(tuple, classes)))
     hit = _CANDIDATES.get(key)
-    if hit is not None and hit[0] is not root.primary:
-        hit = None
-    if hit is None and rows is not None:  # (a micro-batch of a graph whose candidates are not remembered)
+    if hit is None or hit[0] is not root.primary:
         cands = _kept(g, mesh, rule_sets(g, mesh, mapped=True), extra, keep, classes)
-    else:
-        if hit is None:
-            hit = _CANDIDATES[key] = (root.primary, _kept(g, mesh, rule_sets(g, mesh, mapped=True), extra, keep,
-                                                          classes))
+        if rows is None:  # (the whole enumeration's: remembered; a micro-batch's of one not remembered: not)
+            _CANDIDATES[key] = (root.primary, cands)
             while len(_CANDIDATES) > 4:
                 _CANDIDATES.pop(next(iter(_CANDIDATES)))
+    elif rows is None:
         cands = hit[1]
-        if rows is not None:
-            cands = cands.take(np.flatnonzero(divisible(cands, np.array(list(g.dims.values())),
-                                                        [s for _, s in mesh.axes])))
+    else:
+        cands = hit[1].take(np.flatnonzero(divisible(hit[1], np.array(list(g.dims.values())),
+                                                     [s for _, s in mesh.axes])))
     return cands, _compute_bounds(g, mesh, hw, cands, list(g.dims), pricer.fusion.on_chip)
 
 
